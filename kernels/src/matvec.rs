@@ -1,0 +1,222 @@
+//! Matrix-vector and matrix-matrix products over a range of weight rows.
+//!
+//! The engine quantizes an activation row once ([`quantize_activation`]) into the
+//! format the weight type pairs with, then calls [`matvec_rows`] on row ranges (one per
+//! worker). [`matmul_rows`] does the same for several activation rows (prompt tokens) so
+//! a weight row is read once and reused while it is in cache.
+use core::ops::Range;
+
+use crate::quant::*;
+use crate::{ActFormat, CpuFeatures, GgmlType};
+
+/// What went wrong in a kernel call. Shapes are checked once per call, not per block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KernelError {
+    /// pinch has no kernel for this type.
+    Unsupported(GgmlType),
+    /// A buffer has the wrong length for the shape.
+    BadLength {
+        what: &'static str,
+        expected: usize,
+        found: usize,
+    },
+}
+
+impl core::fmt::Display for KernelError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            KernelError::Unsupported(t) => write!(f, "no kernel for tensor type {}", t.name()),
+            KernelError::BadLength {
+                what,
+                expected,
+                found,
+            } => {
+                write!(f, "{what}: expected {expected} bytes, found {found}")
+            }
+        }
+    }
+}
+
+impl core::error::Error for KernelError {}
+
+fn check(what: &'static str, expected: usize, found: usize) -> Result<(), KernelError> {
+    if expected == found {
+        Ok(())
+    } else {
+        Err(KernelError::BadLength {
+            what,
+            expected,
+            found,
+        })
+    }
+}
+
+/// Scalar dequantization of a whole row (or several rows back to back) of type `ty`.
+pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), KernelError> {
+    let (qk, bytes) = ty.block_geometry();
+    if dst.len() % qk != 0 {
+        return Err(KernelError::BadLength {
+            what: "dequantize output",
+            expected: dst.len() / qk * qk,
+            found: dst.len(),
+        });
+    }
+    check("dequantize input", dst.len() / qk * bytes, src.len())?;
+    match ty {
+        GgmlType::F32 => float::dequantize_row_f32(src, dst),
+        GgmlType::F16 => float::dequantize_row_f16(src, dst),
+        GgmlType::BF16 => float::dequantize_row_bf16(src, dst),
+        GgmlType::Q4_0 => q4_0::dequantize_row(src, dst),
+        GgmlType::Q4_1 => q4_1::dequantize_row(src, dst),
+        GgmlType::Q5_0 => q5_0::dequantize_row(src, dst),
+        GgmlType::Q5_1 => q5_1::dequantize_row(src, dst),
+        GgmlType::Q8_0 => q8_0::dequantize_row(src, dst),
+        GgmlType::IQ4_NL => iq4_nl::dequantize_row(src, dst),
+        GgmlType::Q1_0 => q1_0::dequantize_row(src, dst),
+        GgmlType::Q2_0 => q2_0::dequantize_row(src, dst),
+        GgmlType::TQ1_0 => tq1_0::dequantize_row(src, dst),
+        GgmlType::TQ2_0 => tq2_0::dequantize_row(src, dst),
+        GgmlType::Q2_K => q2_k::dequantize_row(src, dst),
+        GgmlType::Q3_K => q3_k::dequantize_row(src, dst),
+        GgmlType::Q4_K => q4_k::dequantize_row(src, dst),
+        GgmlType::Q5_K => q5_k::dequantize_row(src, dst),
+        GgmlType::Q6_K => q6_k::dequantize_row(src, dst),
+        GgmlType::Q8_K => q8_k::dequantize_row(src, dst),
+        other => return Err(KernelError::Unsupported(other)),
+    }
+    Ok(())
+}
+
+/// Convert an f32 activation row into `fmt` (bytes). For the float formats `dst`
+/// receives little-endian f32 values (rounded through f16/bf16 where `fmt` says so).
+pub fn quantize_activation(fmt: ActFormat, x: &[f32], dst: &mut [u8]) -> Result<(), KernelError> {
+    let need = fmt.row_bytes(x.len()).ok_or(KernelError::BadLength {
+        what: "activation length (not a whole number of blocks)",
+        expected: 0,
+        found: x.len(),
+    })?;
+    check("activation buffer", need, dst.len())?;
+    match fmt {
+        ActFormat::F32 | ActFormat::F16 | ActFormat::BF16 => {
+            for (v, out) in x.iter().zip(dst.chunks_exact_mut(4)) {
+                let r = match fmt {
+                    ActFormat::F16 => crate::f16::f16_to_f32(crate::f16::f32_to_f16(*v)),
+                    ActFormat::BF16 => crate::f16::bf16_to_f32(crate::f16::f32_to_bf16(*v)),
+                    _ => *v,
+                };
+                out.copy_from_slice(&r.to_le_bytes());
+            }
+        }
+        ActFormat::Q8_0 => q8_0::quantize_row(x, dst),
+        ActFormat::Q8_K => q8_k::quantize_row(x, dst),
+    }
+    Ok(())
+}
+
+/// Scalar reference dot product of one weight row with one activation row.
+pub fn vec_dot_scalar(ty: GgmlType, w: &[u8], act: &[u8]) -> f32 {
+    match ty {
+        GgmlType::F32 => float::vec_dot_f32(w, act),
+        GgmlType::F16 => float::vec_dot_f16(w, act),
+        GgmlType::BF16 => float::vec_dot_bf16(w, act),
+        GgmlType::Q4_0 => q4_0::vec_dot(w, act),
+        GgmlType::Q4_1 => q4_1::vec_dot(w, act),
+        GgmlType::Q5_0 => q5_0::vec_dot(w, act),
+        GgmlType::Q5_1 => q5_1::vec_dot(w, act),
+        GgmlType::Q8_0 => q8_0::vec_dot(w, act),
+        GgmlType::IQ4_NL => iq4_nl::vec_dot(w, act),
+        GgmlType::Q1_0 => q1_0::vec_dot(w, act),
+        GgmlType::Q2_0 => q2_0::vec_dot(w, act),
+        GgmlType::TQ1_0 => tq1_0::vec_dot(w, act),
+        GgmlType::TQ2_0 => tq2_0::vec_dot(w, act),
+        GgmlType::Q2_K => q2_k::vec_dot(w, act),
+        GgmlType::Q3_K => q3_k::vec_dot(w, act),
+        GgmlType::Q4_K => q4_k::vec_dot(w, act),
+        GgmlType::Q5_K => q5_k::vec_dot(w, act),
+        GgmlType::Q6_K => q6_k::vec_dot(w, act),
+        _ => 0.0, // unreachable: callers check `act_format()` first
+    }
+}
+
+/// Dot product on the fastest path `feat` allows.
+#[inline]
+pub fn vec_dot(ty: GgmlType, feat: &CpuFeatures, w: &[u8], act: &[u8]) -> f32 {
+    match crate::arch::vec_dot(ty, feat, w, act) {
+        Some(v) => v,
+        None => vec_dot_scalar(ty, w, act),
+    }
+}
+
+/// `out[i] = dot(row rows.start + i of w, act)`.
+///
+/// # Preconditions (checked, error on violation)
+/// `w` holds whole rows of `row_bytes`; `rows` lies inside it; `act` is one activation
+/// row of the pairing format; `out.len() == rows.len()`.
+pub fn matvec_rows(
+    ty: GgmlType,
+    feat: &CpuFeatures,
+    w: &[u8],
+    row_bytes: usize,
+    rows: Range<usize>,
+    act: &[u8],
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    matmul_rows(ty, feat, w, row_bytes, rows, act, act.len(), out)
+}
+
+/// Several activation rows at once: `acts` holds `n_tok` rows of `act_row_bytes`;
+/// `out` is row-major over weight rows: `out[i * n_tok + t] = dot(row rows.start+i, act t)`.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_rows(
+    ty: GgmlType,
+    feat: &CpuFeatures,
+    w: &[u8],
+    row_bytes: usize,
+    rows: Range<usize>,
+    acts: &[u8],
+    act_row_bytes: usize,
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    let fmt = ty.act_format().ok_or(KernelError::Unsupported(ty))?;
+    if act_row_bytes == 0 || acts.len() % act_row_bytes != 0 {
+        return Err(KernelError::BadLength {
+            what: "activation rows",
+            expected: act_row_bytes,
+            found: acts.len(),
+        });
+    }
+    let n_tok = acts.len() / act_row_bytes;
+    let (qk, bytes) = ty.block_geometry();
+    let n = row_bytes / bytes * qk;
+    check(
+        "weight row bytes",
+        ty.row_bytes(n as u64).unwrap_or(0) as usize,
+        row_bytes,
+    )?;
+    check(
+        "activation row bytes",
+        fmt.row_bytes(n).unwrap_or(0),
+        act_row_bytes,
+    )?;
+    if rows.end > w.len() / row_bytes.max(1) || rows.start > rows.end {
+        return Err(KernelError::BadLength {
+            what: "weight rows",
+            expected: rows.end * row_bytes,
+            found: w.len(),
+        });
+    }
+    check("output", rows.len() * n_tok, out.len())?;
+    for (i, r) in rows.enumerate() {
+        let wr = &w[r * row_bytes..(r + 1) * row_bytes];
+        for t in 0..n_tok {
+            out[i * n_tok + t] = vec_dot(
+                ty,
+                feat,
+                wr,
+                &acts[t * act_row_bytes..(t + 1) * act_row_bytes],
+            );
+        }
+    }
+    Ok(())
+}

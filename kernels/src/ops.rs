@@ -1,0 +1,1 @@
+//! Elementwise and normalisation ops of the forward pass (scalar; f32).

@@ -1,0 +1,1 @@
+//! pinch for iOS. STUB.

@@ -1,0 +1,21 @@
+//! pinch-runtime-min: the engine.
+//!
+//! Everything that is a *decision* lives here: reading GGUF files, planning what stays
+//! resident under the memory budget, the forward pass, tokenizers, sampling and the
+//! commands. It is `#![no_std]` and needs no global allocator: all memory comes from one
+//! region the [`Platform`] lends once, carved by an [`Arena`] into named accounts.
+//!
+//! - [`platform`]: the only door to the outside (files, memory, workers, clock, output).
+//! - [`arena`]: the bump arena and its per-account budget bookkeeping.
+//! - [`gguf`]: GGUF v2/v3 reader (zero-copy, every field checked) and writer.
+//!
+//! This crate has no `unsafe`: byte-to-typed views go through `pinch_kernels::blocks`.
+#![no_std]
+#![forbid(unsafe_code)]
+
+pub mod arena;
+pub mod gguf;
+pub mod platform;
+
+pub use arena::{Arena, ArenaError};
+pub use platform::Platform;

@@ -1,0 +1,148 @@
+//! The `Platform` trait: the engine's only door to the outside.
+//!
+//! An OS crate (`pinch-linux`, `pinch-ios`) implements it with system calls; tests and
+//! bare-metal embedders use [`MemPlatform`] (model bytes in memory, one worker).
+use pinch_kernels::CpuFeatures;
+
+/// What went wrong at the platform boundary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PlatformError {
+    /// The file could not be opened (OS error code if any).
+    Open { code: i32 },
+    /// A read failed (OS error code if any).
+    Read { offset: u64, code: i32 },
+    /// Memory for the arena region could not be obtained.
+    OutOfMemory { requested: usize },
+    /// Operation not supported on this platform.
+    Unsupported(&'static str),
+}
+
+impl core::fmt::Display for PlatformError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            PlatformError::Open { code } => write!(f, "cannot open file (os error {code})"),
+            PlatformError::Read { offset, code } => {
+                write!(f, "read failed at offset {offset} (os error {code})")
+            }
+            PlatformError::OutOfMemory { requested } => {
+                write!(f, "cannot obtain {requested} bytes of memory")
+            }
+            PlatformError::Unsupported(what) => write!(f, "not supported here: {what}"),
+        }
+    }
+}
+
+impl core::error::Error for PlatformError {}
+
+/// Files, memory, workers, clock and output.
+pub trait Platform: Sync {
+    /// An open file.
+    type File: Sync;
+
+    /// Open `path` read-only.
+    fn open(&self, path: &str) -> Result<Self::File, PlatformError>;
+    /// Size of the file in bytes.
+    fn file_size(&self, file: &Self::File) -> u64;
+    /// Read up to `buf.len()` bytes at `offset`; returns the count (short only at EOF).
+    /// `direct` asks for an uncached read (O_DIRECT / F_NOCACHE) where the OS allows it;
+    /// the platform falls back to a buffered read when it does not.
+    fn read_at(
+        &self,
+        file: &Self::File,
+        offset: u64,
+        buf: &mut [u8],
+        direct: bool,
+    ) -> Result<usize, PlatformError>;
+    /// Read-only view of `len` bytes at `offset`, if the platform can map or already
+    /// holds the file in memory.
+    fn map<'f>(&self, file: &'f Self::File, offset: u64, len: usize) -> Option<&'f [u8]>;
+
+    /// The one memory region the arena is carved from. Called once per engine.
+    fn region(&self, bytes: usize) -> Result<&'static mut [u8], PlatformError>;
+    /// Memory the OS could still give us (Linux: MemAvailable), if known.
+    fn available_memory(&self) -> Option<u64>;
+    /// Current resident set size, if known.
+    fn rss(&self) -> Option<u64>;
+    /// Peak resident set size (VmHWM), if known.
+    fn peak_rss(&self) -> Option<u64>;
+
+    /// Number of workers `parallel` runs on.
+    fn workers(&self) -> usize;
+    /// Run `f(i)` for every worker index `i` in `0..n` (n <= workers()) and wait for all.
+    fn parallel(&self, n: usize, f: &(dyn Fn(usize) + Sync));
+    /// CPU features the kernels may use.
+    fn cpu(&self) -> CpuFeatures;
+
+    /// Monotonic time in nanoseconds.
+    fn now_ns(&self) -> u64;
+    /// Write to standard output / standard error.
+    fn stdout(&self, bytes: &[u8]);
+    fn stderr(&self, bytes: &[u8]);
+}
+
+/// A platform whose single "file" is a byte slice in memory; one worker; scalar CPU
+/// unless told otherwise. For tests and bare-metal embedding.
+pub struct MemPlatform<'b> {
+    pub bytes: &'b [u8],
+    pub cpu: CpuFeatures,
+}
+
+impl<'b> Platform for MemPlatform<'b> {
+    type File = ();
+    fn open(&self, _path: &str) -> Result<(), PlatformError> {
+        Ok(())
+    }
+    fn file_size(&self, _file: &()) -> u64 {
+        self.bytes.len() as u64
+    }
+    fn read_at(
+        &self,
+        _f: &(),
+        offset: u64,
+        buf: &mut [u8],
+        _direct: bool,
+    ) -> Result<usize, PlatformError> {
+        let len = self.bytes.len() as u64;
+        if offset >= len {
+            return Ok(0);
+        }
+        let start = offset as usize;
+        let n = buf.len().min(self.bytes.len() - start);
+        buf[..n].copy_from_slice(&self.bytes[start..start + n]);
+        Ok(n)
+    }
+    fn map<'f>(&self, _file: &'f (), _offset: u64, _len: usize) -> Option<&'f [u8]> {
+        None
+    }
+    fn region(&self, _bytes: usize) -> Result<&'static mut [u8], PlatformError> {
+        Err(PlatformError::Unsupported(
+            "MemPlatform has no region; lend one to Arena::new",
+        ))
+    }
+    fn available_memory(&self) -> Option<u64> {
+        None
+    }
+    fn rss(&self) -> Option<u64> {
+        None
+    }
+    fn peak_rss(&self) -> Option<u64> {
+        None
+    }
+    fn workers(&self) -> usize {
+        1
+    }
+    fn parallel(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+        for i in 0..n {
+            f(i);
+        }
+    }
+    fn cpu(&self) -> CpuFeatures {
+        self.cpu
+    }
+    fn now_ns(&self) -> u64 {
+        0
+    }
+    fn stdout(&self, _bytes: &[u8]) {}
+    fn stderr(&self, _bytes: &[u8]) {}
+}
