@@ -79,6 +79,12 @@ pub trait Platform: Sync {
     /// Write to standard output / standard error.
     fn stdout(&self, bytes: &[u8]);
     fn stderr(&self, bytes: &[u8]);
+    /// Read one line of standard input (without the newline) into `buf`; `None` at end
+    /// of input or where there is no input (the default).
+    fn read_line(&self, buf: &mut [u8]) -> Option<usize> {
+        let _ = buf;
+        None
+    }
 }
 
 /// A platform whose single "file" is a byte slice in memory; one worker; scalar CPU

@@ -1,0 +1,282 @@
+//! Command-line options, parsed without allocation. Flag names follow llama.cpp
+//! (`-m`, `-p`, `-n`, `-t`, `-c`, `-b`, `--temp`, `--top-k` ...) so users can reuse theirs.
+use crate::model::{KvType, Math};
+use crate::sampler::SamplerParams;
+
+/// The subcommand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    Run,
+    Chat,
+    Ppl,
+    Tokenize,
+    Bench,
+    Inspect,
+    Help,
+}
+
+/// Everything a command may use; each ignores what it does not need.
+#[derive(Clone, Debug)]
+pub struct Opts<'s> {
+    pub command: Command,
+    pub model: Option<&'s str>,
+    pub prompt: Option<&'s str>,
+    pub file: Option<&'s str>,
+    pub n_predict: usize,
+    pub threads: usize,
+    /// 0 = the command's default (2048; ppl: 512).
+    pub n_ctx: usize,
+    pub n_batch: usize,
+    pub sampler: SamplerParams,
+    pub budget: Option<u64>,
+    pub json: bool,
+    pub kv: KvType,
+    pub math: Math,
+    pub ignore_eos: bool,
+    pub ids: bool,
+    pub no_bos: bool,
+    pub parse_special: bool,
+    pub system: Option<&'s str>,
+    /// bench: prompt lengths, generation length, thread counts, repetitions.
+    pub bench_p: heapless::Vec<usize, 8>,
+    pub bench_t: heapless::Vec<usize, 8>,
+    pub bench_reps: usize,
+    pub verbose: bool,
+}
+
+/// A command line pinch cannot act on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CliError<'s> {
+    UnknownCommand(&'s str),
+    UnknownFlag(&'s str),
+    MissingValue(&'s str),
+    BadValue { flag: &'s str, value: &'s str },
+}
+
+impl core::fmt::Display for CliError<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            CliError::UnknownCommand(c) => write!(f, "unknown command '{c}' (try: pinch help)"),
+            CliError::UnknownFlag(x) => write!(f, "unknown flag '{x}' (try: pinch help)"),
+            CliError::MissingValue(x) => write!(f, "flag '{x}' needs a value"),
+            CliError::BadValue { flag, value } => write!(f, "bad value '{value}' for '{flag}'"),
+        }
+    }
+}
+
+pub const USAGE: &str = "\
+pinch: run the largest language model a small device can hold
+
+usage: pinch <command> [flags]
+
+commands:
+  run       generate text:       pinch run -m model.gguf -p \"Once upon a time\" -n 64
+  chat      interactive chat in the terminal (uses the model's chat template)
+  ppl       perplexity and bits per byte of a text file: pinch ppl -m M -f text.txt -c 512
+  tokenize  print token ids/pieces: pinch tokenize -m M -p TEXT [--ids] [--no-bos] [--no-parse-special]
+  bench     tokens/s table:      pinch bench -m M -p 64,512 -n 128 -t 1,2 -r 3
+  inspect   describe a GGUF file: pinch inspect model.gguf
+
+flags (llama.cpp names):
+  -m, --model FILE        GGUF model
+  -p, --prompt TEXT       prompt (bench: comma-separated prompt lengths)
+  -f, --file FILE         prompt/text file
+  -n, --n-predict N       tokens to generate (default 128)
+  -t, --threads N         worker threads (default: all cores; bench: comma list)
+  -c, --ctx-size N        context length (default 2048, ppl 512; capped to the model's)
+  -b, --batch-size N      prompt tokens per weight pass (default 64)
+  --temp X --top-k N --top-p X --min-p X --repeat-penalty X --repeat-last-n N --seed N
+  --budget SIZE           memory cap, e.g. 700M or 1.2G: the plan must fit under it
+  --cache-type-k f16|f32  KV cache type (default f16)
+  --reference             f32 oracle arithmetic (slow; for checking)
+  --ignore-eos            do not stop at end-of-generation tokens
+  --json                  print one JSON summary line at the end
+  -sys, --system TEXT     system prompt for chat
+  -r, --repetitions N     bench repetitions (default 3)
+";
+
+/// Parse `700M`, `1.5G`, `64K`, `123456` (bytes; K/M/G are powers of 1024).
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, mult) = match s.as_bytes().last()? {
+        b'k' | b'K' => (&s[..s.len() - 1], 1u64 << 10),
+        b'm' | b'M' => (&s[..s.len() - 1], 1u64 << 20),
+        b'g' | b'G' => (&s[..s.len() - 1], 1u64 << 30),
+        _ => (s, 1),
+    };
+    let num = num.trim_end_matches(['i', 'I', 'b', 'B']);
+    let v: f64 = num.parse().ok()?;
+    if !(v.is_finite() && v >= 0.0) {
+        return None;
+    }
+    Some((v * mult as f64) as u64)
+}
+
+fn list(flag: &str, v: &str) -> Option<heapless::Vec<usize, 8>> {
+    let _ = flag;
+    let mut out = heapless::Vec::new();
+    for part in v.split(',') {
+        out.push(part.trim().parse().ok()?).ok()?;
+    }
+    Some(out)
+}
+
+impl<'s> Opts<'s> {
+    fn defaults(command: Command) -> Opts<'s> {
+        Opts {
+            command,
+            model: None,
+            prompt: None,
+            file: None,
+            n_predict: 128,
+            threads: 0,
+            n_ctx: 0,
+            n_batch: 64,
+            sampler: SamplerParams::default(),
+            budget: None,
+            json: false,
+            kv: KvType::F16,
+            math: Math::Fast,
+            ignore_eos: false,
+            ids: false,
+            no_bos: false,
+            parse_special: true,
+            system: None,
+            bench_p: heapless::Vec::from_slice(&[64, 512]).unwrap_or_default(),
+            bench_t: heapless::Vec::new(),
+            bench_reps: 3,
+            verbose: false,
+        }
+    }
+
+    /// Parse `args` (without the program name).
+    pub fn parse(args: &[&'s str]) -> Result<Opts<'s>, CliError<'s>> {
+        let Some((&cmd, rest)) = args.split_first() else {
+            return Ok(Opts::defaults(Command::Help));
+        };
+        let command = match cmd {
+            "run" => Command::Run,
+            "chat" => Command::Chat,
+            "ppl" | "perplexity" => Command::Ppl,
+            "tokenize" => Command::Tokenize,
+            "bench" => Command::Bench,
+            "inspect" => Command::Inspect,
+            "help" | "-h" | "--help" => Command::Help,
+            other => return Err(CliError::UnknownCommand(other)),
+        };
+        let mut o = Opts::defaults(command);
+        let mut i = 0;
+        while i < rest.len() {
+            let flag = rest[i];
+            let mut val = || -> Result<&'s str, CliError<'s>> {
+                i += 1;
+                rest.get(i).copied().ok_or(CliError::MissingValue(flag))
+            };
+            macro_rules! num {
+                () => {{
+                    let v = val()?;
+                    v.parse().map_err(|_| CliError::BadValue { flag, value: v })?
+                }};
+            }
+            match flag {
+                "-m" | "--model" => o.model = Some(val()?),
+                "-p" | "--prompt" => {
+                    let v = val()?;
+                    if command == Command::Bench {
+                        o.bench_p = list(flag, v).ok_or(CliError::BadValue { flag, value: v })?;
+                    } else {
+                        o.prompt = Some(v);
+                    }
+                }
+                "-f" | "--file" => o.file = Some(val()?),
+                "-n" | "--n-predict" => o.n_predict = num!(),
+                "-t" | "--threads" => {
+                    let v = val()?;
+                    let l = list(flag, v).ok_or(CliError::BadValue { flag, value: v })?;
+                    o.threads = l.first().copied().unwrap_or(0);
+                    o.bench_t = l;
+                }
+                "-c" | "--ctx-size" => o.n_ctx = num!(),
+                "-b" | "--batch-size" | "-ub" | "--ubatch-size" => o.n_batch = num!(),
+                "--temp" => o.sampler.temp = num!(),
+                "--top-k" => o.sampler.top_k = num!(),
+                "--top-p" => o.sampler.top_p = num!(),
+                "--min-p" => o.sampler.min_p = num!(),
+                "--repeat-penalty" => o.sampler.repeat_penalty = num!(),
+                "--repeat-last-n" => o.sampler.repeat_last_n = num!(),
+                "-s" | "--seed" => o.sampler.seed = num!(),
+                "-r" | "--repetitions" => o.bench_reps = num!(),
+                "--budget" => {
+                    let v = val()?;
+                    o.budget = Some(parse_size(v).ok_or(CliError::BadValue { flag, value: v })?);
+                }
+                "-ctk" | "--cache-type-k" | "-ctv" | "--cache-type-v" => {
+                    let v = val()?;
+                    o.kv = match v {
+                        "f16" => KvType::F16,
+                        "f32" => KvType::F32,
+                        _ => return Err(CliError::BadValue { flag, value: v }),
+                    }
+                }
+                "-sys" | "--system" => o.system = Some(val()?),
+                "--reference" => o.math = Math::Reference,
+                "--ignore-eos" => o.ignore_eos = true,
+                "--json" => o.json = true,
+                "--ids" => o.ids = true,
+                "--no-bos" => o.no_bos = true,
+                "--no-parse-special" => o.parse_special = false,
+                "-v" | "--verbose" => o.verbose = true,
+                "-h" | "--help" => o.command = Command::Help,
+                other if !other.starts_with('-') && o.model.is_none() && command == Command::Inspect => {
+                    o.model = Some(other)
+                }
+                other => return Err(CliError::UnknownFlag(other)),
+            }
+            i += 1;
+        }
+        if o.n_batch == 0 {
+            return Err(CliError::BadValue { flag: "-b", value: "0" });
+        }
+        Ok(o)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_llama_cpp_style_flags() {
+        let o = Opts::parse(&["run", "-m", "x.gguf", "-p", "hi", "-n", "5", "--temp", "0", "--budget", "700M", "-t", "2"]).unwrap();
+        assert_eq!(o.command, Command::Run);
+        assert_eq!(o.model, Some("x.gguf"));
+        assert_eq!(o.n_predict, 5);
+        assert_eq!(o.sampler.temp, 0.0);
+        assert_eq!(o.budget, Some(700 << 20));
+        assert_eq!(o.threads, 2);
+    }
+
+    #[test]
+    fn rejects_unknown_flags_and_bad_values() {
+        assert_eq!(Opts::parse(&["run", "--bogus"]).unwrap_err(), CliError::UnknownFlag("--bogus"));
+        assert_eq!(Opts::parse(&["run", "-n", "x"]).unwrap_err(), CliError::BadValue { flag: "-n", value: "x" });
+        assert_eq!(Opts::parse(&["run", "-m"]).unwrap_err(), CliError::MissingValue("-m"));
+        assert!(matches!(Opts::parse(&["frobnicate"]), Err(CliError::UnknownCommand("frobnicate"))));
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1.5G"), Some(1610612736));
+        assert_eq!(parse_size("64k"), Some(65536));
+        assert_eq!(parse_size("700MiB"), Some(700 << 20));
+        assert_eq!(parse_size("-1M"), None);
+        assert_eq!(parse_size("M"), None);
+    }
+
+    #[test]
+    fn bench_lists() {
+        let o = Opts::parse(&["bench", "-p", "64,512", "-t", "1,2"]).unwrap();
+        assert_eq!(&o.bench_p[..], &[64, 512]);
+        assert_eq!(&o.bench_t[..], &[1, 2]);
+    }
+}

@@ -1,0 +1,208 @@
+//! The commands (`run`, `chat`, `ppl`, `tokenize`, `bench`, `inspect`), generic over the
+//! platform. The OS crate parses nothing itself: it hands the arguments to [`main`].
+pub mod bench;
+pub mod out;
+pub mod ppl;
+pub mod run;
+pub mod tokenize;
+
+use core::fmt::Write;
+
+use crate::arena::{Arena, ArenaError};
+use crate::cli::{Command, Opts, USAGE};
+use crate::engine::{self, OverBudget, Plan};
+use crate::gguf::{Gguf, GgufError};
+use crate::header_len::{header_len, HeaderLenError};
+use crate::model::{Config, Loader, ModelError, Session, SessionOptions, Weights};
+use crate::platform::{Platform, PlatformError};
+use crate::tokenizer::{Tokenizer, TokenizerError};
+use out::Out;
+
+/// Anything a command can fail with; each message names the file or value at fault.
+#[derive(Debug)]
+pub enum AppError {
+    NoModel,
+    Open { path: heapless::String<256>, err: PlatformError },
+    Header(HeaderLenError),
+    Gguf(GgufError),
+    Model(ModelError),
+    Tokenizer(TokenizerError),
+    Arena(ArenaError),
+    Budget(OverBudget),
+    Usage(&'static str),
+    PromptTooLong { tokens: usize, n_ctx: usize },
+}
+
+impl From<ModelError> for AppError {
+    fn from(e: ModelError) -> Self {
+        AppError::Model(e)
+    }
+}
+impl From<ArenaError> for AppError {
+    fn from(e: ArenaError) -> Self {
+        AppError::Arena(e)
+    }
+}
+impl From<TokenizerError> for AppError {
+    fn from(e: TokenizerError) -> Self {
+        AppError::Tokenizer(e)
+    }
+}
+
+impl core::fmt::Display for AppError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            AppError::NoModel => write!(f, "no model given (use -m FILE.gguf)"),
+            AppError::Open { path, err } => write!(f, "{path}: {err}"),
+            AppError::Header(e) => write!(f, "{e}"),
+            AppError::Gguf(e) => write!(f, "{e}"),
+            AppError::Model(e) => write!(f, "{e}"),
+            AppError::Tokenizer(e) => write!(f, "{e}"),
+            AppError::Arena(e) => write!(f, "{e}"),
+            AppError::Budget(e) => write!(f, "{e}"),
+            AppError::Usage(s) => write!(f, "{s}"),
+            AppError::PromptTooLong { tokens, n_ctx } => write!(
+                f,
+                "the prompt has {tokens} tokens but the context holds {n_ctx}: shorten it or raise -c"
+            ),
+        }
+    }
+}
+
+/// Run the command line `args` (without the program name); returns the exit code.
+/// `region` is the arena region (the OS crate sizes it from the budget).
+pub fn main<P: Platform>(p: &P, args: &[&str], region: &mut [u8]) -> i32 {
+    let mut err = Out::stderr(p);
+    let o = match Opts::parse(args) {
+        Ok(o) => o,
+        Err(e) => {
+            let _ = writeln!(err, "pinch: {e}");
+            return 2;
+        }
+    };
+    let path = o.model.unwrap_or("");
+    let res = match o.command {
+        Command::Help => {
+            let _ = Out::stdout(p).write_str(USAGE);
+            Ok(())
+        }
+        _ => with_model(p, &o, region, &mut |ctx| match ctx.o.command {
+            Command::Run => run::run(ctx),
+            Command::Chat => run::chat(ctx),
+            Command::Ppl => ppl::ppl(ctx),
+            Command::Tokenize => tokenize::tokenize(ctx),
+            Command::Bench => bench::bench(ctx),
+            Command::Inspect | Command::Help => Ok(()),
+        }),
+    };
+    match res {
+        Ok(()) => 0,
+        Err(e) => {
+            let _ = writeln!(err, "pinch: {path}: {e}");
+            1
+        }
+    }
+}
+
+/// A loaded model ready for a command.
+pub struct Ctx<'c, 'w, 'a, P: Platform> {
+    pub p: &'c P,
+    pub o: &'c Opts<'c>,
+    pub g: &'c Gguf<'a>,
+    pub cfg: Config,
+    pub tok: &'c Tokenizer<'a>,
+    pub sess: Session<'w, 'a>,
+    pub arena: &'c mut Arena<'a>,
+    pub plan: Plan,
+    pub file: &'c P::File,
+}
+
+fn open_model<P: Platform>(p: &P, path: &str) -> Result<P::File, AppError> {
+    p.open(path).map_err(|err| {
+        let mut s = heapless::String::new();
+        let _ = s.push_str(&path[..path.len().min(256)]);
+        AppError::Open { path: s, err }
+    })
+}
+
+/// Read exactly the header into the arena and parse it.
+pub fn read_header<'a, P: Platform>(p: &P, file: &P::File, arena: &mut Arena<'a>) -> Result<Gguf<'a>, AppError> {
+    let hl = header_len(p, file).map_err(AppError::Header)?;
+    let buf = arena.bytes("gguf header", hl as usize)?;
+    let mut done = 0;
+    while done < buf.len() {
+        let n = p.read_at(file, done as u64, &mut buf[done..], false).map_err(|e| AppError::Model(ModelError::Platform(e)))?;
+        if n == 0 {
+            return Err(AppError::Model(ModelError::ShortRead { offset: done as u64 }));
+        }
+        done += n;
+    }
+    let buf: &'a [u8] = buf;
+    Gguf::parse(buf, p.file_size(file)).map_err(AppError::Gguf)
+}
+
+/// Session options from the command line and the model.
+pub fn session_options<P: Platform>(p: &P, o: &Opts, cfg: &Config) -> SessionOptions {
+    let threads = if o.threads == 0 { p.workers() } else { o.threads };
+    let n_ctx = match (o.n_ctx, o.command) {
+        (0, Command::Ppl) => 512,
+        (0, Command::Bench) => 1024,
+        (0, _) => 2048,
+        (n, _) => n,
+    };
+    SessionOptions {
+        n_ctx: n_ctx.min(cfg.n_ctx_train.max(1)),
+        n_batch: o.n_batch,
+        kv: o.kv,
+        math: o.math,
+        threads,
+        head_group: 1,
+        cpu: p.cpu(),
+    }
+}
+
+fn with_model<P: Platform>(
+    p: &P,
+    o: &Opts,
+    region: &mut [u8],
+    f: &mut dyn FnMut(&mut Ctx<'_, '_, '_, P>) -> Result<(), AppError>,
+) -> Result<(), AppError> {
+    let path = o.model.ok_or(AppError::NoModel)?;
+    let file = open_model(p, path)?;
+    let mut arena = Arena::new(region);
+    let g = read_header(p, &file, &mut arena)?;
+    if o.command == Command::Inspect {
+        let mut out = Out::stdout(p);
+        let _ = crate::inspect::inspect(&g, &p.cpu(), &mut out);
+        return Ok(());
+    }
+    let header = arena.used() as u64;
+    let cfg = Config::from_gguf(&g)?;
+    let before = arena.used();
+    let tok = Tokenizer::from_gguf(&g, &mut arena)?;
+    let tok_bytes = (arena.used() - before) as u64;
+    let mut sopts = session_options(p, o, &cfg);
+    if o.command == Command::Ppl {
+        sopts.n_batch = sopts.n_ctx;
+        sopts.head_group = 16;
+    }
+    let plan = engine::plan(&g, &cfg, &sopts, header, tok_bytes, o.budget);
+    let mut err = Out::stderr(p);
+    if o.verbose || o.budget.is_some() {
+        let _ = plan.print(&mut err, &cfg, &sopts);
+    }
+    drop(err);
+    engine::check_budget(&plan, &g, &cfg, &sopts).map_err(AppError::Budget)?;
+    let weights: Weights = {
+        let mut loader = Loader { platform: p, file: &file, gguf: &g, arena: &mut arena };
+        loader.load(&cfg)?
+    };
+    let sess = Session::new(cfg, &weights, &mut arena, sopts)?;
+    let mut ctx = Ctx { p, o, g: &g, cfg, tok: &tok, sess, arena: &mut arena, plan, file: &file };
+    f(&mut ctx)
+}
+
+/// Seconds between two `now_ns` readings.
+pub fn secs(t0: u64, t1: u64) -> f64 {
+    (t1.saturating_sub(t0)) as f64 / 1e9
+}

@@ -1,0 +1,131 @@
+//! `pinch ppl`: perplexity with llama-perplexity's protocol (so figures compare) and
+//! bits per byte with every token scored once.
+//!
+//! Perplexity: the whole file is tokenized with BOS; chunk i is tokens
+//! `[n_ctx*i, n_ctx*(i+1))` with its first token replaced by BOS, decoded from an empty
+//! cache; the logits at positions n_ctx/2 .. n_ctx-2 predict the next token; PPL =
+//! exp(mean NLL). Bits per byte: T = tokens without BOS is cut into pieces of n_ctx-1;
+//! each piece is decoded as [BOS] + piece in a fresh context and every token of T is
+//! scored once; bpb = sum(-log2 p) / bytes of the file.
+use core::fmt::Write;
+
+use super::out::{Mib, Out};
+use super::run::{encode_into, read_text};
+use super::{secs, AppError, Ctx};
+use crate::model::Logits;
+use crate::platform::Platform;
+use crate::tokenizer::Tokenizer;
+
+/// -log p(target) under softmax(logits), in nats, computed in f64.
+pub fn nll(logits: &[f32], target: u32) -> f64 {
+    let mut max = f32::NEG_INFINITY;
+    for &l in logits {
+        if l > max {
+            max = l;
+        }
+    }
+    let mut sum = 0.0f64;
+    for &l in logits {
+        sum += libm::exp((l - max) as f64);
+    }
+    libm::log(sum) - (logits[target as usize] - max) as f64
+}
+
+pub fn ppl<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
+    let o = ctx.o;
+    let p = ctx.p;
+    let path = o.file.ok_or(AppError::Usage("give the text file with -f FILE"))?;
+    let text = read_text(ctx, path)?;
+    let n_ctx = ctx.sess.opts.n_ctx;
+    let cap = text.len() + 8;
+    let scratch = ctx.arena.bytes("tokenizer scratch", Tokenizer::scratch_bytes(text.len()))?;
+    let all = ctx.arena.slice::<u32>("tokens", cap)?;
+    let n = encode_into(ctx.tok, text, true, false, scratch, all, cap)?;
+    let all = &all[..n];
+    let bos = ctx.tok.bos();
+    let window = ctx.arena.slice::<u32>("tokens", n_ctx)?;
+    let mut err = Out::stderr(p);
+    let t0 = p.now_ns();
+
+    // llama-perplexity.
+    let n_chunks = n / n_ctx;
+    if n_chunks == 0 {
+        return Err(AppError::Usage("the text is shorter than one context window: lower -c"));
+    }
+    let first = n_ctx / 2;
+    let (mut nll_sum, mut count) = (0.0f64, 0usize);
+    let _ = write!(err, "perplexity: {n} tokens, {n_chunks} chunks of {n_ctx}\n");
+    for c in 0..n_chunks {
+        window[..n_ctx].copy_from_slice(&all[c * n_ctx..(c + 1) * n_ctx]);
+        if let Some(b) = bos {
+            window[0] = b;
+        }
+        ctx.sess.reset();
+        let w = &window[..n_ctx];
+        ctx.sess.eval(p, w, Logits::All, &mut |j, l| {
+            if j >= first && j + 1 < n_ctx {
+                nll_sum += nll(l, w[j + 1]);
+                count += 1;
+            }
+        })?;
+        let _ = write!(err, "[{}]{:.4},", c + 1, libm::exp(nll_sum / count as f64));
+        err.flush();
+    }
+    let ppl = libm::exp(nll_sum / count as f64);
+    let t1 = p.now_ns();
+    let _ = writeln!(err, "\nPPL = {ppl:.4} over {count} scored tokens ({:.1} s)", secs(t0, t1));
+
+    // Bits per byte: every token after BOS scored once.
+    let (body, has_bos) = match (bos, all.first()) {
+        (Some(b), Some(&f)) if f == b => (&all[1..], true),
+        _ => (all, false),
+    };
+    let piece = if has_bos { n_ctx - 1 } else { n_ctx };
+    let (mut bits, mut scored, mut nll_all) = (0.0f64, 0usize, 0.0f64);
+    let mut start = 0;
+    let mut windows = 0;
+    while start < body.len() {
+        let end = (start + piece).min(body.len());
+        let mut len = 0;
+        if has_bos {
+            window[0] = bos.unwrap_or(0);
+            len = 1;
+        }
+        window[len..len + end - start].copy_from_slice(&body[start..end]);
+        len += end - start;
+        ctx.sess.reset();
+        let w = &window[..len];
+        ctx.sess.eval(p, w, Logits::All, &mut |j, l| {
+            if j + 1 < len {
+                let x = nll(l, w[j + 1]);
+                nll_all += x;
+                bits += x / core::f64::consts::LN_2;
+                scored += 1;
+            }
+        })?;
+        windows += 1;
+        start = end;
+        let _ = write!(err, "\rbits per byte: window {windows}, {scored} tokens scored");
+        err.flush();
+    }
+    let bpb = bits / text.len() as f64;
+    let t2 = p.now_ns();
+    let _ = writeln!(err, "\nbits per byte = {bpb:.6} ({bits:.1} bits / {} bytes; {scored} tokens in {windows} windows of {n_ctx}; {:.1} s)", text.len(), secs(t1, t2));
+    if let Some(r) = p.peak_rss() {
+        let _ = writeln!(err, "peak RSS {}", Mib(r));
+    }
+    drop(err);
+    let mut out = Out::stdout(p);
+    if o.json {
+        let _ = writeln!(
+            out,
+            "{{\"command\":\"ppl\",\"ppl\":{ppl:.6},\"ppl_tokens\":{count},\"n_chunks\":{n_chunks},\"n_ctx\":{n_ctx},\"bpb\":{bpb:.6},\"bits\":{bits:.3},\"bytes\":{},\"scored\":{scored},\"nll_nats\":{nll_all:.6},\"tokens\":{n},\"seconds\":{:.3},\"peak_rss\":{}}}",
+            text.len(),
+            secs(t0, t2),
+            p.peak_rss().unwrap_or(0)
+        );
+    } else {
+        let _ = writeln!(out, "PPL {ppl:.4}  bits/byte {bpb:.6}");
+    }
+    Ok(())
+}

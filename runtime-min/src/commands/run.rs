@@ -1,0 +1,246 @@
+//! `pinch run` (generate from a prompt) and `pinch chat` (interactive, chat template).
+use core::fmt::Write;
+
+use super::out::{json_str, Mib, Out};
+use super::{secs, AppError, Ctx};
+use crate::model::Logits;
+use crate::platform::Platform;
+use crate::sampler::Sampler;
+use crate::tokenizer::{Tokenizer, TokenizerError, Utf8Stream};
+
+/// Read the whole file `path` into the arena (for `-f`).
+pub fn read_text<'a, P: Platform>(ctx: &mut Ctx<'_, '_, 'a, P>, path: &str) -> Result<&'a str, AppError> {
+    let f = super::open_model(ctx.p, path)?;
+    let n = ctx.p.file_size(&f) as usize;
+    let buf = ctx.arena.bytes("text", n)?;
+    let mut done = 0;
+    while done < n {
+        let got = ctx.p.read_at(&f, done as u64, &mut buf[done..], false).map_err(|e| AppError::Model(e.into_model()))?;
+        if got == 0 {
+            break;
+        }
+        done += got;
+    }
+    let buf: &'a [u8] = buf;
+    core::str::from_utf8(&buf[..done]).map_err(|_| AppError::Usage("the text file is not valid UTF-8"))
+}
+
+trait IntoModel {
+    fn into_model(self) -> crate::model::ModelError;
+}
+impl IntoModel for crate::platform::PlatformError {
+    fn into_model(self) -> crate::model::ModelError {
+        crate::model::ModelError::Platform(self)
+    }
+}
+
+/// Tokenize `text` into `out`, mapping a full buffer to a prompt-too-long error.
+pub fn encode_into(tok: &Tokenizer, text: &str, add_special: bool, parse_special: bool, scratch: &mut [u8], out: &mut [u32], n_ctx: usize) -> Result<usize, AppError> {
+    match tok.encode(text, add_special, parse_special, scratch, out) {
+        Ok(n) => Ok(n),
+        Err(TokenizerError::OutputFull { .. }) => Err(AppError::PromptTooLong { tokens: out.len() + 1, n_ctx }),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Statistics of one generation.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GenStats {
+    pub prompt_tokens: usize,
+    pub gen_tokens: usize,
+    pub prompt_s: f64,
+    pub gen_s: f64,
+}
+
+impl GenStats {
+    pub fn prompt_tps(&self) -> f64 {
+        if self.prompt_s > 0.0 { self.prompt_tokens as f64 / self.prompt_s } else { 0.0 }
+    }
+    pub fn gen_tps(&self) -> f64 {
+        if self.gen_s > 0.0 { self.gen_tokens as f64 / self.gen_s } else { 0.0 }
+    }
+}
+
+/// Evaluate `prompt` and generate up to `n` tokens, calling `emit` with each token's id
+/// and text bytes. Stops at an end-of-generation token unless `ignore_eos`.
+pub fn generate<P: Platform>(
+    ctx: &mut Ctx<'_, '_, '_, P>,
+    sampler: &mut Sampler,
+    prompt: &[u32],
+    n: usize,
+    emit: &mut dyn FnMut(u32, &[u8]),
+) -> Result<GenStats, AppError> {
+    let p = ctx.p;
+    let mut st = GenStats { prompt_tokens: prompt.len(), ..Default::default() };
+    for &t in prompt {
+        sampler.accept(t);
+    }
+    let mut next = 0u32;
+    let t0 = p.now_ns();
+    if !prompt.is_empty() {
+        ctx.sess.eval(p, prompt, Logits::Last, &mut |_, l| next = sampler.sample(l))?;
+    }
+    let t1 = p.now_ns();
+    st.prompt_s = secs(t0, t1);
+    for _ in 0..n {
+        if ctx.tok.is_eog(next) && !ctx.o.ignore_eos {
+            break;
+        }
+        emit(next, ctx.tok.token_bytes(next));
+        st.gen_tokens += 1;
+        sampler.accept(next);
+        if ctx.sess.n_past >= ctx.sess.opts.n_ctx {
+            break;
+        }
+        let cur = next;
+        ctx.sess.eval(p, &[cur], Logits::Last, &mut |_, l| next = sampler.sample(l))?;
+    }
+    st.gen_s = secs(t1, p.now_ns());
+    Ok(st)
+}
+
+fn print_stats<P: Platform>(p: &P, st: &GenStats) {
+    let mut err = Out::stderr(p);
+    let _ = write!(
+        err,
+        "\n\nprompt: {} tokens, {:.1} tok/s | generation: {} tokens, {:.1} tok/s",
+        st.prompt_tokens,
+        st.prompt_tps(),
+        st.gen_tokens,
+        st.gen_tps()
+    );
+    match p.peak_rss() {
+        Some(r) => {
+            let _ = writeln!(err, " | peak RSS {}", Mib(r));
+        }
+        None => {
+            let _ = writeln!(err);
+        }
+    }
+}
+
+/// `pinch run`.
+pub fn run<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
+    let o = ctx.o;
+    let text: &str = match (o.prompt, o.file) {
+        (Some(t), _) => t,
+        (None, Some(f)) => read_text(ctx, f)?,
+        (None, None) => "",
+    };
+    let n_ctx = ctx.sess.opts.n_ctx;
+    let scratch = ctx.arena.bytes("tokenizer scratch", Tokenizer::scratch_bytes(text.len()))?;
+    let toks = ctx.arena.slice::<u32>("tokens", n_ctx)?;
+    let n = encode_into(ctx.tok, text, !o.no_bos, o.parse_special, scratch, toks, n_ctx)?;
+    if n == 0 {
+        return Err(AppError::Usage("empty prompt and the model adds no BOS token: give -p TEXT"));
+    }
+    if n > n_ctx {
+        return Err(AppError::PromptTooLong { tokens: n, n_ctx });
+    }
+    let text_cap = (o.n_predict * 16).clamp(256, 1 << 20);
+    let gen_text = ctx.arena.bytes("generated text", text_cap)?;
+    let mut gen_len = 0usize;
+    let mut sampler = Sampler::new(o.sampler);
+    let p = ctx.p;
+    let mut out = Out::stdout(p);
+    out.bytes(text.as_bytes());
+    let mut stream = Utf8Stream::new();
+    let json = o.json;
+    let st = generate(ctx, &mut sampler, &toks[..n], o.n_predict, &mut |_, bytes| {
+        stream.push(bytes, &mut |s: &str| {
+            out.bytes(s.as_bytes());
+            if json {
+                let take = s.len().min(text_cap - gen_len);
+                gen_text[gen_len..gen_len + take].copy_from_slice(&s.as_bytes()[..take]);
+                gen_len += take;
+            }
+        });
+    })?;
+    stream.finish(&mut |s: &str| out.bytes(s.as_bytes()));
+    drop(out);
+    print_stats(p, &st);
+    if json {
+        let mut w = Out::stdout(p);
+        let _ = write!(
+            w,
+            "{{\"command\":\"run\",\"prompt_tokens\":{},\"gen_tokens\":{},\"prompt_tps\":{:.3},\"gen_tps\":{:.3},\"peak_rss\":{},\"text\":",
+            st.prompt_tokens,
+            st.gen_tokens,
+            st.prompt_tps(),
+            st.gen_tps(),
+            p.peak_rss().unwrap_or(0)
+        );
+        let _ = json_str(&mut w, core::str::from_utf8(&gen_text[..gen_len]).unwrap_or(""));
+        let _ = writeln!(w, "}}");
+    }
+    Ok(())
+}
+
+/// `pinch chat`: read lines, answer with the model's chat template, keep the history
+/// in the KV cache.
+pub fn chat<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
+    let o = ctx.o;
+    let p = ctx.p;
+    let n_ctx = ctx.sess.opts.n_ctx;
+    let line = ctx.arena.bytes("chat input", 8192)?;
+    let rendered = ctx.arena.bytes("chat template", 16384)?;
+    let scratch = ctx.arena.bytes("tokenizer scratch", Tokenizer::scratch_bytes(16384))?;
+    let toks = ctx.arena.slice::<u32>("tokens", n_ctx)?;
+    let template = crate::chat::Template::from_gguf(ctx.g);
+    let mut sampler = Sampler::new(o.sampler);
+    let mut first = true;
+    let mut err = Out::stderr(p);
+    let _ = writeln!(err, "pinch chat: type a message and press enter (end of input quits)");
+    drop(err);
+    loop {
+        Out::stdout(p).bytes(b"\n> ");
+        let Some(n) = p.read_line(line) else { break };
+        let Ok(user) = core::str::from_utf8(&line[..n]) else {
+            let _ = writeln!(Out::stderr(p), "pinch: input is not valid UTF-8; ignored");
+            continue;
+        };
+        let mut w = SliceWriter { buf: rendered, len: 0 };
+        let sys = if first { o.system } else { None };
+        let _ = template.render_turn(&mut w, sys, user, first);
+        let len = w.len;
+        let turn = core::str::from_utf8(&rendered[..len]).unwrap_or("");
+        let nt = encode_into(ctx.tok, turn, first, true, scratch, toks, n_ctx)?;
+        if ctx.sess.n_past + nt + 1 >= n_ctx {
+            let _ = writeln!(Out::stderr(p), "pinch: context full; starting a new conversation");
+            ctx.sess.reset();
+            sampler.reset();
+            first = true;
+            continue;
+        }
+        first = false;
+        let mut out = Out::stdout(p);
+        let mut stream = Utf8Stream::new();
+        let st = generate(ctx, &mut sampler, &toks[..nt], o.n_predict.max(1), &mut |_, bytes| {
+            stream.push(bytes, &mut |s: &str| out.bytes(s.as_bytes()));
+        })?;
+        stream.finish(&mut |s: &str| out.bytes(s.as_bytes()));
+        drop(out);
+        if o.verbose {
+            print_stats(p, &st);
+        }
+    }
+    Ok(())
+}
+
+/// `core::fmt::Write` into a byte slice (truncates when full).
+pub struct SliceWriter<'b> {
+    pub buf: &'b mut [u8],
+    pub len: usize,
+}
+
+impl Write for SliceWriter<'_> {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        let b = s.as_bytes();
+        if self.len + b.len() > self.buf.len() {
+            return Err(core::fmt::Error);
+        }
+        self.buf[self.len..self.len + b.len()].copy_from_slice(b);
+        self.len += b.len();
+        Ok(())
+    }
+}

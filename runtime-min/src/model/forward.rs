@@ -1,0 +1,425 @@
+//! The forward pass: tokens in, logits out, reading top to bottom like the diagram.
+//!
+//! ```text
+//! x = embed(tokens) [* sqrt(n_embd)]
+//! per layer:  h = norm(x); q,k,v = h·Wq,Wk,Wv [+b]; [qk-norm]; rope; cache k,v
+//!             a = softmax(q·K / sqrt(d)) · V ; o = a·Wo ; [post-norm] ; x += o
+//!             h = norm(x); f = act(h·Wgate) * (h·Wup) ; d = f·Wdown ; [post-norm] ; x += d
+//! logits = norm(x) · Wout
+//! ```
+use core::ops::Range;
+
+use pinch_kernels::matvec::{dequantize_row, matmul_rows, matvec_rows, quantize_activation, KernelError};
+use pinch_kernels::ops::{self, rms_norm, rms_norm_inplace, rope};
+use pinch_kernels::CpuFeatures;
+
+use crate::arena::Arena;
+use crate::model::config::{Config, FfnAct};
+use crate::model::kv::{KvCache, KvType};
+use crate::model::weights::{Tensor, Weights};
+use crate::model::ModelError;
+use crate::platform::Platform;
+
+/// Most workers a matmul is split across.
+pub const MAX_WORKERS: usize = 16;
+
+/// How the arithmetic is done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Math {
+    /// Weights dequantized to f32, activations never quantized: the oracle.
+    Reference,
+    /// Activations quantized to the weight's pairing format, SIMD kernels (llama.cpp's way).
+    Fast,
+}
+
+/// Which positions of an `eval` call produce logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    Last,
+    All,
+    None,
+}
+
+/// Sizes and modes of a session.
+#[derive(Clone, Copy, Debug)]
+pub struct SessionOptions {
+    pub n_ctx: usize,
+    /// Most tokens processed per weight pass.
+    pub n_batch: usize,
+    pub kv: KvType,
+    pub math: Math,
+    pub threads: usize,
+    /// Positions whose LM-head rows are computed together (when all logits are wanted).
+    pub head_group: usize,
+    pub cpu: CpuFeatures,
+}
+
+/// A model plus its KV cache and scratch: everything one conversation needs.
+pub struct Session<'w, 'a> {
+    pub cfg: Config,
+    w: &'w Weights<'a>,
+    kv: KvCache<'a>,
+    pub opts: SessionOptions,
+    /// Positions already in the cache.
+    pub n_past: usize,
+    s: Scratch<'a>,
+}
+
+struct Scratch<'a> {
+    x: &'a mut [f32],
+    xn: &'a mut [f32],
+    q: &'a mut [f32],
+    k: &'a mut [f32],
+    v: &'a mut [f32],
+    att: &'a mut [f32],
+    gate: &'a mut [f32],
+    up: &'a mut [f32],
+    scores: &'a mut [f32],
+    act_q: &'a mut [u8],
+    mm_tmp: &'a mut [f32],
+    row: &'a mut [f32],
+    logits: &'a mut [f32],
+}
+
+impl<'w, 'a> Session<'w, 'a> {
+    /// Bytes of scratch and KV a session with `o` needs (for the budget plan).
+    pub fn bytes_needed(cfg: &Config, o: &SessionOptions) -> usize {
+        let (nb, g) = (o.n_batch.max(1), o.head_group.max(1));
+        let maxd = cfg.n_embd.max(cfg.q_dim()).max(cfg.n_ff);
+        let floats = nb * (3 * cfg.n_embd + 2 * cfg.q_dim() + 2 * cfg.kv_dim() + 2 * cfg.n_ff)
+            + o.n_ctx
+            + (nb * maxd).max(cfg.n_vocab * g)
+            + maxd
+            + cfg.n_vocab * g;
+        let kv = KvCache::bytes_needed(o.kv, cfg.n_layer, o.n_ctx, cfg.kv_dim());
+        floats * 4 + nb.max(g) * maxd * 4 + kv + 64 * 20
+    }
+
+    pub fn new(cfg: Config, w: &'w Weights<'a>, arena: &mut Arena<'a>, opts: SessionOptions) -> Result<Session<'w, 'a>, ModelError> {
+        let mut opts = opts;
+        opts.n_batch = opts.n_batch.max(1);
+        opts.head_group = opts.head_group.max(1);
+        opts.threads = opts.threads.clamp(1, MAX_WORKERS);
+        let (nb, g) = (opts.n_batch, opts.head_group);
+        let maxd = cfg.n_embd.max(cfg.q_dim()).max(cfg.n_ff);
+        let kv = KvCache::new(arena, opts.kv, cfg.n_layer, opts.n_ctx, cfg.kv_dim())?;
+        let a = "activations";
+        let s = Scratch {
+            x: arena.slice(a, nb * cfg.n_embd)?,
+            xn: arena.slice(a, nb.max(g) * cfg.n_embd.max(cfg.q_dim()))?,
+            q: arena.slice(a, nb * cfg.q_dim())?,
+            k: arena.slice(a, nb * cfg.kv_dim())?,
+            v: arena.slice(a, nb * cfg.kv_dim())?,
+            att: arena.slice(a, nb * cfg.q_dim())?,
+            gate: arena.slice(a, nb * cfg.n_ff)?,
+            up: arena.slice(a, nb * cfg.n_ff)?,
+            scores: arena.slice(a, opts.n_ctx)?,
+            // f32 activations are the widest format (4 bytes per value).
+            act_q: arena.bytes(a, nb.max(g) * maxd * 4)?,
+            mm_tmp: arena.slice(a, (nb * maxd).max(cfg.n_vocab * g))?,
+            row: arena.slice(a, maxd)?,
+            logits: arena.slice("logits", cfg.n_vocab * g)?,
+        };
+        Ok(Session { cfg, w, kv, opts, n_past: 0, s })
+    }
+
+    /// Forget the conversation (the cache is overwritten from position 0).
+    pub fn reset(&mut self) {
+        self.n_past = 0;
+    }
+
+    /// Run `tokens` at positions `n_past..`, calling `on_logits(i, logits)` for the
+    /// positions `which` selects (i indexes `tokens`).
+    pub fn eval<P: Platform>(
+        &mut self,
+        p: &P,
+        tokens: &[u32],
+        which: Logits,
+        on_logits: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<(), ModelError> {
+        let needed = self.n_past + tokens.len();
+        if needed > self.opts.n_ctx {
+            return Err(ModelError::ContextFull { n_ctx: self.opts.n_ctx, needed });
+        }
+        for &t in tokens {
+            if t as usize >= self.cfg.n_vocab {
+                return Err(ModelError::BadToken { id: t, n_vocab: self.cfg.n_vocab });
+            }
+        }
+        let nb = self.opts.n_batch;
+        let mut start = 0;
+        while start < tokens.len() {
+            let end = (start + nb).min(tokens.len());
+            let chunk = &tokens[start..end];
+            self.layers(p, chunk)?;
+            let last_chunk = end == tokens.len();
+            let sel: Range<usize> = match which {
+                Logits::All => 0..chunk.len(),
+                Logits::Last if last_chunk => chunk.len() - 1..chunk.len(),
+                _ => 0..0,
+            };
+            self.head(p, sel, start, on_logits)?;
+            self.n_past += chunk.len();
+            start = end;
+        }
+        Ok(())
+    }
+
+    /// All transformer blocks for one batch; leaves the residual stream in `s.x`.
+    fn layers<P: Platform>(&mut self, p: &P, tokens: &[u32]) -> Result<(), ModelError> {
+        let c = self.cfg;
+        let n = tokens.len();
+        let pos0 = self.n_past;
+        let (e, qd, kvd, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.head_dim);
+        let mm = MatMul { p, math: self.opts.math, threads: self.opts.threads, cpu: self.opts.cpu };
+        let s = &mut self.s;
+
+        // Input embeddings.
+        for (t, &id) in tokens.iter().enumerate() {
+            let xt = &mut s.x[t * e..(t + 1) * e];
+            dequantize_row(self.w.token_embd.ty, self.w.token_embd.row(id as usize), xt)?;
+            if let Some(scale) = c.embd_scale {
+                ops::scale_inplace(xt, scale);
+            }
+        }
+
+        for (il, lw) in self.w.layers.iter().enumerate() {
+            // Attention block.
+            for t in 0..n {
+                rms_norm(&s.x[t * e..(t + 1) * e], lw.attn_norm, c.rms_eps, &mut s.xn[t * e..(t + 1) * e]);
+            }
+            let xn = &s.xn[..n * e];
+            mm.linear(&lw.wq, xn, n, &mut s.q[..n * qd], s.act_q, s.mm_tmp, s.row)?;
+            mm.linear(&lw.wk, xn, n, &mut s.k[..n * kvd], s.act_q, s.mm_tmp, s.row)?;
+            mm.linear(&lw.wv, xn, n, &mut s.v[..n * kvd], s.act_q, s.mm_tmp, s.row)?;
+            for t in 0..n {
+                add_bias(&mut s.q[t * qd..(t + 1) * qd], lw.bq);
+                add_bias(&mut s.k[t * kvd..(t + 1) * kvd], lw.bk);
+                add_bias(&mut s.v[t * kvd..(t + 1) * kvd], lw.bv);
+            }
+            let swa = c.is_swa(il);
+            let (base, fscale) = if swa { (c.rope_base_swa, 1.0) } else { (c.rope_base, c.rope_freq_scale) };
+            let q_scale = 1.0 / libm::sqrtf(hd as f32);
+            for t in 0..n {
+                let pos = pos0 + t;
+                for h in s.q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
+                    if let Some(g) = lw.q_norm {
+                        rms_norm_inplace(h, g, c.rms_eps);
+                    }
+                    rope(h, pos, c.n_rot, base, fscale, c.rope_kind);
+                    if c.scale_q {
+                        ops::scale_inplace(h, q_scale);
+                    }
+                }
+                for h in s.k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
+                    if let Some(g) = lw.k_norm {
+                        rms_norm_inplace(h, g, c.rms_eps);
+                    }
+                    rope(h, pos, c.n_rot, base, fscale, c.rope_kind);
+                }
+                self.kv.k[il].write(pos, &s.k[t * kvd..(t + 1) * kvd]);
+                self.kv.v[il].write(pos, &s.v[t * kvd..(t + 1) * kvd]);
+            }
+            let kq_scale = if c.scale_q { 1.0 } else { q_scale };
+            let group = c.n_head / c.n_head_kv;
+            for t in 0..n {
+                let pos = pos0 + t;
+                let first = if swa { (pos + 1).saturating_sub(c.n_swa) } else { 0 };
+                for h in 0..c.n_head {
+                    let off = (h / group) * hd;
+                    let qh = &s.q[t * qd + h * hd..t * qd + (h + 1) * hd];
+                    let sc = &mut s.scores[..pos + 1 - first];
+                    for (j, v) in sc.iter_mut().enumerate() {
+                        *v = self.kv.k[il].dot(first + j, off, qh) * kq_scale;
+                    }
+                    ops::softmax(sc);
+                    let out = &mut s.att[t * qd + h * hd..t * qd + (h + 1) * hd];
+                    out.fill(0.0);
+                    for (j, w) in sc.iter().enumerate() {
+                        self.kv.v[il].axpy(first + j, off, *w, out);
+                    }
+                }
+            }
+            mm.linear(&lw.wo, &s.att[..n * qd], n, &mut s.xn[..n * e], s.act_q, s.mm_tmp, s.row)?;
+            for t in 0..n {
+                let o = &mut s.xn[t * e..(t + 1) * e];
+                if let Some(g) = lw.post_attn_norm {
+                    rms_norm_inplace(o, g, c.rms_eps);
+                }
+                ops::add_inplace(&mut s.x[t * e..(t + 1) * e], o);
+            }
+
+            // Feed-forward block.
+            for t in 0..n {
+                rms_norm(&s.x[t * e..(t + 1) * e], lw.ffn_norm, c.rms_eps, &mut s.xn[t * e..(t + 1) * e]);
+            }
+            let xn = &s.xn[..n * e];
+            let f = c.n_ff;
+            mm.linear(&lw.w_gate, xn, n, &mut s.gate[..n * f], s.act_q, s.mm_tmp, s.row)?;
+            mm.linear(&lw.w_up, xn, n, &mut s.up[..n * f], s.act_q, s.mm_tmp, s.row)?;
+            match c.ffn_act {
+                FfnAct::Silu => ops::swiglu(&mut s.gate[..n * f], &s.up[..n * f]),
+                FfnAct::GeluTanh => ops::geglu(&mut s.gate[..n * f], &s.up[..n * f]),
+            }
+            mm.linear(&lw.w_down, &s.gate[..n * f], n, &mut s.xn[..n * e], s.act_q, s.mm_tmp, s.row)?;
+            for t in 0..n {
+                let d = &mut s.xn[t * e..(t + 1) * e];
+                if let Some(g) = lw.post_ffn_norm {
+                    rms_norm_inplace(d, g, c.rms_eps);
+                }
+                ops::add_inplace(&mut s.x[t * e..(t + 1) * e], d);
+            }
+        }
+        Ok(())
+    }
+
+    /// Final norm and LM head for batch positions `sel`; `base` is the index of the
+    /// batch's first token in the caller's token list.
+    fn head<P: Platform>(
+        &mut self,
+        p: &P,
+        sel: Range<usize>,
+        base: usize,
+        on_logits: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<(), ModelError> {
+        let c = self.cfg;
+        let (e, nv) = (c.n_embd, c.n_vocab);
+        let mm = MatMul { p, math: self.opts.math, threads: self.opts.threads, cpu: self.opts.cpu };
+        let g = self.opts.head_group;
+        let s = &mut self.s;
+        let mut t0 = sel.start;
+        while t0 < sel.end {
+            let t1 = (t0 + g).min(sel.end);
+            let m = t1 - t0;
+            for i in 0..m {
+                let t = t0 + i;
+                rms_norm(&s.x[t * e..(t + 1) * e], self.w.output_norm, c.rms_eps, &mut s.xn[i * e..(i + 1) * e]);
+            }
+            mm.linear(&self.w.output, &s.xn[..m * e], m, &mut s.logits[..m * nv], s.act_q, s.mm_tmp, s.row)?;
+            for i in 0..m {
+                on_logits(base + t0 + i, &s.logits[i * nv..(i + 1) * nv]);
+            }
+            t0 = t1;
+        }
+        Ok(())
+    }
+}
+
+fn add_bias(x: &mut [f32], b: Option<&[f32]>) {
+    if let Some(b) = b {
+        ops::add_inplace(x, b);
+    }
+}
+
+/// Matrix products on the session's math mode and workers.
+struct MatMul<'p, P: Platform> {
+    p: &'p P,
+    math: Math,
+    threads: usize,
+    cpu: CpuFeatures,
+}
+
+impl<P: Platform> MatMul<'_, P> {
+    /// `out[t * rows + r] = dot(w row r, x[t])` for `n` activation rows of `w.cols`.
+    #[allow(clippy::too_many_arguments)]
+    fn linear(
+        &self,
+        w: &Tensor,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        act_q: &mut [u8],
+        tmp: &mut [f32],
+        row: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let (cols, rows) = (w.cols, w.rows);
+        match self.math {
+            Math::Reference => {
+                let row = &mut row[..cols];
+                for r in 0..rows {
+                    dequantize_row(w.ty, w.row(r), row)?;
+                    for t in 0..n {
+                        let xt = &x[t * cols..(t + 1) * cols];
+                        let mut acc = 0.0f64;
+                        for (a, b) in row.iter().zip(xt) {
+                            acc += (*a as f64) * (*b as f64);
+                        }
+                        out[t * rows + r] = acc as f32;
+                    }
+                }
+                Ok(())
+            }
+            Math::Fast => {
+                let fmt = w.ty.act_format().ok_or(KernelError::Unsupported(w.ty))?;
+                let arb = fmt.row_bytes(cols).ok_or(KernelError::Unsupported(w.ty))?;
+                for t in 0..n {
+                    quantize_activation(fmt, &x[t * cols..(t + 1) * cols], &mut act_q[t * arb..(t + 1) * arb])?;
+                }
+                let acts = &act_q[..n * arb];
+                let rb = w.row_bytes();
+                let err = spin::Mutex::new(None::<KernelError>);
+                let cpu = self.cpu;
+                if n == 1 {
+                    par_rows(self.p, self.threads, rows, 1, &mut out[..rows], &|r, o| {
+                        if let Err(e) = matvec_rows(w.ty, &cpu, w.data, rb, r, acts, o) {
+                            *err.lock() = Some(e);
+                        }
+                    });
+                } else {
+                    let tmp = &mut tmp[..rows * n];
+                    par_rows(self.p, self.threads, rows, n, tmp, &|r, o| {
+                        if let Err(e) = matmul_rows(w.ty, &cpu, w.data, rb, r, acts, arb, o) {
+                            *err.lock() = Some(e);
+                        }
+                    });
+                    for r in 0..rows {
+                        for t in 0..n {
+                            out[t * rows + r] = tmp[r * n + t];
+                        }
+                    }
+                }
+                match err.into_inner() {
+                    Some(e) => Err(e.into()),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+}
+
+type RowChunk<'o> = spin::Mutex<(Range<usize>, &'o mut [f32])>;
+
+/// Split `rows` (with `n_tok` outputs each, row-major in `out`) across workers.
+fn par_rows<P: Platform>(
+    p: &P,
+    threads: usize,
+    rows: usize,
+    n_tok: usize,
+    out: &mut [f32],
+    f: &(dyn Fn(Range<usize>, &mut [f32]) + Sync),
+) {
+    let nt = threads.min(p.workers()).clamp(1, MAX_WORKERS).min(rows.max(1));
+    if nt == 1 {
+        f(0..rows, out);
+        return;
+    }
+    let mut parts: heapless::Vec<RowChunk<'_>, MAX_WORKERS> = heapless::Vec::new();
+    let mut rest = out;
+    let mut start = 0;
+    for i in 0..nt {
+        // Chunk edges on multiples of 8 rows so interleaved kernels see whole groups.
+        let end = if i + 1 == nt { rows } else { (rows * (i + 1) / nt) / 8 * 8 };
+        let end = end.max(start);
+        let (a, b) = core::mem::take(&mut rest).split_at_mut((end - start) * n_tok);
+        let _ = parts.push(spin::Mutex::new((start..end, a)));
+        rest = b;
+        start = end;
+    }
+    p.parallel(nt, &|i| {
+        let mut g = parts[i].lock();
+        let (r, o) = &mut *g;
+        if r.start < r.end {
+            f(r.clone(), o);
+        }
+    });
+}

@@ -1,0 +1,114 @@
+//! The KV cache: per layer, K and V rows for every position of the context.
+use pinch_kernels::f16::{f16_to_f32, f32_to_f16};
+
+use crate::arena::{Arena, ArenaError};
+
+/// Storage type of cached keys and values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvType {
+    F32,
+    F16,
+}
+
+impl KvType {
+    pub fn bytes_per_value(self) -> usize {
+        match self {
+            KvType::F32 => 4,
+            KvType::F16 => 2,
+        }
+    }
+}
+
+enum Store<'a> {
+    F32(&'a mut [f32]),
+    F16(&'a mut [u16]),
+}
+
+/// One layer's K or V: `n_ctx` rows of `dim` values.
+pub struct KvPlane<'a> {
+    store: Store<'a>,
+    dim: usize,
+}
+
+impl<'a> KvPlane<'a> {
+    fn new(arena: &mut Arena<'a>, ty: KvType, n_ctx: usize, dim: usize) -> Result<KvPlane<'a>, ArenaError> {
+        let n = n_ctx.checked_mul(dim).ok_or(ArenaError::Overflow { account: "kv cache" })?;
+        let store = match ty {
+            KvType::F32 => Store::F32(arena.slice("kv cache", n)?),
+            KvType::F16 => Store::F16(arena.slice("kv cache", n)?),
+        };
+        Ok(KvPlane { store, dim })
+    }
+
+    /// Store `x` (len dim) at position `pos`.
+    pub fn write(&mut self, pos: usize, x: &[f32]) {
+        let d = self.dim;
+        match &mut self.store {
+            Store::F32(s) => s[pos * d..(pos + 1) * d].copy_from_slice(x),
+            Store::F16(s) => {
+                for (o, v) in s[pos * d..(pos + 1) * d].iter_mut().zip(x) {
+                    *o = f32_to_f16(*v);
+                }
+            }
+        }
+    }
+
+    /// Dot of `q` with `len` values at position `pos`, starting at column `off`.
+    #[inline]
+    pub fn dot(&self, pos: usize, off: usize, q: &[f32]) -> f32 {
+        let start = pos * self.dim + off;
+        match &self.store {
+            Store::F32(s) => pinch_kernels::ops::dot_f32(&s[start..start + q.len()], q),
+            Store::F16(s) => {
+                let mut acc = 0.0f32;
+                for (k, v) in s[start..start + q.len()].iter().zip(q) {
+                    acc += f16_to_f32(*k) * v;
+                }
+                acc
+            }
+        }
+    }
+
+    /// `out += w * row[pos][off..off+out.len()]`.
+    #[inline]
+    pub fn axpy(&self, pos: usize, off: usize, w: f32, out: &mut [f32]) {
+        let start = pos * self.dim + off;
+        let len = out.len();
+        match &self.store {
+            Store::F32(s) => {
+                for (o, v) in out.iter_mut().zip(&s[start..start + len]) {
+                    *o += w * v;
+                }
+            }
+            Store::F16(s) => {
+                for (o, v) in out.iter_mut().zip(&s[start..start + len]) {
+                    *o += w * f16_to_f32(*v);
+                }
+            }
+        }
+    }
+}
+
+/// K and V planes for every layer.
+pub struct KvCache<'a> {
+    pub k: heapless::Vec<KvPlane<'a>, { crate::model::weights::MAX_LAYERS }>,
+    pub v: heapless::Vec<KvPlane<'a>, { crate::model::weights::MAX_LAYERS }>,
+    pub n_ctx: usize,
+}
+
+impl<'a> KvCache<'a> {
+    pub fn new(arena: &mut Arena<'a>, ty: KvType, n_layer: usize, n_ctx: usize, dim: usize) -> Result<KvCache<'a>, ArenaError> {
+        let mut k = heapless::Vec::new();
+        let mut v = heapless::Vec::new();
+        for _ in 0..n_layer.min(crate::model::weights::MAX_LAYERS) {
+            let _ = k.push(KvPlane::new(arena, ty, n_ctx, dim)?);
+            let _ = v.push(KvPlane::new(arena, ty, n_ctx, dim)?);
+        }
+        Ok(KvCache { k, v, n_ctx })
+    }
+
+    /// Bytes the cache needs (for planning before allocation).
+    pub fn bytes_needed(ty: KvType, n_layer: usize, n_ctx: usize, dim: usize) -> usize {
+        2 * n_layer * n_ctx * dim * ty.bytes_per_value()
+    }
+}

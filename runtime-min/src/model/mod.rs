@@ -1,0 +1,81 @@
+//! Dense transformer models: config, weights and the forward pass.
+//!
+//! One forward pass ([`forward`]) serves llama, qwen2, qwen3 and gemma3; the
+//! differences are data in [`config::Config`]. Two arithmetic modes share it:
+//! [`Math::Reference`] dequantizes weights to f32 and never quantizes activations (the
+//! oracle), [`Math::Fast`] quantizes activations like llama.cpp and uses the SIMD kernels.
+pub mod config;
+pub mod forward;
+pub mod kv;
+pub mod weights;
+
+use pinch_kernels::GgmlType;
+
+pub use config::{Arch, Config};
+pub use forward::{Logits, Math, Session, SessionOptions};
+pub use kv::KvType;
+pub use weights::{Loader, Tensor, Weights};
+
+use crate::arena::ArenaError;
+use crate::platform::PlatformError;
+use weights::NameBuf;
+
+/// Why a model could not be loaded or run.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum ModelError {
+    MissingKey(&'static str),
+    UnsupportedArch,
+    MissingTensor(&'static str),
+    MissingTensorNamed(NameBuf),
+    TensorShape { name: NameBuf, expected: [u64; 2], found: [u64; 2] },
+    UnsupportedType { name: NameBuf, ty: GgmlType },
+    BadShape(&'static str),
+    Arena(ArenaError),
+    Platform(PlatformError),
+    ShortRead { offset: u64 },
+    /// The tokens do not fit in the context window.
+    ContextFull { n_ctx: usize, needed: usize },
+    /// A token id outside the vocabulary.
+    BadToken { id: u32, n_vocab: usize },
+    Kernel(pinch_kernels::matvec::KernelError),
+}
+
+impl From<ArenaError> for ModelError {
+    fn from(e: ArenaError) -> Self {
+        ModelError::Arena(e)
+    }
+}
+
+impl From<pinch_kernels::matvec::KernelError> for ModelError {
+    fn from(e: pinch_kernels::matvec::KernelError) -> Self {
+        ModelError::Kernel(e)
+    }
+}
+
+impl core::fmt::Display for ModelError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            ModelError::MissingKey(k) => write!(f, "missing metadata key '{k}'"),
+            ModelError::UnsupportedArch => write!(f, "unsupported architecture (pinch runs llama, qwen2, qwen3, gemma3)"),
+            ModelError::MissingTensor(n) => write!(f, "missing tensor '{n}'"),
+            ModelError::MissingTensorNamed(n) => write!(f, "missing tensor '{n}'"),
+            ModelError::TensorShape { name, expected, found } => {
+                write!(f, "tensor '{name}' has shape {found:?}, expected {expected:?}")
+            }
+            ModelError::UnsupportedType { name, ty } => {
+                write!(f, "tensor '{name}' has type {} which pinch cannot compute with", ty.name())
+            }
+            ModelError::BadShape(what) => write!(f, "bad model shape: {what}"),
+            ModelError::Arena(e) => write!(f, "{e}"),
+            ModelError::Platform(e) => write!(f, "{e}"),
+            ModelError::ShortRead { offset } => write!(f, "file ends early: short read at offset {offset}"),
+            ModelError::ContextFull { n_ctx, needed } => write!(
+                f,
+                "context full: {needed} tokens needed but the context holds {n_ctx} (raise -c)"
+            ),
+            ModelError::BadToken { id, n_vocab } => write!(f, "token id {id} outside the vocabulary of {n_vocab}"),
+            ModelError::Kernel(e) => write!(f, "{e}"),
+        }
+    }
+}

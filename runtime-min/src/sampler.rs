@@ -1,0 +1,309 @@
+//! Token sampling in one pass over the logits.
+//!
+//! A bounded min-heap keeps the best `top_k + repeat_last_n` candidates while the
+//! logits stream by (no sort of the 262,144-entry vocabulary). Repetition penalties only
+//! ever lower a recent token's score, so any token in the penalised top-k was within the
+//! unpenalised top `k + n_recent`: applying penalties to the kept candidates is exact.
+//! With `top_k = 0` (no top-k) the candidate set is capped at [`MAX_CANDIDATES`]; the
+//! probability mass beyond that is negligible at usual temperatures.
+
+/// Most candidates kept by the heap.
+pub const MAX_CANDIDATES: usize = 2048;
+/// Longest repetition window.
+pub const MAX_RECENT: usize = 1024;
+
+/// Sampling settings (llama.cpp's flag names and defaults).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SamplerParams {
+    /// <= 0: greedy.
+    pub temp: f32,
+    /// 0: off.
+    pub top_k: usize,
+    /// 1.0: off.
+    pub top_p: f32,
+    /// 0.0: off.
+    pub min_p: f32,
+    /// 1.0: off.
+    pub repeat_penalty: f32,
+    pub repeat_last_n: usize,
+    pub seed: u64,
+}
+
+impl Default for SamplerParams {
+    fn default() -> Self {
+        SamplerParams { temp: 0.8, top_k: 40, top_p: 0.95, min_p: 0.05, repeat_penalty: 1.0, repeat_last_n: 64, seed: 0x5eed }
+    }
+}
+
+/// A candidate token and its (penalised) logit.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Candidate {
+    pub id: u32,
+    pub logit: f32,
+}
+
+/// The sampler state: settings, RNG, recent tokens and candidate storage.
+pub struct Sampler {
+    pub params: SamplerParams,
+    rng: u64,
+    recent: heapless::Deque<u32, MAX_RECENT>,
+    heap: heapless::Vec<Candidate, MAX_CANDIDATES>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplerParams) -> Sampler {
+        Sampler { params, rng: params.seed ^ 0x9e37_79b9_7f4a_7c15, recent: heapless::Deque::new(), heap: heapless::Vec::new() }
+    }
+
+    /// Record a token that is now part of the context (prompt or generated).
+    pub fn accept(&mut self, id: u32) {
+        let n = self.params.repeat_last_n.min(MAX_RECENT);
+        if n == 0 {
+            return;
+        }
+        while self.recent.len() >= n {
+            self.recent.pop_front();
+        }
+        let _ = self.recent.push_back(id);
+    }
+
+    /// Forget recent tokens (new conversation).
+    pub fn reset(&mut self) {
+        self.recent.clear();
+    }
+
+    fn penalised(&self, id: u32, logit: f32) -> f32 {
+        let p = self.params.repeat_penalty;
+        if p == 1.0 || !self.recent.iter().any(|&r| r == id) {
+            return logit;
+        }
+        if logit <= 0.0 {
+            logit * p
+        } else {
+            logit / p
+        }
+    }
+
+    fn next_f32(&mut self) -> f32 {
+        // splitmix64
+        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        (z >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    /// Pick the next token from `logits`.
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        let p = self.params;
+        if p.temp <= 0.0 {
+            return self.greedy(logits);
+        }
+        let k = if p.top_k == 0 { MAX_CANDIDATES } else { p.top_k.min(MAX_CANDIDATES) };
+        let keep = (k + self.recent.len()).min(MAX_CANDIDATES);
+        self.collect_top(logits, keep);
+        // Penalise, then re-select the best k.
+        let mut cands = core::mem::take(&mut self.heap);
+        for c in cands.iter_mut() {
+            c.logit = self.penalised(c.id, c.logit);
+        }
+        sort_desc(&mut cands);
+        cands.truncate(k);
+        // Softmax with temperature over the candidates.
+        let max = cands.first().map(|c| c.logit).unwrap_or(0.0);
+        let mut probs = [0.0f32; MAX_CANDIDATES];
+        let mut sum = 0.0f32;
+        for (i, c) in cands.iter().enumerate() {
+            let e = libm::expf((c.logit - max) / p.temp);
+            probs[i] = e;
+            sum += e;
+        }
+        let mut n = cands.len();
+        // min-p: drop tokens below min_p * p(best).
+        if p.min_p > 0.0 && n > 0 {
+            let floor = p.min_p * probs[0];
+            n = probs[..n].iter().take_while(|&&q| q >= floor).count().max(1);
+        }
+        // top-p: smallest prefix with mass >= top_p.
+        let total: f32 = probs[..n].iter().sum();
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            for i in 0..n {
+                acc += probs[i] / total;
+                if acc >= p.top_p {
+                    n = i + 1;
+                    break;
+                }
+            }
+        }
+        let _ = sum;
+        let mass: f32 = probs[..n].iter().sum();
+        let mut r = self.next_f32() * mass;
+        let mut pick = cands.first().map(|c| c.id).unwrap_or(0);
+        for i in 0..n {
+            r -= probs[i];
+            if r <= 0.0 {
+                pick = cands[i].id;
+                break;
+            }
+        }
+        self.heap = cands;
+        pick
+    }
+
+    /// Argmax of the penalised logits; the first maximum wins ties (as llama.cpp).
+    pub fn greedy(&self, logits: &[f32]) -> u32 {
+        let mut best = 0usize;
+        let mut best_v = f32::NEG_INFINITY;
+        for (i, &l) in logits.iter().enumerate() {
+            let v = if self.recent.is_empty() { l } else { self.penalised(i as u32, l) };
+            if v > best_v {
+                best_v = v;
+                best = i;
+            }
+        }
+        best as u32
+    }
+
+    /// Keep the `keep` largest raw logits in `self.heap` (a min-heap by logit).
+    fn collect_top(&mut self, logits: &[f32], keep: usize) {
+        self.heap.clear();
+        for (i, &l) in logits.iter().enumerate() {
+            if l.is_nan() {
+                continue;
+            }
+            let c = Candidate { id: i as u32, logit: l };
+            if self.heap.len() < keep {
+                let _ = self.heap.push(c);
+                let last = self.heap.len() - 1;
+                sift_up(&mut self.heap, last);
+            } else if keep > 0 && l > self.heap[0].logit {
+                self.heap[0] = c;
+                sift_down(&mut self.heap, 0);
+            }
+        }
+    }
+}
+
+/// The `n` best (id, logit) of `logits`, best first, into `out`; returns the count.
+pub fn top_n(logits: &[f32], out: &mut [Candidate]) -> usize {
+    let n = out.len();
+    let mut len = 0usize;
+    for (i, &l) in logits.iter().enumerate() {
+        if l.is_nan() {
+            continue;
+        }
+        let c = Candidate { id: i as u32, logit: l };
+        if len < n {
+            out[len] = c;
+            len += 1;
+            let mut j = len - 1;
+            while j > 0 && out[j - 1].logit < out[j].logit {
+                out.swap(j - 1, j);
+                j -= 1;
+            }
+        } else if n > 0 && l > out[n - 1].logit {
+            out[n - 1] = c;
+            let mut j = n - 1;
+            while j > 0 && out[j - 1].logit < out[j].logit {
+                out.swap(j - 1, j);
+                j -= 1;
+            }
+        }
+    }
+    len
+}
+
+fn sift_up(h: &mut [Candidate], mut i: usize) {
+    while i > 0 {
+        let parent = (i - 1) / 2;
+        if h[i].logit < h[parent].logit {
+            h.swap(i, parent);
+            i = parent;
+        } else {
+            break;
+        }
+    }
+}
+
+fn sift_down(h: &mut [Candidate], mut i: usize) {
+    loop {
+        let (l, r) = (2 * i + 1, 2 * i + 2);
+        let mut m = i;
+        if l < h.len() && h[l].logit < h[m].logit {
+            m = l;
+        }
+        if r < h.len() && h[r].logit < h[m].logit {
+            m = r;
+        }
+        if m == i {
+            break;
+        }
+        h.swap(i, m);
+        i = m;
+    }
+}
+
+/// Heap-sort descending by logit (candidates are few; no allocation).
+fn sort_desc(v: &mut [Candidate]) {
+    // The slice is a min-heap already only when untouched; rebuild to be safe.
+    let n = v.len();
+    for i in (0..n / 2).rev() {
+        sift_down(v, i);
+    }
+    for end in (1..n).rev() {
+        v.swap(0, end);
+        sift_down(&mut v[..end], 0);
+    }
+    // A min-heap sort yields descending order.
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_takes_first_maximum() {
+        let s = Sampler::new(SamplerParams { temp: 0.0, ..Default::default() });
+        assert_eq!(s.greedy(&[1.0, 3.0, 3.0, -1.0]), 1);
+    }
+
+    #[test]
+    fn top_k_one_is_greedy_and_penalty_changes_choice() {
+        let mut s = Sampler::new(SamplerParams { temp: 1.0, top_k: 1, top_p: 1.0, min_p: 0.0, repeat_penalty: 10.0, repeat_last_n: 4, seed: 1 });
+        let logits = [0.5f32, 2.0, 1.9, -3.0];
+        assert_eq!(s.sample(&logits), 1);
+        s.accept(1);
+        // 2.0 / 10 = 0.2 < 1.9: token 2 wins now.
+        assert_eq!(s.sample(&logits), 2);
+    }
+
+    #[test]
+    fn sampling_stays_within_top_k_and_follows_probabilities() {
+        let mut logits = [0.0f32; 1000];
+        for (i, l) in logits.iter_mut().enumerate() {
+            *l = -(i as f32) * 0.01;
+        }
+        logits[500] = 5.0;
+        logits[700] = 5.0;
+        let mut s = Sampler::new(SamplerParams { temp: 1.0, top_k: 2, top_p: 1.0, min_p: 0.0, repeat_penalty: 1.0, repeat_last_n: 0, seed: 7 });
+        let mut counts = [0u32; 2];
+        for _ in 0..2000 {
+            match s.sample(&logits) {
+                500 => counts[0] += 1,
+                700 => counts[1] += 1,
+                other => panic!("sampled {other} outside top-2"),
+            }
+        }
+        assert!(counts[0] > 850 && counts[1] > 850, "{counts:?}");
+    }
+
+    #[test]
+    fn top_n_returns_best_first() {
+        let mut out = [Candidate { id: 0, logit: 0.0 }; 3];
+        let n = top_n(&[0.1, 0.9, 0.5, 0.7, -1.0], &mut out);
+        assert_eq!(n, 3);
+        assert_eq!([out[0].id, out[1].id, out[2].id], [1, 3, 2]);
+    }
+}

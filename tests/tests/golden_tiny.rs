@@ -1,0 +1,168 @@
+//! Tiny fixtures of llama, qwen3 and gemma3 against llama.cpp's logits.
+//!
+//! Tolerances come from `tests/data/tiny/README.md` (copied from the golden README):
+//! the f32 oracle must match `f32kv` (F32 files) and `dequant-f32kv` (quantized files)
+//! within 1e-4 (gemma3: 2e-3), top-1 identical everywhere; the fast path (activations
+//! quantized like llama.cpp) matches `f32kv` with at most 3 of 24 positions beyond 1e-4,
+//! none beyond the quantization bound, and the same top-1 wherever llama.cpp's margin
+//! is at least 0.5.
+use pinch_runtime_min::model::{KvType, Math, ModelError};
+use pinch_tests::*;
+
+const N_VOCAB: usize = 300;
+
+fn fixtures() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(data_dir().join("tiny"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".gguf"))
+        .collect();
+    v.sort();
+    assert!(v.len() >= 20, "tiny fixtures missing from tests/data/tiny");
+    v
+}
+
+fn stem(name: &str) -> &str {
+    name.trim_end_matches(".gguf")
+}
+
+fn golden(name: &str, cfg: &str, kind: &str) -> Vec<Vec<f32>> {
+    read_rows(&data_dir().join("tiny").join(format!("{}.{cfg}.{kind}.f32", stem(name))), N_VOCAB)
+}
+
+fn is_f32(name: &str) -> bool {
+    name.ends_with("-F32.gguf")
+}
+
+/// IQ2_XXS has no pinch kernel yet: loading it must fail with a clear error naming the type.
+fn unsupported(name: &str) -> bool {
+    name.contains("IQ2_XXS")
+}
+
+fn oracle_tol(name: &str) -> f32 {
+    if name.contains("gemma3") {
+        2e-3
+    } else {
+        1e-4
+    }
+}
+
+#[test]
+fn unsupported_type_is_a_clear_error() {
+    let name = "tiny-llama-IQ2_XXS.gguf";
+    let bytes = std::fs::read(data_dir().join("tiny").join(name)).unwrap();
+    let meta = Meta::load(&data_dir().join("tiny").join(format!("{name}.meta")));
+    let spec = RunSpec { math: Math::Reference, kv: KvType::F32, batch: 24, threads: 1 };
+    match run_logits(&bytes, &meta.u32s("token_ids"), spec) {
+        Err(ModelError::UnsupportedType { name, ty }) => {
+            assert_eq!(ty, pinch_kernels::GgmlType::IQ2_XXS);
+            assert!(name.starts_with("blk."), "{name}");
+        }
+        other => panic!("expected UnsupportedType, got {:?}", other.map(|_| ())),
+    }
+}
+
+#[test]
+fn oracle_matches_llama_cpp_batched_and_sequential() {
+    let mut report = String::new();
+    let mut failures = Vec::new();
+    for name in fixtures() {
+        if unsupported(&name) {
+            continue;
+        }
+        let bytes = std::fs::read(data_dir().join("tiny").join(&name)).unwrap();
+        let meta = Meta::load(&data_dir().join("tiny").join(format!("{name}.meta")));
+        let tokens = meta.u32s("token_ids");
+        let cfg = if is_f32(&name) { "f32kv" } else { "dequant-f32kv" };
+        for (batch, kind) in [(24usize, "batched"), (1, "seq")] {
+            let want = golden(&name, cfg, kind);
+            let spec = RunSpec { math: Math::Reference, kv: KvType::F32, batch, threads: 1 };
+            let (_, got) = run_logits(&bytes, &tokens, spec).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let mut worst = 0.0f32;
+            let mut top1_bad = 0;
+            for (g, w) in got.iter().zip(&want) {
+                worst = worst.max(max_abs_diff(g, w));
+                if argmax(g) != argmax(w) {
+                    top1_bad += 1;
+                }
+            }
+            report += &format!("{name:32} {cfg:14} {kind:8} max|diff| {worst:.2e} top1 mismatches {top1_bad}\n");
+            if worst > oracle_tol(&name) || top1_bad > 0 {
+                failures.push(format!("{name} {kind}: max diff {worst:.3e}, top-1 mismatches {top1_bad}"));
+            }
+        }
+    }
+    println!("{report}");
+    assert!(failures.is_empty(), "oracle differs from llama.cpp:\n{}", failures.join("\n"));
+}
+
+#[test]
+fn fast_path_matches_llama_cpp_f32kv() {
+    let mut report = String::new();
+    let mut failures = Vec::new();
+    for name in fixtures() {
+        if unsupported(&name) || is_f32(&name) {
+            continue;
+        }
+        let bytes = std::fs::read(data_dir().join("tiny").join(&name)).unwrap();
+        let meta = Meta::load(&data_dir().join("tiny").join(format!("{name}.meta")));
+        let tokens = meta.u32s("token_ids");
+        let want = golden(&name, "f32kv", "batched");
+        let dequant = golden(&name, "dequant-f32kv", "batched");
+        // llama.cpp's own f32kv-vs-dequant distance bounds the activation-quantization noise.
+        let bound = want.iter().zip(&dequant).map(|(a, b)| max_abs_diff(a, b)).fold(0.0, f32::max).max(0.05) * 1.5;
+        let spec = RunSpec { math: Math::Fast, kv: KvType::F32, batch: 24, threads: 2 };
+        let (_, got) = run_logits(&bytes, &tokens, spec).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let (mut over, mut worst, mut top1_bad) = (0, 0.0f32, 0);
+        for (g, w) in got.iter().zip(&want) {
+            let d = max_abs_diff(g, w);
+            worst = worst.max(d);
+            if d > 1e-4 {
+                over += 1;
+            }
+            if top1_margin(w) >= 0.5 && argmax(g) != argmax(w) {
+                top1_bad += 1;
+            }
+        }
+        report += &format!("{name:32} positions>1e-4 {over:2}/24 max|diff| {worst:.3} (bound {bound:.3}) top1 mismatches {top1_bad}\n");
+        if over > 3 || worst > bound || top1_bad > 0 {
+            failures.push(format!("{name}: {over} positions > 1e-4, max {worst:.3e} (bound {bound:.3}), top-1 mismatches {top1_bad}"));
+        }
+    }
+    println!("{report}");
+    assert!(failures.is_empty(), "fast path differs from llama.cpp:\n{}", failures.join("\n"));
+}
+
+#[test]
+fn greedy_teacher_forced_matches_llama_cpp() {
+    let mut failures = Vec::new();
+    for name in fixtures() {
+        if unsupported(&name) {
+            continue;
+        }
+        let bytes = std::fs::read(data_dir().join("tiny").join(&name)).unwrap();
+        let meta = Meta::load(&data_dir().join("tiny").join(format!("{name}.meta")));
+        let cfg = if is_f32(&name) { "f32kv" } else { "dequant-f32kv" };
+        let ids = meta.u32s(&format!("{cfg}.greedy_ids"));
+        let margins = meta.f32s(&format!("{cfg}.greedy_margins"));
+        let want = golden(&name, cfg, "greedy");
+        let mut tokens = meta.u32s("token_ids");
+        let p = tokens.len();
+        tokens.extend_from_slice(&ids[..ids.len() - 1]);
+        let spec = RunSpec { math: Math::Reference, kv: KvType::F32, batch: 8, threads: 1 };
+        let (_, got) = run_logits(&bytes, &tokens, spec).unwrap();
+        let min_margin = if is_f32(&name) { 1e-3 } else { 0.5 };
+        for k in 0..ids.len() {
+            let row = &got[p - 1 + k];
+            let d = max_abs_diff(row, &want[k]);
+            if d > oracle_tol(&name) * 2.0 {
+                failures.push(format!("{name} step {k}: max diff {d:.3e}"));
+            }
+            if margins[k] >= min_margin && argmax(row) as u32 != ids[k] {
+                failures.push(format!("{name} step {k}: chose {} not {}", argmax(row), ids[k]));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "greedy differs:\n{}", failures.join("\n"));
+}
