@@ -37,6 +37,7 @@ macro_rules! pod_block {
         static_assertions::const_assert_eq!(core::mem::align_of::<$t>(), 1);
         // SAFETY: the block is #[repr(C)] made of u8 arrays only (alignment 1 asserted
         // above), so it has no padding and every bit pattern is valid.
+        #[allow(unsafe_code)]
         unsafe impl $crate::blocks::Pod for $t {}
     )*};
 }
@@ -47,8 +48,8 @@ macro_rules! pod_block {
 pub fn cast<T: Pod>(bytes: &[u8]) -> Option<&[T]> {
     let size = core::mem::size_of::<T>();
     if size == 0
-        || bytes.len() % size != 0
-        || (bytes.as_ptr() as usize) % core::mem::align_of::<T>() != 0
+        || !bytes.len().is_multiple_of(size)
+        || !(bytes.as_ptr() as usize).is_multiple_of(core::mem::align_of::<T>())
     {
         return None;
     }
@@ -62,8 +63,8 @@ pub fn cast<T: Pod>(bytes: &[u8]) -> Option<&[T]> {
 pub fn cast_mut<T: Pod>(bytes: &mut [u8]) -> Option<&mut [T]> {
     let size = core::mem::size_of::<T>();
     if size == 0
-        || bytes.len() % size != 0
-        || (bytes.as_ptr() as usize) % core::mem::align_of::<T>() != 0
+        || !bytes.len().is_multiple_of(size)
+        || !(bytes.as_ptr() as usize).is_multiple_of(core::mem::align_of::<T>())
     {
         return None;
     }

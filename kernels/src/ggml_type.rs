@@ -64,14 +64,14 @@ impl ActFormat {
         match self {
             ActFormat::F32 | ActFormat::F16 | ActFormat::BF16 => Some(n * 4),
             ActFormat::Q8_0 => {
-                if n % 32 == 0 {
+                if n.is_multiple_of(32) {
                     Some(n / 32 * 34)
                 } else {
                     None
                 }
             }
             ActFormat::Q8_K => {
-                if n % 256 == 0 {
+                if n.is_multiple_of(256) {
                     Some(n / 256 * 292)
                 } else {
                     None
@@ -207,7 +207,7 @@ impl GgmlType {
     /// or the size overflows.
     pub fn row_bytes(self, n: u64) -> Option<u64> {
         let (qk, bytes) = self.block_geometry();
-        if n % qk as u64 != 0 {
+        if !n.is_multiple_of(qk as u64) {
             return None;
         }
         (n / qk as u64).checked_mul(bytes as u64)

@@ -55,7 +55,7 @@ fn check(what: &'static str, expected: usize, found: usize) -> Result<(), Kernel
 /// Scalar dequantization of a whole row (or several rows back to back) of type `ty`.
 pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), KernelError> {
     let (qk, bytes) = ty.block_geometry();
-    if dst.len() % qk != 0 {
+    if !dst.len().is_multiple_of(qk) {
         return Err(KernelError::BadLength {
             what: "dequantize output",
             expected: dst.len() / qk * qk,
@@ -90,6 +90,10 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), K
 
 /// Convert an f32 activation row into `fmt` (bytes). For the float formats `dst`
 /// receives little-endian f32 values (rounded through f16/bf16 where `fmt` says so).
+///
+/// Q8_0 uses llama.cpp's x86 quantizer ([`q8_0::quantize_row_x86`]: `127 / amax`, ties
+/// to even), not the portable reference, on every ISA: the goldens come from an x86
+/// build, and an int8 that rounds the other way is amplified by every later layer.
 pub fn quantize_activation(fmt: ActFormat, x: &[f32], dst: &mut [u8]) -> Result<(), KernelError> {
     let need = fmt.row_bytes(x.len()).ok_or(KernelError::BadLength {
         what: "activation length (not a whole number of blocks)",
@@ -108,7 +112,7 @@ pub fn quantize_activation(fmt: ActFormat, x: &[f32], dst: &mut [u8]) -> Result<
                 out.copy_from_slice(&r.to_le_bytes());
             }
         }
-        ActFormat::Q8_0 => q8_0::quantize_row(x, dst),
+        ActFormat::Q8_0 => q8_0::quantize_row_x86(x, dst),
         ActFormat::Q8_K => q8_k::quantize_row(x, dst),
     }
     Ok(())
@@ -179,7 +183,7 @@ pub fn matmul_rows(
     out: &mut [f32],
 ) -> Result<(), KernelError> {
     let fmt = ty.act_format().ok_or(KernelError::Unsupported(ty))?;
-    if act_row_bytes == 0 || acts.len() % act_row_bytes != 0 {
+    if act_row_bytes == 0 || !acts.len().is_multiple_of(act_row_bytes) {
         return Err(KernelError::BadLength {
             what: "activation rows",
             expected: act_row_bytes,

@@ -1,16 +1,21 @@
 //! Elementwise and normalisation ops of the forward pass (f32, scalar).
 //!
-//! Each follows the arithmetic of llama.cpp's CPU backend where that changes the
-//! result beyond float noise: RMSNorm sums squares in f64; rope angles are built by
-//! repeated multiplication; GELU goes through f16 like ggml's lookup table; softmax
-//! sums in f64.
+//! Each follows the arithmetic of llama.cpp's CPU backend as built on the x86 (AVX-512)
+//! host of our goldens, bit for bit where we can: once activations are re-quantized
+//! (int8, or f16 for F16 weights) a one-ulp difference upstream can flip a rounding and
+//! grow to the size of the quantization noise. So: RMSNorm squares in f32 and sums in
+//! f64; rope angles are built by repeated multiplication and the rotation is fused as
+//! GCC contracts it; exp is ggml's vector `ggml_v_expf` (not libm's); the attention
+//! dot product and softmax use ggml's AVX-512 lanes and reduction trees; GELU goes
+//! through f16 like ggml's lookup table. The same arithmetic runs on every ISA.
 use crate::f16::{f16_to_f32, f32_to_f16};
 
 /// `out = x / sqrt(mean(x^2) + eps) * w` (w may be empty for no gain).
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let mut sum = 0.0f64;
     for v in x {
-        sum += (*v as f64) * (*v as f64);
+        // ggml: `sum += (ggml_float)(x * x)`: the square is rounded to f32 first.
+        sum += (*v * *v) as f64;
     }
     let mean = (sum / x.len() as f64) as f32;
     let scale = 1.0 / libm::sqrtf(mean + eps);
@@ -29,7 +34,7 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     let mut sum = 0.0f64;
     for v in x.iter() {
-        sum += (*v as f64) * (*v as f64);
+        sum += (*v * *v) as f64;
     }
     let mean = (sum / x.len() as f64) as f32;
     let scale = 1.0 / libm::sqrtf(mean + eps);
@@ -66,13 +71,49 @@ pub fn rope(x: &mut [f32], pos: usize, n_rot: usize, base: f32, freq_scale: f32,
             RopeKind::Neox => (i, i + n_rot / 2),
         };
         let (x0, x1) = (x[a], x[b]);
-        x[a] = x0 * c - x1 * s;
-        x[b] = x0 * s + x1 * c;
+        // ggml's `x0*cos - x1*sin` / `x0*sin + x1*cos`, contracted by GCC
+        // (-ffp-contract=fast) into one fused multiply-add each.
+        x[a] = libm::fmaf(x0, c, -(x1 * s));
+        x[b] = libm::fmaf(x0, s, x1 * c);
         theta *= theta_scale;
     }
 }
 
-/// In-place softmax over `x`; returns nothing, sums in f64 like ggml.
+/// `e^x` as ggml's AVX-512 `ggml_v_expf` computes it (the path of `ggml_vec_soft_max_f32`
+/// and `ggml_v_silu` on the golden host): `x = n ln2 + b` with `n` rounded by the
+/// 1.5 * 2^23 trick, a degree-5 polynomial in `b` in fused steps, then `j * 2^n`
+/// (`vscalefps`). Within 1.5 ulp of `expf` but not equal to it, hence emulated.
+#[inline]
+pub fn expf_ggml(x: f32) -> f32 {
+    let c = f32::from_bits;
+    let r = c(0x4b40_0000); // 0x1.8p23
+    let z = libm::fmaf(x, c(0x3fb8_aa3b), r); // log2(e)
+    let n = z - r;
+    let b = libm::fmaf(
+        -n,
+        c(0x35bf_be8e),
+        libm::fmaf(-n, c(0x3f31_7200), x), // ln2 in two parts
+    );
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    let u = b * b;
+    let j = libm::fmaf(
+        libm::fmaf(
+            libm::fmaf(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+            u,
+            libm::fmaf(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+        ),
+        u,
+        libm::fmaf(c(0x3f7f_fff6), b, 1.0),
+    );
+    libm::ldexpf(j, n as i32)
+}
+
+/// In-place softmax over `x` as ggml's `ggml_vec_soft_max_f32` on AVX-512: `e = exp(x -
+/// max)` by [`expf_ggml`], summed per group of 16 in f32 (`_mm512_reduce_add_ps` tree)
+/// and across groups in f64, then scaled by `(1 / sum) as f32`. Masked entries
+/// (`-inf`) become 0.
 pub fn softmax(x: &mut [f32]) {
     let mut max = f32::NEG_INFINITY;
     for v in x.iter() {
@@ -81,10 +122,13 @@ pub fn softmax(x: &mut [f32]) {
         }
     }
     let mut sum = 0.0f64;
-    for v in x.iter_mut() {
-        let e = if *v == f32::NEG_INFINITY { 0.0 } else { libm::expf(*v - max) };
-        *v = e;
-        sum += e as f64;
+    for chunk in x.chunks_mut(16) {
+        let mut e = [0.0f32; 16];
+        for (ei, v) in e.iter_mut().zip(chunk.iter_mut()) {
+            *ei = expf_ggml(*v - max);
+            *v = *ei;
+        }
+        sum += crate::quant::float::hsum16(e) as f64;
     }
     let inv = (1.0 / sum) as f32;
     for v in x.iter_mut() {
@@ -115,10 +159,10 @@ pub fn gelu_f16_table(x: f32) -> f32 {
     }
 }
 
-/// SiLU: x * sigmoid(x).
+/// SiLU: `x / (1 + e^-x)` with ggml's vector exp (`ggml_v_silu`).
 #[inline]
 pub fn silu(x: f32) -> f32 {
-    x / (1.0 + libm::expf(-x))
+    x / (1.0 + expf_ggml(0.0 - x))
 }
 
 /// `gate[i] = silu(gate[i]) * up[i]`.
@@ -131,7 +175,11 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
 /// `gate[i] = gelu(gate[i]) * up[i]` with ggml's f16-table GELU.
 pub fn geglu(gate: &mut [f32], up: &[f32]) {
     for (g, u) in gate.iter_mut().zip(up) {
-        *g = if *g >= 10.0 { *g * u } else { gelu_f16_table(*g) * u };
+        *g = if *g >= 10.0 {
+            *g * u
+        } else {
+            gelu_f16_table(*g) * u
+        };
     }
 }
 
@@ -149,19 +197,29 @@ pub fn scale_inplace(y: &mut [f32], s: f32) {
     }
 }
 
-/// f32 dot product (reference; used by attention over f32 caches).
+/// f32 dot product as ggml's AVX-512 `ggml_vec_dot_f32` (attention scores over an f32
+/// cache): four accumulators of 16 lanes over steps of 64 with fused multiply-adds,
+/// folded `0 += 2, 1 += 3, 0 += 1`, reduced by the `_mm512_reduce_add_ps` tree; the
+/// last `n % 64` products are added one by one (fused, as GCC contracts them).
 #[inline]
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let n8 = a.len() / 8 * 8;
-    for i in (0..n8).step_by(8) {
-        for j in 0..8 {
-            acc[j] += a[i + j] * b[i + j];
+    let n = a.len().min(b.len());
+    let np = n / 64 * 64;
+    let mut acc = [[0.0f32; 16]; 4];
+    for (ca, cb) in a[..np].chunks_exact(64).zip(b[..np].chunks_exact(64)) {
+        for (k, lanes) in acc.iter_mut().enumerate() {
+            for (l, v) in lanes.iter_mut().enumerate() {
+                *v = libm::fmaf(ca[16 * k + l], cb[16 * k + l], *v);
+            }
         }
     }
-    let mut s = (acc[0] + acc[4]) + (acc[1] + acc[5]) + (acc[2] + acc[6]) + (acc[3] + acc[7]);
-    for i in n8..a.len() {
-        s += a[i] * b[i];
+    let mut lanes = [0.0f32; 16];
+    for (l, v) in lanes.iter_mut().enumerate() {
+        *v = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
+    let mut s = crate::quant::float::hsum16(lanes);
+    for i in np..n {
+        s = libm::fmaf(a[i], b[i], s);
     }
     s
 }

@@ -12,6 +12,7 @@ pub enum Command {
     Tokenize,
     Bench,
     Inspect,
+    Serve,
     Help,
 }
 
@@ -42,6 +43,10 @@ pub struct Opts<'s> {
     pub bench_t: heapless::Vec<usize, 8>,
     pub bench_reps: usize,
     pub verbose: bool,
+    /// serve: address, port (0: any free port) and how many requests may wait.
+    pub host: &'s str,
+    pub port: u16,
+    pub queue: usize,
 }
 
 /// A command line pinch cannot act on.
@@ -76,6 +81,7 @@ commands:
   tokenize  print token ids/pieces: pinch tokenize -m M -p TEXT [--ids] [--no-bos] [--no-parse-special]
   bench     tokens/s table:      pinch bench -m M -p 64,512 -n 128 -t 1,2 -r 3
   inspect   describe a GGUF file: pinch inspect model.gguf
+  serve     HTTP server (OpenAI and llama-server APIs, web page): pinch serve -m M --port 8080
 
 flags (llama.cpp names):
   -m, --model FILE        GGUF model
@@ -93,18 +99,23 @@ flags (llama.cpp names):
   --json                  print one JSON summary line at the end
   -sys, --system TEXT     system prompt for chat
   -r, --repetitions N     bench repetitions (default 3)
+  --host ADDR --port N    serve: listen address (default 127.0.0.1:8080)
+  --queue N               serve: requests that may wait for the running one (default 4)
 ";
 
 /// Parse `700M`, `1.5G`, `64K`, `123456` (bytes; K/M/G are powers of 1024).
 pub fn parse_size(s: &str) -> Option<u64> {
     let s = s.trim();
+    let s = s
+        .strip_suffix("iB")
+        .or_else(|| s.strip_suffix('B'))
+        .unwrap_or(s);
     let (num, mult) = match s.as_bytes().last()? {
         b'k' | b'K' => (&s[..s.len() - 1], 1u64 << 10),
         b'm' | b'M' => (&s[..s.len() - 1], 1u64 << 20),
         b'g' | b'G' => (&s[..s.len() - 1], 1u64 << 30),
         _ => (s, 1),
     };
-    let num = num.trim_end_matches(['i', 'I', 'b', 'B']);
     let v: f64 = num.parse().ok()?;
     if !(v.is_finite() && v >= 0.0) {
         return None;
@@ -146,6 +157,9 @@ impl<'s> Opts<'s> {
             bench_t: heapless::Vec::new(),
             bench_reps: 3,
             verbose: false,
+            host: "127.0.0.1",
+            port: 8080,
+            queue: 4,
         }
     }
 
@@ -161,6 +175,7 @@ impl<'s> Opts<'s> {
             "tokenize" => Command::Tokenize,
             "bench" => Command::Bench,
             "inspect" => Command::Inspect,
+            "serve" | "server" => Command::Serve,
             "help" | "-h" | "--help" => Command::Help,
             other => return Err(CliError::UnknownCommand(other)),
         };
@@ -175,7 +190,8 @@ impl<'s> Opts<'s> {
             macro_rules! num {
                 () => {{
                     let v = val()?;
-                    v.parse().map_err(|_| CliError::BadValue { flag, value: v })?
+                    v.parse()
+                        .map_err(|_| CliError::BadValue { flag, value: v })?
                 }};
             }
             match flag {
@@ -226,8 +242,15 @@ impl<'s> Opts<'s> {
                 "--no-bos" => o.no_bos = true,
                 "--no-parse-special" => o.parse_special = false,
                 "-v" | "--verbose" => o.verbose = true,
+                "--host" => o.host = val()?,
+                "--port" => o.port = num!(),
+                "--queue" => o.queue = num!(),
                 "-h" | "--help" => o.command = Command::Help,
-                other if !other.starts_with('-') && o.model.is_none() && command == Command::Inspect => {
+                other
+                    if !other.starts_with('-')
+                        && o.model.is_none()
+                        && command == Command::Inspect =>
+                {
                     o.model = Some(other)
                 }
                 other => return Err(CliError::UnknownFlag(other)),
@@ -235,7 +258,10 @@ impl<'s> Opts<'s> {
             i += 1;
         }
         if o.n_batch == 0 {
-            return Err(CliError::BadValue { flag: "-b", value: "0" });
+            return Err(CliError::BadValue {
+                flag: "-b",
+                value: "0",
+            });
         }
         Ok(o)
     }
@@ -247,7 +273,11 @@ mod tests {
 
     #[test]
     fn parses_llama_cpp_style_flags() {
-        let o = Opts::parse(&["run", "-m", "x.gguf", "-p", "hi", "-n", "5", "--temp", "0", "--budget", "700M", "-t", "2"]).unwrap();
+        let o = Opts::parse(&[
+            "run", "-m", "x.gguf", "-p", "hi", "-n", "5", "--temp", "0", "--budget", "700M", "-t",
+            "2",
+        ])
+        .unwrap();
         assert_eq!(o.command, Command::Run);
         assert_eq!(o.model, Some("x.gguf"));
         assert_eq!(o.n_predict, 5);
@@ -258,10 +288,25 @@ mod tests {
 
     #[test]
     fn rejects_unknown_flags_and_bad_values() {
-        assert_eq!(Opts::parse(&["run", "--bogus"]).unwrap_err(), CliError::UnknownFlag("--bogus"));
-        assert_eq!(Opts::parse(&["run", "-n", "x"]).unwrap_err(), CliError::BadValue { flag: "-n", value: "x" });
-        assert_eq!(Opts::parse(&["run", "-m"]).unwrap_err(), CliError::MissingValue("-m"));
-        assert!(matches!(Opts::parse(&["frobnicate"]), Err(CliError::UnknownCommand("frobnicate"))));
+        assert_eq!(
+            Opts::parse(&["run", "--bogus"]).unwrap_err(),
+            CliError::UnknownFlag("--bogus")
+        );
+        assert_eq!(
+            Opts::parse(&["run", "-n", "x"]).unwrap_err(),
+            CliError::BadValue {
+                flag: "-n",
+                value: "x"
+            }
+        );
+        assert_eq!(
+            Opts::parse(&["run", "-m"]).unwrap_err(),
+            CliError::MissingValue("-m")
+        );
+        assert!(matches!(
+            Opts::parse(&["frobnicate"]),
+            Err(CliError::UnknownCommand("frobnicate"))
+        ));
     }
 
     #[test]

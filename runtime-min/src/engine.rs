@@ -40,17 +40,44 @@ impl Plan {
 
     /// Print the plan as a small table.
     pub fn print(&self, w: &mut dyn Write, cfg: &Config, s: &SessionOptions) -> core::fmt::Result {
-        writeln!(w, "plan: {} x {} layers, n_embd {}, vocab {}, ctx {}, batch {}, {} threads", cfg.arch.name(), cfg.n_layer, cfg.n_embd, cfg.n_vocab, s.n_ctx, s.n_batch, s.threads)?;
+        writeln!(
+            w,
+            "plan: {} x {} layers, n_embd {}, vocab {}, ctx {}, batch {}, {} threads",
+            cfg.arch.name(),
+            cfg.n_layer,
+            cfg.n_embd,
+            cfg.n_vocab,
+            s.n_ctx,
+            s.n_batch,
+            s.threads
+        )?;
         writeln!(w, "  weights (resident)      {:>12}", Mib(self.weights))?;
-        writeln!(w, "  kv cache + scratch      {:>12}", Mib(self.kv_and_scratch))?;
-        writeln!(w, "  tokenizer + header      {:>12}", Mib(self.tokenizer + self.header))?;
+        writeln!(
+            w,
+            "  kv cache + scratch      {:>12}",
+            Mib(self.kv_and_scratch)
+        )?;
+        writeln!(
+            w,
+            "  tokenizer + header      {:>12}",
+            Mib(self.tokenizer + self.header)
+        )?;
         writeln!(w, "  process overhead        {:>12}", Mib(self.overhead))?;
         write!(w, "  total                   {:>12}", Mib(self.total()))?;
         match self.budget {
-            Some(b) => writeln!(w, "  of budget {} ({})", Mib(b), if self.fits() { "fits" } else { "DOES NOT FIT" })?,
+            Some(b) => writeln!(
+                w,
+                "  of budget {} ({})",
+                Mib(b),
+                if self.fits() { "fits" } else { "DOES NOT FIT" }
+            )?,
             None => writeln!(w, "  (no --budget)")?,
         }
-        writeln!(w, "  read from storage per token: {} (all weights resident)", Mib(self.streamed_per_token))
+        writeln!(
+            w,
+            "  read from storage per token: {} (all weights resident)",
+            Mib(self.streamed_per_token)
+        )
     }
 }
 
@@ -61,7 +88,14 @@ pub fn weight_bytes(g: &Gguf) -> u64 {
 }
 
 /// Compute the plan for a model and session options.
-pub fn plan(g: &Gguf, cfg: &Config, s: &SessionOptions, header: u64, tokenizer: u64, budget: Option<u64>) -> Plan {
+pub fn plan(
+    g: &Gguf,
+    cfg: &Config,
+    s: &SessionOptions,
+    header: u64,
+    tokenizer: u64,
+    budget: Option<u64>,
+) -> Plan {
     Plan {
         header,
         tokenizer,
@@ -75,7 +109,14 @@ pub fn plan(g: &Gguf, cfg: &Config, s: &SessionOptions, header: u64, tokenizer: 
 
 /// The largest context (multiple of 256, at least 256) that fits `budget` with the rest
 /// of the plan unchanged, if any.
-pub fn max_ctx_that_fits(g: &Gguf, cfg: &Config, s: &SessionOptions, header: u64, tokenizer: u64, budget: u64) -> Option<usize> {
+pub fn max_ctx_that_fits(
+    g: &Gguf,
+    cfg: &Config,
+    s: &SessionOptions,
+    header: u64,
+    tokenizer: u64,
+    budget: u64,
+) -> Option<usize> {
     let mut best = None;
     let mut n = 256;
     while n <= s.n_ctx {
@@ -101,16 +142,29 @@ pub struct OverBudget {
 
 impl core::fmt::Display for OverBudget {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(f, "the model needs {} but --budget is {}", Mib(self.needed), Mib(self.given))?;
+        write!(
+            f,
+            "the model needs {} but --budget is {}",
+            Mib(self.needed),
+            Mib(self.given)
+        )?;
         match self.max_ctx {
             Some(c) => write!(f, "; it would fit with -c {c}"),
-            None => write!(f, "; a smaller context does not help (weight streaming is not available yet)"),
+            None => write!(
+                f,
+                "; a smaller context does not help (weight streaming is not available yet)"
+            ),
         }
     }
 }
 
 /// Check the plan against the budget.
-pub fn check_budget(p: &Plan, g: &Gguf, cfg: &Config, s: &SessionOptions) -> Result<(), OverBudget> {
+pub fn check_budget(
+    p: &Plan,
+    g: &Gguf,
+    cfg: &Config,
+    s: &SessionOptions,
+) -> Result<(), OverBudget> {
     match p.budget {
         Some(b) if !p.fits() => Err(OverBudget {
             needed: p.total(),
@@ -122,7 +176,10 @@ pub fn check_budget(p: &Plan, g: &Gguf, cfg: &Config, s: &SessionOptions) -> Res
 }
 
 /// Copy `header` into the arena so everything the engine keeps is accounted for.
-pub fn keep_header<'a>(arena: &mut Arena<'a>, header: &[u8]) -> Result<&'a [u8], crate::arena::ArenaError> {
+pub fn keep_header<'a>(
+    arena: &mut Arena<'a>,
+    header: &[u8],
+) -> Result<&'a [u8], crate::arena::ArenaError> {
     let b = arena.bytes("gguf header", header.len())?;
     b.copy_from_slice(header);
     Ok(b)

@@ -9,11 +9,16 @@ use crate::platform::Platform;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HeaderLenError {
     /// The file ends (or a length points) past its end at `offset`.
-    Truncated { offset: u64, file_len: u64 },
+    Truncated {
+        offset: u64,
+        file_len: u64,
+    },
     /// Not a GGUF file.
     BadMagic,
     /// An unknown metadata value type or nesting too deep.
-    BadValue { offset: u64 },
+    BadValue {
+        offset: u64,
+    },
     Read(crate::platform::PlatformError),
 }
 
@@ -24,7 +29,9 @@ impl core::fmt::Display for HeaderLenError {
                 write!(f, "GGUF header runs past the end of the file (offset {offset}, file is {file_len} bytes)")
             }
             HeaderLenError::BadMagic => write!(f, "not a GGUF file (bad magic)"),
-            HeaderLenError::BadValue { offset } => write!(f, "bad GGUF metadata value at offset {offset}"),
+            HeaderLenError::BadValue { offset } => {
+                write!(f, "bad GGUF metadata value at offset {offset}")
+            }
             HeaderLenError::Read(e) => write!(f, "{e}"),
         }
     }
@@ -46,14 +53,25 @@ impl<P: Platform> Walker<'_, P> {
     fn bytes<const N: usize>(&mut self) -> Result<[u8; N], HeaderLenError> {
         let end = self.pos.checked_add(N as u64).filter(|e| *e <= self.len);
         if end.is_none() {
-            return Err(HeaderLenError::Truncated { offset: self.pos, file_len: self.len });
+            return Err(HeaderLenError::Truncated {
+                offset: self.pos,
+                file_len: self.len,
+            });
         }
         if self.pos < self.win_start || self.pos + N as u64 > self.win_start + self.win_len as u64 {
             self.win_start = self.pos;
             let want = ((self.len - self.pos) as usize).min(WINDOW);
             let mut got = 0;
             while got < want {
-                let n = self.p.read_at(self.file, self.pos + got as u64, &mut self.win[got..want], false).map_err(HeaderLenError::Read)?;
+                let n = self
+                    .p
+                    .read_at(
+                        self.file,
+                        self.pos + got as u64,
+                        &mut self.win[got..want],
+                        false,
+                    )
+                    .map_err(HeaderLenError::Read)?;
                 if n == 0 {
                     break;
                 }
@@ -61,7 +79,10 @@ impl<P: Platform> Walker<'_, P> {
             }
             self.win_len = got;
             if got < N {
-                return Err(HeaderLenError::Truncated { offset: self.pos, file_len: self.len });
+                return Err(HeaderLenError::Truncated {
+                    offset: self.pos,
+                    file_len: self.len,
+                });
             }
         }
         let off = (self.pos - self.win_start) as usize;
@@ -82,7 +103,10 @@ impl<P: Platform> Walker<'_, P> {
                 self.pos = e;
                 Ok(())
             }
-            _ => Err(HeaderLenError::Truncated { offset: self.pos, file_len: self.len }),
+            _ => Err(HeaderLenError::Truncated {
+                offset: self.pos,
+                file_len: self.len,
+            }),
         }
     }
     fn string(&mut self) -> Result<(), HeaderLenError> {
@@ -94,7 +118,7 @@ impl<P: Platform> Walker<'_, P> {
         match ty {
             0 | 1 | 7 => self.skip(1),
             2 | 3 => self.skip(2),
-            4 | 5 | 6 => self.skip(4),
+            4..=6 => self.skip(4),
             10..=12 => self.skip(8),
             8 => self.string(),
             9 if depth < 8 => {
@@ -108,11 +132,17 @@ impl<P: Platform> Walker<'_, P> {
                     _ => None,
                 };
                 match fixed {
-                    Some(sz) => self.skip(n.checked_mul(sz).ok_or(HeaderLenError::Truncated { offset: at, file_len: self.len })?),
+                    Some(sz) => self.skip(n.checked_mul(sz).ok_or(HeaderLenError::Truncated {
+                        offset: at,
+                        file_len: self.len,
+                    })?),
                     None => {
                         // Each element takes at least 8 bytes: bound the loop by the file.
                         if n > (self.len - self.pos) / 8 + 1 {
-                            return Err(HeaderLenError::Truncated { offset: at, file_len: self.len });
+                            return Err(HeaderLenError::Truncated {
+                                offset: at,
+                                file_len: self.len,
+                            });
                         }
                         for _ in 0..n {
                             self.value(et, depth + 1)?;
@@ -129,7 +159,15 @@ impl<P: Platform> Walker<'_, P> {
 /// Length in bytes of the GGUF header of `file` (up to the aligned start of tensor data).
 pub fn header_len<P: Platform>(p: &P, file: &P::File) -> Result<u64, HeaderLenError> {
     let len = p.file_size(file);
-    let mut w = Walker { p, file, len, pos: 0, win: [0; WINDOW], win_start: 0, win_len: 0 };
+    let mut w = Walker {
+        p,
+        file,
+        len,
+        pos: 0,
+        win: [0; WINDOW],
+        win_start: 0,
+        win_len: 0,
+    };
     if &w.bytes::<4>()? != b"GGUF" {
         return Err(HeaderLenError::BadMagic);
     }
@@ -137,7 +175,10 @@ pub fn header_len<P: Platform>(p: &P, file: &P::File) -> Result<u64, HeaderLenEr
     let n_tensors = w.u64()?;
     let n_kv = w.u64()?;
     if n_kv > len / 12 || n_tensors > len / 24 {
-        return Err(HeaderLenError::Truncated { offset: 8, file_len: len });
+        return Err(HeaderLenError::Truncated {
+            offset: 8,
+            file_len: len,
+        });
     }
     let mut alignment = 32u64;
     for _ in 0..n_kv {
@@ -164,6 +205,10 @@ pub fn header_len<P: Platform>(p: &P, file: &P::File) -> Result<u64, HeaderLenEr
         }
         w.skip(8 * n_dims as u64 + 4 + 8)?;
     }
-    let a = if alignment.is_power_of_two() { alignment } else { 32 };
+    let a = if alignment.is_power_of_two() {
+        alignment
+    } else {
+        32
+    };
     Ok(w.pos.div_ceil(a).saturating_mul(a).min(len))
 }

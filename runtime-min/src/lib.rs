@@ -8,14 +8,26 @@
 //! - [`platform`]: the only door to the outside (files, memory, workers, clock, output).
 //! - [`arena`]: the bump arena and its per-account budget bookkeeping.
 //! - [`gguf`]: GGUF v2/v3 reader (zero-copy, every field checked) and writer.
+//! - [`tokenizer`]: SentencePiece and byte-level BPE tokenizers as llama.cpp runs them.
+//! - [`chat`]: chat templates (ChatML, Gemma, Llama 3) rendered without allocation.
 //!
 //! This crate has no `unsafe`: byte-to-typed views go through `pinch_kernels::blocks`.
 #![no_std]
 #![forbid(unsafe_code)]
 
 pub mod arena;
+pub mod chat;
+pub mod cli;
+pub mod commands;
+pub mod engine;
 pub mod gguf;
+pub mod header_len;
+pub mod inspect;
+pub mod model;
 pub mod platform;
+pub mod sampler;
+pub mod server;
+pub mod tokenizer;
 
 pub use arena::{Arena, ArenaError};
 pub use platform::Platform;

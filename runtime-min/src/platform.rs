@@ -16,6 +16,8 @@ pub enum PlatformError {
     OutOfMemory { requested: usize },
     /// Operation not supported on this platform.
     Unsupported(&'static str),
+    /// A socket operation failed (OS error code if any).
+    Net { code: i32 },
 }
 
 impl core::fmt::Display for PlatformError {
@@ -29,11 +31,27 @@ impl core::fmt::Display for PlatformError {
                 write!(f, "cannot obtain {requested} bytes of memory")
             }
             PlatformError::Unsupported(what) => write!(f, "not supported here: {what}"),
+            PlatformError::Net { code } => write!(f, "socket error (os error {code})"),
         }
     }
 }
 
 impl core::error::Error for PlatformError {}
+
+/// A TCP listener or connection the platform keeps; the engine holds only this handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Socket(pub u32);
+
+/// What a non-blocking receive found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recv {
+    /// This many bytes were read.
+    Data(usize),
+    /// Nothing to read yet.
+    Pending,
+    /// The peer closed its side (or reset the connection).
+    Closed,
+}
 
 /// Files, memory, workers, clock and output.
 pub trait Platform: Sync {
@@ -84,6 +102,40 @@ pub trait Platform: Sync {
     fn read_line(&self, buf: &mut [u8]) -> Option<usize> {
         let _ = buf;
         None
+    }
+
+    // TCP for `pinch serve`. Every call is non-blocking except `tcp_send`, so the engine
+    // can run its single-threaded server loop between tokens. Platforms without sockets
+    // keep these defaults.
+
+    /// Listen on `host:port` (port 0: any free port); returns the listener and its port.
+    fn tcp_listen(&self, host: &str, port: u16) -> Result<(Socket, u16), PlatformError> {
+        let _ = (host, port);
+        Err(PlatformError::Unsupported("tcp sockets"))
+    }
+    /// A pending connection on `listener`, if any (never waits).
+    fn tcp_accept(&self, listener: Socket) -> Result<Option<Socket>, PlatformError> {
+        let _ = listener;
+        Err(PlatformError::Unsupported("tcp sockets"))
+    }
+    /// Read what has arrived on `conn` into `buf` (never waits).
+    fn tcp_recv(&self, conn: Socket, buf: &mut [u8]) -> Result<Recv, PlatformError> {
+        let _ = (conn, buf);
+        Err(PlatformError::Unsupported("tcp sockets"))
+    }
+    /// Send all of `bytes`, waiting at most a few seconds for a slow reader; an error
+    /// when the peer has gone or does not read.
+    fn tcp_send(&self, conn: Socket, bytes: &[u8]) -> Result<(), PlatformError> {
+        let _ = (conn, bytes);
+        Err(PlatformError::Unsupported("tcp sockets"))
+    }
+    /// Close `sock` (after sent data is delivered where the OS allows).
+    fn tcp_close(&self, sock: Socket) {
+        let _ = sock;
+    }
+    /// Pause the calling thread (the server loop when idle).
+    fn sleep_ms(&self, ms: u32) {
+        let _ = ms;
     }
 }
 

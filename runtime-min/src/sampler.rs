@@ -31,7 +31,15 @@ pub struct SamplerParams {
 
 impl Default for SamplerParams {
     fn default() -> Self {
-        SamplerParams { temp: 0.8, top_k: 40, top_p: 0.95, min_p: 0.05, repeat_penalty: 1.0, repeat_last_n: 64, seed: 0x5eed }
+        SamplerParams {
+            temp: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 0x5eed,
+        }
     }
 }
 
@@ -52,7 +60,12 @@ pub struct Sampler {
 
 impl Sampler {
     pub fn new(params: SamplerParams) -> Sampler {
-        Sampler { params, rng: params.seed ^ 0x9e37_79b9_7f4a_7c15, recent: heapless::Deque::new(), heap: heapless::Vec::new() }
+        Sampler {
+            params,
+            rng: params.seed ^ 0x9e37_79b9_7f4a_7c15,
+            recent: heapless::Deque::new(),
+            heap: heapless::Vec::new(),
+        }
     }
 
     /// Record a token that is now part of the context (prompt or generated).
@@ -100,7 +113,11 @@ impl Sampler {
         if p.temp <= 0.0 {
             return self.greedy(logits);
         }
-        let k = if p.top_k == 0 { MAX_CANDIDATES } else { p.top_k.min(MAX_CANDIDATES) };
+        let k = if p.top_k == 0 {
+            MAX_CANDIDATES
+        } else {
+            p.top_k.min(MAX_CANDIDATES)
+        };
         let keep = (k + self.recent.len()).min(MAX_CANDIDATES);
         self.collect_top(logits, keep);
         // Penalise, then re-select the best k.
@@ -123,18 +140,21 @@ impl Sampler {
         // min-p: drop tokens below min_p * p(best).
         if p.min_p > 0.0 && n > 0 {
             let floor = p.min_p * probs[0];
-            n = probs[..n].iter().take_while(|&&q| q >= floor).count().max(1);
+            n = probs[..n]
+                .iter()
+                .take_while(|&&q| q >= floor)
+                .count()
+                .max(1);
         }
         // top-p: smallest prefix with mass >= top_p.
         let total: f32 = probs[..n].iter().sum();
         if p.top_p < 1.0 {
             let mut acc = 0.0;
-            for i in 0..n {
-                acc += probs[i] / total;
-                if acc >= p.top_p {
-                    n = i + 1;
-                    break;
-                }
+            if let Some(i) = probs[..n].iter().position(|q| {
+                acc += q / total;
+                acc >= p.top_p
+            }) {
+                n = i + 1;
             }
         }
         let _ = sum;
@@ -157,7 +177,11 @@ impl Sampler {
         let mut best = 0usize;
         let mut best_v = f32::NEG_INFINITY;
         for (i, &l) in logits.iter().enumerate() {
-            let v = if self.recent.is_empty() { l } else { self.penalised(i as u32, l) };
+            let v = if self.recent.is_empty() {
+                l
+            } else {
+                self.penalised(i as u32, l)
+            };
             if v > best_v {
                 best_v = v;
                 best = i;
@@ -173,7 +197,10 @@ impl Sampler {
             if l.is_nan() {
                 continue;
             }
-            let c = Candidate { id: i as u32, logit: l };
+            let c = Candidate {
+                id: i as u32,
+                logit: l,
+            };
             if self.heap.len() < keep {
                 let _ = self.heap.push(c);
                 let last = self.heap.len() - 1;
@@ -194,7 +221,10 @@ pub fn top_n(logits: &[f32], out: &mut [Candidate]) -> usize {
         if l.is_nan() {
             continue;
         }
-        let c = Candidate { id: i as u32, logit: l };
+        let c = Candidate {
+            id: i as u32,
+            logit: l,
+        };
         if len < n {
             out[len] = c;
             len += 1;
@@ -265,13 +295,24 @@ mod tests {
 
     #[test]
     fn greedy_takes_first_maximum() {
-        let s = Sampler::new(SamplerParams { temp: 0.0, ..Default::default() });
+        let s = Sampler::new(SamplerParams {
+            temp: 0.0,
+            ..Default::default()
+        });
         assert_eq!(s.greedy(&[1.0, 3.0, 3.0, -1.0]), 1);
     }
 
     #[test]
     fn top_k_one_is_greedy_and_penalty_changes_choice() {
-        let mut s = Sampler::new(SamplerParams { temp: 1.0, top_k: 1, top_p: 1.0, min_p: 0.0, repeat_penalty: 10.0, repeat_last_n: 4, seed: 1 });
+        let mut s = Sampler::new(SamplerParams {
+            temp: 1.0,
+            top_k: 1,
+            top_p: 1.0,
+            min_p: 0.0,
+            repeat_penalty: 10.0,
+            repeat_last_n: 4,
+            seed: 1,
+        });
         let logits = [0.5f32, 2.0, 1.9, -3.0];
         assert_eq!(s.sample(&logits), 1);
         s.accept(1);
@@ -287,7 +328,15 @@ mod tests {
         }
         logits[500] = 5.0;
         logits[700] = 5.0;
-        let mut s = Sampler::new(SamplerParams { temp: 1.0, top_k: 2, top_p: 1.0, min_p: 0.0, repeat_penalty: 1.0, repeat_last_n: 0, seed: 7 });
+        let mut s = Sampler::new(SamplerParams {
+            temp: 1.0,
+            top_k: 2,
+            top_p: 1.0,
+            min_p: 0.0,
+            repeat_penalty: 1.0,
+            repeat_last_n: 0,
+            seed: 7,
+        });
         let mut counts = [0u32; 2];
         for _ in 0..2000 {
             match s.sample(&logits) {

@@ -15,7 +15,11 @@ fn prompts() -> Value {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 #[test]
@@ -26,7 +30,12 @@ fn top20_logits_match_llama_cpp_at_every_prompt_position() {
     let mut worst = 0.0f32;
     for pr in prompts()["prompts"].as_array().unwrap() {
         let toks = ids(&pr["token_ids"]);
-        let spec = RunSpec { math: Math::Fast, kv: KvType::F32, batch: 64, threads: 2 };
+        let spec = RunSpec {
+            math: Math::Fast,
+            kv: KvType::F32,
+            batch: 64,
+            threads: 2,
+        };
         let (_, got) = run_logits(&bytes, &toks, spec).unwrap();
         for entry in pr["f32kv"]["top20"].as_array().unwrap() {
             let pos = entry["pos"].as_u64().unwrap() as usize;
@@ -34,18 +43,31 @@ fn top20_logits_match_llama_cpp_at_every_prompt_position() {
                 .as_array()
                 .unwrap()
                 .iter()
-                .map(|t| (t[0].as_u64().unwrap() as usize, t[1].as_f64().unwrap() as f32))
+                .map(|t| {
+                    (
+                        t[0].as_u64().unwrap() as usize,
+                        t[1].as_f64().unwrap() as f32,
+                    )
+                })
                 .collect();
             for &(id, want) in &top {
                 let d = (got[pos][id] - want).abs();
                 worst = worst.max(d);
                 if d > 1.5 {
-                    failures.push(format!("{:?} pos {pos} id {id}: {} vs {want}", pr["text"], got[pos][id]));
+                    failures.push(format!(
+                        "{:?} pos {pos} id {id}: {} vs {want}",
+                        pr["text"], got[pos][id]
+                    ));
                 }
             }
             let margin = top[0].1 - top[1].1;
             if margin >= 0.5 && argmax(&got[pos]) != top[0].0 {
-                failures.push(format!("{:?} pos {pos}: top-1 {} vs {}", pr["text"], argmax(&got[pos]), top[0].0));
+                failures.push(format!(
+                    "{:?} pos {pos}: top-1 {} vs {}",
+                    pr["text"],
+                    argmax(&got[pos]),
+                    top[0].0
+                ));
             }
         }
     }
@@ -63,15 +85,30 @@ fn greedy_continuations_match_teacher_forced() {
         let mut toks = ids(&pr["token_ids"]);
         let p = toks.len();
         let greedy = ids(&pr["f32kv"]["greedy_ids"]);
-        let margins: Vec<f32> = pr["f32kv"]["greedy_top1_margins"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap() as f32).collect();
+        let margins: Vec<f32> = pr["f32kv"]["greedy_top1_margins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m.as_f64().unwrap() as f32)
+            .collect();
         toks.extend_from_slice(&greedy[..greedy.len() - 1]);
-        let spec = RunSpec { math: Math::Fast, kv: KvType::F32, batch: 64, threads: 2 };
+        let spec = RunSpec {
+            math: Math::Fast,
+            kv: KvType::F32,
+            batch: 64,
+            threads: 2,
+        };
         let (_, got) = run_logits(&bytes, &toks, spec).unwrap();
         for k in 0..greedy.len() {
             if margins[k] >= 0.5 {
                 checked += 1;
                 if argmax(&got[p - 1 + k]) as u32 != greedy[k] {
-                    failures.push(format!("{:?} step {k}: {} vs {}", pr["text"], argmax(&got[p - 1 + k]), greedy[k]));
+                    failures.push(format!(
+                        "{:?} step {k}: {} vs {}",
+                        pr["text"],
+                        argmax(&got[p - 1 + k]),
+                        greedy[k]
+                    ));
                 }
             }
         }

@@ -28,7 +28,12 @@ fn stem(name: &str) -> &str {
 }
 
 fn golden(name: &str, cfg: &str, kind: &str) -> Vec<Vec<f32>> {
-    read_rows(&data_dir().join("tiny").join(format!("{}.{cfg}.{kind}.f32", stem(name))), N_VOCAB)
+    read_rows(
+        &data_dir()
+            .join("tiny")
+            .join(format!("{}.{cfg}.{kind}.f32", stem(name))),
+        N_VOCAB,
+    )
 }
 
 fn is_f32(name: &str) -> bool {
@@ -53,7 +58,12 @@ fn unsupported_type_is_a_clear_error() {
     let name = "tiny-llama-IQ2_XXS.gguf";
     let bytes = std::fs::read(data_dir().join("tiny").join(name)).unwrap();
     let meta = Meta::load(&data_dir().join("tiny").join(format!("{name}.meta")));
-    let spec = RunSpec { math: Math::Reference, kv: KvType::F32, batch: 24, threads: 1 };
+    let spec = RunSpec {
+        math: Math::Reference,
+        kv: KvType::F32,
+        batch: 24,
+        threads: 1,
+    };
     match run_logits(&bytes, &meta.u32s("token_ids"), spec) {
         Err(ModelError::UnsupportedType { name, ty }) => {
             assert_eq!(ty, pinch_kernels::GgmlType::IQ2_XXS);
@@ -74,11 +84,21 @@ fn oracle_matches_llama_cpp_batched_and_sequential() {
         let bytes = std::fs::read(data_dir().join("tiny").join(&name)).unwrap();
         let meta = Meta::load(&data_dir().join("tiny").join(format!("{name}.meta")));
         let tokens = meta.u32s("token_ids");
-        let cfg = if is_f32(&name) { "f32kv" } else { "dequant-f32kv" };
+        let cfg = if is_f32(&name) {
+            "f32kv"
+        } else {
+            "dequant-f32kv"
+        };
         for (batch, kind) in [(24usize, "batched"), (1, "seq")] {
             let want = golden(&name, cfg, kind);
-            let spec = RunSpec { math: Math::Reference, kv: KvType::F32, batch, threads: 1 };
-            let (_, got) = run_logits(&bytes, &tokens, spec).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let spec = RunSpec {
+                math: Math::Reference,
+                kv: KvType::F32,
+                batch,
+                threads: 1,
+            };
+            let (_, got) =
+                run_logits(&bytes, &tokens, spec).unwrap_or_else(|e| panic!("{name}: {e}"));
             let mut worst = 0.0f32;
             let mut top1_bad = 0;
             for (g, w) in got.iter().zip(&want) {
@@ -87,14 +107,22 @@ fn oracle_matches_llama_cpp_batched_and_sequential() {
                     top1_bad += 1;
                 }
             }
-            report += &format!("{name:32} {cfg:14} {kind:8} max|diff| {worst:.2e} top1 mismatches {top1_bad}\n");
+            report += &format!(
+                "{name:32} {cfg:14} {kind:8} max|diff| {worst:.2e} top1 mismatches {top1_bad}\n"
+            );
             if worst > oracle_tol(&name) || top1_bad > 0 {
-                failures.push(format!("{name} {kind}: max diff {worst:.3e}, top-1 mismatches {top1_bad}"));
+                failures.push(format!(
+                    "{name} {kind}: max diff {worst:.3e}, top-1 mismatches {top1_bad}"
+                ));
             }
         }
     }
     println!("{report}");
-    assert!(failures.is_empty(), "oracle differs from llama.cpp:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "oracle differs from llama.cpp:\n{}",
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -111,8 +139,19 @@ fn fast_path_matches_llama_cpp_f32kv() {
         let want = golden(&name, "f32kv", "batched");
         let dequant = golden(&name, "dequant-f32kv", "batched");
         // llama.cpp's own f32kv-vs-dequant distance bounds the activation-quantization noise.
-        let bound = want.iter().zip(&dequant).map(|(a, b)| max_abs_diff(a, b)).fold(0.0, f32::max).max(0.05) * 1.5;
-        let spec = RunSpec { math: Math::Fast, kv: KvType::F32, batch: 24, threads: 2 };
+        let bound = want
+            .iter()
+            .zip(&dequant)
+            .map(|(a, b)| max_abs_diff(a, b))
+            .fold(0.0, f32::max)
+            .max(0.05)
+            * 1.5;
+        let spec = RunSpec {
+            math: Math::Fast,
+            kv: KvType::F32,
+            batch: 24,
+            threads: 2,
+        };
         let (_, got) = run_logits(&bytes, &tokens, spec).unwrap_or_else(|e| panic!("{name}: {e}"));
         let (mut over, mut worst, mut top1_bad) = (0, 0.0f32, 0);
         for (g, w) in got.iter().zip(&want) {
@@ -131,7 +170,11 @@ fn fast_path_matches_llama_cpp_f32kv() {
         }
     }
     println!("{report}");
-    assert!(failures.is_empty(), "fast path differs from llama.cpp:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "fast path differs from llama.cpp:\n{}",
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -143,14 +186,23 @@ fn greedy_teacher_forced_matches_llama_cpp() {
         }
         let bytes = std::fs::read(data_dir().join("tiny").join(&name)).unwrap();
         let meta = Meta::load(&data_dir().join("tiny").join(format!("{name}.meta")));
-        let cfg = if is_f32(&name) { "f32kv" } else { "dequant-f32kv" };
+        let cfg = if is_f32(&name) {
+            "f32kv"
+        } else {
+            "dequant-f32kv"
+        };
         let ids = meta.u32s(&format!("{cfg}.greedy_ids"));
         let margins = meta.f32s(&format!("{cfg}.greedy_margins"));
         let want = golden(&name, cfg, "greedy");
         let mut tokens = meta.u32s("token_ids");
         let p = tokens.len();
         tokens.extend_from_slice(&ids[..ids.len() - 1]);
-        let spec = RunSpec { math: Math::Reference, kv: KvType::F32, batch: 8, threads: 1 };
+        let spec = RunSpec {
+            math: Math::Reference,
+            kv: KvType::F32,
+            batch: 8,
+            threads: 1,
+        };
         let (_, got) = run_logits(&bytes, &tokens, spec).unwrap();
         let min_margin = if is_f32(&name) { 1e-3 } else { 0.5 };
         for k in 0..ids.len() {
@@ -160,9 +212,17 @@ fn greedy_teacher_forced_matches_llama_cpp() {
                 failures.push(format!("{name} step {k}: max diff {d:.3e}"));
             }
             if margins[k] >= min_margin && argmax(row) as u32 != ids[k] {
-                failures.push(format!("{name} step {k}: chose {} not {}", argmax(row), ids[k]));
+                failures.push(format!(
+                    "{name} step {k}: chose {} not {}",
+                    argmax(row),
+                    ids[k]
+                ));
             }
         }
     }
-    assert!(failures.is_empty(), "greedy differs:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "greedy differs:\n{}",
+        failures.join("\n")
+    );
 }

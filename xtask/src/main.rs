@@ -1,2 +1,55 @@
-//! cargo xtask: STUB.
-fn main() {}
+//! `cargo xtask`: the project's build, fetch and test commands in one place.
+//!
+//! One module per command, std only, so a fresh checkout needs nothing but rustup, python3
+//! (for the model download) and qemu-user (installed on demand by `test`):
+//! - [`fetch`]: `fetch-model <name>` downloads and verifies a GGUF file into `models/`.
+//! - [`device`]: `build --device tv|router|ipad|host` builds the shipping artifact.
+//! - [`test`]: `test`, the one test command CI runs (lint, native, qemu, no_std, device).
+//! - [`size`]: `size` reports the device binary size.
+//! - [`run`]: `run -- <pinch args>` builds the host binary and runs it on the test model.
+//! - [`util`]: running commands, finding the workspace and the target directory.
+mod device;
+mod fetch;
+mod run;
+mod size;
+mod test;
+mod util;
+
+use std::process::ExitCode;
+
+const USAGE: &str = "usage: cargo xtask <command>
+  fetch-model gemma3-270m           download + verify the test model into models/
+  build --device tv|router|ipad|host build the release artifact for a device
+  test [--keep-going]               the one test command (what CI runs)
+  size                              build the tv binary and report its size
+  run -- <pinch args>               build the host binary and run `pinch run` on the test model
+  bench                             (not yet)";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let rest = args.get(1..).unwrap_or(&[]);
+    let result = match args.first().map(String::as_str) {
+        Some("fetch-model") => fetch::main(rest),
+        Some("build") => device::main(rest),
+        Some("test") => test::main(rest),
+        Some("size") => size::main(rest),
+        Some("run") => run::main(rest),
+        Some("bench") => {
+            eprintln!("xtask bench: not yet");
+            return ExitCode::from(2);
+        }
+        Some("help" | "--help" | "-h") => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Some(other) => Err(format!("unknown command `{other}`\n{USAGE}")),
+        None => Err(USAGE.to_string()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("xtask: error: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}

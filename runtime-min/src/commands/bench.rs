@@ -10,7 +10,11 @@ use crate::platform::Platform;
 fn mean_sd(v: &[f64]) -> (f64, f64) {
     let n = v.len().max(1) as f64;
     let m = v.iter().sum::<f64>() / n;
-    let var = if v.len() > 1 { v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (n - 1.0) } else { 0.0 };
+    let var = if v.len() > 1 {
+        v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
     (m, libm::sqrt(var))
 }
 
@@ -50,7 +54,10 @@ pub fn bench<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> 
         }
         for (n, is_pp) in tests {
             if n > n_ctx {
-                let _ = writeln!(Out::stderr(p), "pinch bench: skipping {n} tokens: larger than -c {n_ctx}");
+                let _ = writeln!(
+                    Out::stderr(p),
+                    "pinch bench: skipping {n} tokens: larger than -c {n_ctx}"
+                );
                 continue;
             }
             let mut tps = [0.0f64; 32];
@@ -65,16 +72,26 @@ pub fn bench<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> 
                     ctx.sess.eval(p, &toks[..n], Logits::Last, &mut |_, _| {})?;
                 } else {
                     for i in 0..n {
-                        ctx.sess.eval(p, &toks[i..i + 1], Logits::Last, &mut |_, _| {})?;
+                        ctx.sess
+                            .eval(p, &toks[i..i + 1], Logits::Last, &mut |_, _| {})?;
                     }
                 }
                 *rep = n as f64 / secs(t0, p.now_ns()).max(1e-9);
             }
             let (m, sd) = mean_sd(&tps[..r]);
             let test = if is_pp { "pp" } else { "tg" };
-            let _ = writeln!(out, "| {} | {} | {t} | {test}{n} | {m:.2} ± {sd:.2} |", ctx.cfg.arch.name(), Mib(size));
+            let _ = writeln!(
+                out,
+                "| {} | {} | {t} | {test}{n} | {m:.2} ± {sd:.2} |",
+                ctx.cfg.arch.name(),
+                Mib(size)
+            );
             out.flush();
-            let _ = write!(json, "{}{{\"test\":\"{test}{n}\",\"threads\":{t},\"tps\":{m:.3},\"sd\":{sd:.3}}}", if first { "" } else { "," });
+            let _ = write!(
+                json,
+                "{}{{\"test\":\"{test}{n}\",\"threads\":{t},\"tps\":{m:.3},\"sd\":{sd:.3}}}",
+                if first { "" } else { "," }
+            );
             first = false;
         }
     }

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod out;
 pub mod ppl;
 pub mod run;
+pub mod serve;
 pub mod tokenize;
 
 use core::fmt::Write;
@@ -22,7 +23,7 @@ use out::Out;
 #[derive(Debug)]
 pub enum AppError {
     NoModel,
-    Open { path: heapless::String<256>, err: PlatformError },
+    Open(PlatformError),
     Header(HeaderLenError),
     Gguf(GgufError),
     Model(ModelError),
@@ -30,6 +31,7 @@ pub enum AppError {
     Arena(ArenaError),
     Budget(OverBudget),
     Usage(&'static str),
+    Chat(crate::chat::ChatError),
     PromptTooLong { tokens: usize, n_ctx: usize },
 }
 
@@ -53,7 +55,7 @@ impl core::fmt::Display for AppError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             AppError::NoModel => write!(f, "no model given (use -m FILE.gguf)"),
-            AppError::Open { path, err } => write!(f, "{path}: {err}"),
+            AppError::Open(err) => write!(f, "{err}"),
             AppError::Header(e) => write!(f, "{e}"),
             AppError::Gguf(e) => write!(f, "{e}"),
             AppError::Model(e) => write!(f, "{e}"),
@@ -61,6 +63,7 @@ impl core::fmt::Display for AppError {
             AppError::Arena(e) => write!(f, "{e}"),
             AppError::Budget(e) => write!(f, "{e}"),
             AppError::Usage(s) => write!(f, "{s}"),
+            AppError::Chat(e) => write!(f, "{e}"),
             AppError::PromptTooLong { tokens, n_ctx } => write!(
                 f,
                 "the prompt has {tokens} tokens but the context holds {n_ctx}: shorten it or raise -c"
@@ -92,6 +95,7 @@ pub fn main<P: Platform>(p: &P, args: &[&str], region: &mut [u8]) -> i32 {
             Command::Ppl => ppl::ppl(ctx),
             Command::Tokenize => tokenize::tokenize(ctx),
             Command::Bench => bench::bench(ctx),
+            Command::Serve => serve::serve(ctx),
             Command::Inspect | Command::Help => Ok(()),
         }),
     };
@@ -118,22 +122,26 @@ pub struct Ctx<'c, 'w, 'a, P: Platform> {
 }
 
 fn open_model<P: Platform>(p: &P, path: &str) -> Result<P::File, AppError> {
-    p.open(path).map_err(|err| {
-        let mut s = heapless::String::new();
-        let _ = s.push_str(&path[..path.len().min(256)]);
-        AppError::Open { path: s, err }
-    })
+    p.open(path).map_err(AppError::Open)
 }
 
 /// Read exactly the header into the arena and parse it.
-pub fn read_header<'a, P: Platform>(p: &P, file: &P::File, arena: &mut Arena<'a>) -> Result<Gguf<'a>, AppError> {
+pub fn read_header<'a, P: Platform>(
+    p: &P,
+    file: &P::File,
+    arena: &mut Arena<'a>,
+) -> Result<Gguf<'a>, AppError> {
     let hl = header_len(p, file).map_err(AppError::Header)?;
     let buf = arena.bytes("gguf header", hl as usize)?;
     let mut done = 0;
     while done < buf.len() {
-        let n = p.read_at(file, done as u64, &mut buf[done..], false).map_err(|e| AppError::Model(ModelError::Platform(e)))?;
+        let n = p
+            .read_at(file, done as u64, &mut buf[done..], false)
+            .map_err(|e| AppError::Model(ModelError::Platform(e)))?;
         if n == 0 {
-            return Err(AppError::Model(ModelError::ShortRead { offset: done as u64 }));
+            return Err(AppError::Model(ModelError::ShortRead {
+                offset: done as u64,
+            }));
         }
         done += n;
     }
@@ -143,7 +151,11 @@ pub fn read_header<'a, P: Platform>(p: &P, file: &P::File, arena: &mut Arena<'a>
 
 /// Session options from the command line and the model.
 pub fn session_options<P: Platform>(p: &P, o: &Opts, cfg: &Config) -> SessionOptions {
-    let threads = if o.threads == 0 { p.workers() } else { o.threads };
+    let threads = if o.threads == 0 {
+        p.workers()
+    } else {
+        o.threads
+    };
     let n_ctx = match (o.n_ctx, o.command) {
         (0, Command::Ppl) => 512,
         (0, Command::Bench) => 1024,
@@ -194,11 +206,26 @@ fn with_model<P: Platform>(
     drop(err);
     engine::check_budget(&plan, &g, &cfg, &sopts).map_err(AppError::Budget)?;
     let weights: Weights = {
-        let mut loader = Loader { platform: p, file: &file, gguf: &g, arena: &mut arena };
+        let mut loader = Loader {
+            platform: p,
+            file: &file,
+            gguf: &g,
+            arena: &mut arena,
+        };
         loader.load(&cfg)?
     };
     let sess = Session::new(cfg, &weights, &mut arena, sopts)?;
-    let mut ctx = Ctx { p, o, g: &g, cfg, tok: &tok, sess, arena: &mut arena, plan, file: &file };
+    let mut ctx = Ctx {
+        p,
+        o,
+        g: &g,
+        cfg,
+        tok: &tok,
+        sess,
+        arena: &mut arena,
+        plan,
+        file: &file,
+    };
     f(&mut ctx)
 }
 

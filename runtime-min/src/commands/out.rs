@@ -10,10 +10,18 @@ pub struct Out<'p, P: Platform> {
 
 impl<'p, P: Platform> Out<'p, P> {
     pub fn stdout(p: &'p P) -> Self {
-        Out { p, err: false, buf: heapless::Vec::new() }
+        Out {
+            p,
+            err: false,
+            buf: heapless::Vec::new(),
+        }
     }
     pub fn stderr(p: &'p P) -> Self {
-        Out { p, err: true, buf: heapless::Vec::new() }
+        Out {
+            p,
+            err: true,
+            buf: heapless::Vec::new(),
+        }
     }
     /// Write raw bytes (e.g. decoded token text) straight through.
     pub fn bytes(&mut self, b: &[u8]) {

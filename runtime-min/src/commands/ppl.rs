@@ -14,7 +14,6 @@ use super::run::{encode_into, read_text};
 use super::{secs, AppError, Ctx};
 use crate::model::Logits;
 use crate::platform::Platform;
-use crate::tokenizer::Tokenizer;
 
 /// -log p(target) under softmax(logits), in nats, computed in f64.
 pub fn nll(logits: &[f32], target: u32) -> f64 {
@@ -34,11 +33,15 @@ pub fn nll(logits: &[f32], target: u32) -> f64 {
 pub fn ppl<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
     let o = ctx.o;
     let p = ctx.p;
-    let path = o.file.ok_or(AppError::Usage("give the text file with -f FILE"))?;
+    let path = o
+        .file
+        .ok_or(AppError::Usage("give the text file with -f FILE"))?;
     let text = read_text(ctx, path)?;
     let n_ctx = ctx.sess.opts.n_ctx;
     let cap = text.len() + 8;
-    let scratch = ctx.arena.bytes("tokenizer scratch", Tokenizer::scratch_bytes(text.len()))?;
+    let scratch = ctx
+        .arena
+        .bytes("tokenizer scratch", ctx.tok.scratch_bytes(text.len()))?;
     let all = ctx.arena.slice::<u32>("tokens", cap)?;
     let n = encode_into(ctx.tok, text, true, false, scratch, all, cap)?;
     let all = &all[..n];
@@ -50,11 +53,13 @@ pub fn ppl<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
     // llama-perplexity.
     let n_chunks = n / n_ctx;
     if n_chunks == 0 {
-        return Err(AppError::Usage("the text is shorter than one context window: lower -c"));
+        return Err(AppError::Usage(
+            "the text is shorter than one context window: lower -c",
+        ));
     }
     let first = n_ctx / 2;
     let (mut nll_sum, mut count) = (0.0f64, 0usize);
-    let _ = write!(err, "perplexity: {n} tokens, {n_chunks} chunks of {n_ctx}\n");
+    let _ = writeln!(err, "perplexity: {n} tokens, {n_chunks} chunks of {n_ctx}");
     for c in 0..n_chunks {
         window[..n_ctx].copy_from_slice(&all[c * n_ctx..(c + 1) * n_ctx]);
         if let Some(b) = bos {
@@ -73,7 +78,11 @@ pub fn ppl<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
     }
     let ppl = libm::exp(nll_sum / count as f64);
     let t1 = p.now_ns();
-    let _ = writeln!(err, "\nPPL = {ppl:.4} over {count} scored tokens ({:.1} s)", secs(t0, t1));
+    let _ = writeln!(
+        err,
+        "\nPPL = {ppl:.4} over {count} scored tokens ({:.1} s)",
+        secs(t0, t1)
+    );
 
     // Bits per byte: every token after BOS scored once.
     let (body, has_bos) = match (bos, all.first()) {
@@ -105,7 +114,10 @@ pub fn ppl<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
         })?;
         windows += 1;
         start = end;
-        let _ = write!(err, "\rbits per byte: window {windows}, {scored} tokens scored");
+        let _ = write!(
+            err,
+            "\rbits per byte: window {windows}, {scored} tokens scored"
+        );
         err.flush();
     }
     let bpb = bits / text.len() as f64;

@@ -3,26 +3,34 @@ use core::fmt::Write;
 
 use super::out::{json_str, Mib, Out};
 use super::{secs, AppError, Ctx};
+use crate::chat::{ChatMessage, ChatTemplate};
 use crate::model::Logits;
 use crate::platform::Platform;
 use crate::sampler::Sampler;
 use crate::tokenizer::{Tokenizer, TokenizerError, Utf8Stream};
 
 /// Read the whole file `path` into the arena (for `-f`).
-pub fn read_text<'a, P: Platform>(ctx: &mut Ctx<'_, '_, 'a, P>, path: &str) -> Result<&'a str, AppError> {
+pub fn read_text<'a, P: Platform>(
+    ctx: &mut Ctx<'_, '_, 'a, P>,
+    path: &str,
+) -> Result<&'a str, AppError> {
     let f = super::open_model(ctx.p, path)?;
     let n = ctx.p.file_size(&f) as usize;
     let buf = ctx.arena.bytes("text", n)?;
     let mut done = 0;
     while done < n {
-        let got = ctx.p.read_at(&f, done as u64, &mut buf[done..], false).map_err(|e| AppError::Model(e.into_model()))?;
+        let got = ctx
+            .p
+            .read_at(&f, done as u64, &mut buf[done..], false)
+            .map_err(|e| AppError::Model(e.into_model()))?;
         if got == 0 {
             break;
         }
         done += got;
     }
     let buf: &'a [u8] = buf;
-    core::str::from_utf8(&buf[..done]).map_err(|_| AppError::Usage("the text file is not valid UTF-8"))
+    core::str::from_utf8(&buf[..done])
+        .map_err(|_| AppError::Usage("the text file is not valid UTF-8"))
 }
 
 trait IntoModel {
@@ -35,10 +43,21 @@ impl IntoModel for crate::platform::PlatformError {
 }
 
 /// Tokenize `text` into `out`, mapping a full buffer to a prompt-too-long error.
-pub fn encode_into(tok: &Tokenizer, text: &str, add_special: bool, parse_special: bool, scratch: &mut [u8], out: &mut [u32], n_ctx: usize) -> Result<usize, AppError> {
+pub fn encode_into(
+    tok: &Tokenizer,
+    text: &str,
+    add_special: bool,
+    parse_special: bool,
+    scratch: &mut [u8],
+    out: &mut [u32],
+    n_ctx: usize,
+) -> Result<usize, AppError> {
     match tok.encode(text, add_special, parse_special, scratch, out) {
         Ok(n) => Ok(n),
-        Err(TokenizerError::OutputFull { .. }) => Err(AppError::PromptTooLong { tokens: out.len() + 1, n_ctx }),
+        Err(TokenizerError::OutputFull { .. }) => Err(AppError::PromptTooLong {
+            tokens: out.len() + 1,
+            n_ctx,
+        }),
         Err(e) => Err(e.into()),
     }
 }
@@ -54,10 +73,18 @@ pub struct GenStats {
 
 impl GenStats {
     pub fn prompt_tps(&self) -> f64 {
-        if self.prompt_s > 0.0 { self.prompt_tokens as f64 / self.prompt_s } else { 0.0 }
+        if self.prompt_s > 0.0 {
+            self.prompt_tokens as f64 / self.prompt_s
+        } else {
+            0.0
+        }
     }
     pub fn gen_tps(&self) -> f64 {
-        if self.gen_s > 0.0 { self.gen_tokens as f64 / self.gen_s } else { 0.0 }
+        if self.gen_s > 0.0 {
+            self.gen_tokens as f64 / self.gen_s
+        } else {
+            0.0
+        }
     }
 }
 
@@ -71,14 +98,19 @@ pub fn generate<P: Platform>(
     emit: &mut dyn FnMut(u32, &[u8]),
 ) -> Result<GenStats, AppError> {
     let p = ctx.p;
-    let mut st = GenStats { prompt_tokens: prompt.len(), ..Default::default() };
+    let mut st = GenStats {
+        prompt_tokens: prompt.len(),
+        ..Default::default()
+    };
     for &t in prompt {
         sampler.accept(t);
     }
     let mut next = 0u32;
     let t0 = p.now_ns();
     if !prompt.is_empty() {
-        ctx.sess.eval(p, prompt, Logits::Last, &mut |_, l| next = sampler.sample(l))?;
+        ctx.sess.eval(p, prompt, Logits::Last, &mut |_, l| {
+            next = sampler.sample(l)
+        })?;
     }
     let t1 = p.now_ns();
     st.prompt_s = secs(t0, t1);
@@ -93,7 +125,9 @@ pub fn generate<P: Platform>(
             break;
         }
         let cur = next;
-        ctx.sess.eval(p, &[cur], Logits::Last, &mut |_, l| next = sampler.sample(l))?;
+        ctx.sess.eval(p, &[cur], Logits::Last, &mut |_, l| {
+            next = sampler.sample(l)
+        })?;
     }
     st.gen_s = secs(t1, p.now_ns());
     Ok(st)
@@ -128,11 +162,23 @@ pub fn run<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
         (None, None) => "",
     };
     let n_ctx = ctx.sess.opts.n_ctx;
-    let scratch = ctx.arena.bytes("tokenizer scratch", Tokenizer::scratch_bytes(text.len()))?;
+    let scratch = ctx
+        .arena
+        .bytes("tokenizer scratch", ctx.tok.scratch_bytes(text.len()))?;
     let toks = ctx.arena.slice::<u32>("tokens", n_ctx)?;
-    let n = encode_into(ctx.tok, text, !o.no_bos, o.parse_special, scratch, toks, n_ctx)?;
+    let n = encode_into(
+        ctx.tok,
+        text,
+        !o.no_bos,
+        o.parse_special,
+        scratch,
+        toks,
+        n_ctx,
+    )?;
     if n == 0 {
-        return Err(AppError::Usage("empty prompt and the model adds no BOS token: give -p TEXT"));
+        return Err(AppError::Usage(
+            "empty prompt and the model adds no BOS token: give -p TEXT",
+        ));
     }
     if n > n_ctx {
         return Err(AppError::PromptTooLong { tokens: n, n_ctx });
@@ -146,31 +192,44 @@ pub fn run<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
     out.bytes(text.as_bytes());
     let mut stream = Utf8Stream::new();
     let json = o.json;
-    let st = generate(ctx, &mut sampler, &toks[..n], o.n_predict, &mut |_, bytes| {
-        stream.push(bytes, &mut |s: &str| {
-            out.bytes(s.as_bytes());
-            if json {
-                let take = s.len().min(text_cap - gen_len);
-                gen_text[gen_len..gen_len + take].copy_from_slice(&s.as_bytes()[..take]);
-                gen_len += take;
-            }
-        });
-    })?;
-    stream.finish(&mut |s: &str| out.bytes(s.as_bytes()));
+    let st = generate(
+        ctx,
+        &mut sampler,
+        &toks[..n],
+        o.n_predict,
+        &mut |_, bytes| {
+            let _ = stream.push(bytes, &mut |s: &str| -> Result<(), ()> {
+                out.bytes(s.as_bytes());
+                if json {
+                    let take = s.len().min(text_cap - gen_len);
+                    gen_text[gen_len..gen_len + take].copy_from_slice(&s.as_bytes()[..take]);
+                    gen_len += take;
+                }
+                Ok(())
+            });
+        },
+    )?;
+    let _ = stream.finish(&mut |s: &str| -> Result<(), ()> {
+        out.bytes(s.as_bytes());
+        Ok(())
+    });
     drop(out);
     print_stats(p, &st);
     if json {
         let mut w = Out::stdout(p);
         let _ = write!(
             w,
-            "{{\"command\":\"run\",\"prompt_tokens\":{},\"gen_tokens\":{},\"prompt_tps\":{:.3},\"gen_tps\":{:.3},\"peak_rss\":{},\"text\":",
+            "\n{{\"command\":\"run\",\"prompt_tokens\":{},\"gen_tokens\":{},\"prompt_tps\":{:.3},\"gen_tps\":{:.3},\"peak_rss\":{},\"text\":",
             st.prompt_tokens,
             st.gen_tokens,
             st.prompt_tps(),
             st.gen_tps(),
             p.peak_rss().unwrap_or(0)
         );
-        let _ = json_str(&mut w, core::str::from_utf8(&gen_text[..gen_len]).unwrap_or(""));
+        let _ = json_str(
+            &mut w,
+            core::str::from_utf8(&gen_text[..gen_len]).unwrap_or(""),
+        );
         let _ = writeln!(w, "}}");
     }
     Ok(())
@@ -184,13 +243,18 @@ pub fn chat<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
     let n_ctx = ctx.sess.opts.n_ctx;
     let line = ctx.arena.bytes("chat input", 8192)?;
     let rendered = ctx.arena.bytes("chat template", 16384)?;
-    let scratch = ctx.arena.bytes("tokenizer scratch", Tokenizer::scratch_bytes(16384))?;
+    let scratch = ctx
+        .arena
+        .bytes("tokenizer scratch", ctx.tok.scratch_bytes(16384))?;
     let toks = ctx.arena.slice::<u32>("tokens", n_ctx)?;
-    let template = crate::chat::Template::from_gguf(ctx.g);
+    let template = ChatTemplate::from_gguf(ctx.g).map_err(AppError::Chat)?;
     let mut sampler = Sampler::new(o.sampler);
     let mut first = true;
     let mut err = Out::stderr(p);
-    let _ = writeln!(err, "pinch chat: type a message and press enter (end of input quits)");
+    let _ = writeln!(
+        err,
+        "pinch chat: type a message and press enter (end of input quits)"
+    );
     drop(err);
     loop {
         Out::stdout(p).bytes(b"\n> ");
@@ -199,26 +263,65 @@ pub fn chat<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
             let _ = writeln!(Out::stderr(p), "pinch: input is not valid UTF-8; ignored");
             continue;
         };
-        let mut w = SliceWriter { buf: rendered, len: 0 };
-        let sys = if first { o.system } else { None };
-        let _ = template.render_turn(&mut w, sys, user, first);
+        let mut w = SliceWriter {
+            buf: rendered,
+            len: 0,
+        };
+        if !first {
+            // Close the model's previous turn: its end-of-turn token was not fed back.
+            let _ = w.write_str(template.end_of_turn());
+            if template != ChatTemplate::Llama3 {
+                let _ = w.write_str("\n");
+            }
+        }
+        let sys = ChatMessage::new("system", o.system.unwrap_or(""));
+        let msg = ChatMessage::new("user", user);
+        let msgs = [sys, msg];
+        let turn_msgs = if first && o.system.is_some() {
+            &msgs[..]
+        } else {
+            &msgs[1..]
+        };
+        if template.render(turn_msgs, true, &mut w).is_err() {
+            let _ = writeln!(Out::stderr(p), "pinch: message too long; ignored");
+            continue;
+        }
         let len = w.len;
         let turn = core::str::from_utf8(&rendered[..len]).unwrap_or("");
         let nt = encode_into(ctx.tok, turn, first, true, scratch, toks, n_ctx)?;
         if ctx.sess.n_past + nt + 1 >= n_ctx {
-            let _ = writeln!(Out::stderr(p), "pinch: context full; starting a new conversation");
+            let _ = writeln!(
+                Out::stderr(p),
+                "pinch: context full; starting a new conversation"
+            );
             ctx.sess.reset();
             sampler.reset();
             first = true;
             continue;
         }
         first = false;
+        if o.verbose {
+            let mut e = Out::stderr(p);
+            let _ = writeln!(e, "[{nt} prompt tokens: {:?}]", &toks[..nt.min(64)]);
+        }
         let mut out = Out::stdout(p);
         let mut stream = Utf8Stream::new();
-        let st = generate(ctx, &mut sampler, &toks[..nt], o.n_predict.max(1), &mut |_, bytes| {
-            stream.push(bytes, &mut |s: &str| out.bytes(s.as_bytes()));
-        })?;
-        stream.finish(&mut |s: &str| out.bytes(s.as_bytes()));
+        let st = generate(
+            ctx,
+            &mut sampler,
+            &toks[..nt],
+            o.n_predict.max(1),
+            &mut |_, bytes| {
+                let _ = stream.push(bytes, &mut |s: &str| -> Result<(), ()> {
+                    out.bytes(s.as_bytes());
+                    Ok(())
+                });
+            },
+        )?;
+        let _ = stream.finish(&mut |s: &str| -> Result<(), ()> {
+            out.bytes(s.as_bytes());
+            Ok(())
+        });
         drop(out);
         if o.verbose {
             print_stats(p, &st);

@@ -5,7 +5,6 @@ use super::out::Out;
 use super::run::{encode_into, read_text};
 use super::{AppError, Ctx};
 use crate::platform::Platform;
-use crate::tokenizer::Tokenizer;
 
 pub fn tokenize<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
     let o = ctx.o;
@@ -15,9 +14,19 @@ pub fn tokenize<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppErro
         (None, None) => return Err(AppError::Usage("give the text with -p TEXT or -f FILE")),
     };
     let cap = text.len() + 8;
-    let scratch = ctx.arena.bytes("tokenizer scratch", Tokenizer::scratch_bytes(text.len()))?;
+    let scratch = ctx
+        .arena
+        .bytes("tokenizer scratch", ctx.tok.scratch_bytes(text.len()))?;
     let toks = ctx.arena.slice::<u32>("tokens", cap)?;
-    let n = encode_into(ctx.tok, text, !o.no_bos, o.parse_special, scratch, toks, cap)?;
+    let n = encode_into(
+        ctx.tok,
+        text,
+        !o.no_bos,
+        o.parse_special,
+        scratch,
+        toks,
+        cap,
+    )?;
     let mut out = Out::stdout(ctx.p);
     if o.ids {
         let _ = out.write_char('[');

@@ -82,7 +82,7 @@ pub struct Config {
 impl Config {
     /// Whether layer `il` is a sliding-window layer.
     pub fn is_swa(&self, il: usize) -> bool {
-        self.n_swa > 0 && self.swa_period > 0 && (il + 1) % self.swa_period != 0
+        self.n_swa > 0 && self.swa_period > 0 && !(il + 1).is_multiple_of(self.swa_period)
     }
     pub fn q_dim(&self) -> usize {
         self.n_head * self.head_dim
@@ -93,7 +93,9 @@ impl Config {
 
     /// Read the config of `g`; errors name the missing or bad key.
     pub fn from_gguf(g: &Gguf) -> Result<Config, ModelError> {
-        let arch_name = g.get_str("general.architecture").ok_or(ModelError::MissingKey("general.architecture"))?;
+        let arch_name = g
+            .get_str("general.architecture")
+            .ok_or(ModelError::MissingKey("general.architecture"))?;
         let arch = Arch::from_name(arch_name).ok_or(ModelError::UnsupportedArch)?;
         let p = arch.name();
         let mut key = heapless::String::<96>::new();
@@ -103,13 +105,23 @@ impl Config {
             g.get_u64(&key)
         };
         let n_layer = u("block_count").ok_or(ModelError::MissingKey("block_count"))? as usize;
-        let n_embd = u("embedding_length").ok_or(ModelError::MissingKey("embedding_length"))? as usize;
-        let n_ff = u("feed_forward_length").ok_or(ModelError::MissingKey("feed_forward_length"))? as usize;
-        let n_head = u("attention.head_count").ok_or(ModelError::MissingKey("attention.head_count"))? as usize;
+        let n_embd =
+            u("embedding_length").ok_or(ModelError::MissingKey("embedding_length"))? as usize;
+        let n_ff =
+            u("feed_forward_length").ok_or(ModelError::MissingKey("feed_forward_length"))? as usize;
+        let n_head = u("attention.head_count")
+            .ok_or(ModelError::MissingKey("attention.head_count"))? as usize;
         let n_head_kv = u("attention.head_count_kv").unwrap_or(n_head as u64) as usize;
         let n_ctx_train = u("context_length").unwrap_or(2048) as usize;
-        if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 || n_layer == 0 || n_embd == 0 {
-            return Err(ModelError::BadShape("head counts, layer count or embedding length"));
+        if n_head == 0
+            || n_head_kv == 0
+            || !n_head.is_multiple_of(n_head_kv)
+            || n_layer == 0
+            || n_embd == 0
+        {
+            return Err(ModelError::BadShape(
+                "head counts, layer count or embedding length",
+            ));
         }
         let head_dim = u("attention.key_length").unwrap_or((n_embd / n_head) as u64) as usize;
         let n_rot = u("rope.dimension_count").unwrap_or(head_dim as u64) as usize;
@@ -124,12 +136,16 @@ impl Config {
         let rope_base = f("rope.freq_base").unwrap_or(10000.0);
         let rope_base_swa = f("rope.freq_base_swa").unwrap_or(10000.0);
         let rope_scale = f("rope.scaling.factor").unwrap_or(1.0);
-        let rope_freq_scale = if rope_scale > 0.0 { 1.0 / rope_scale } else { 1.0 };
+        let rope_freq_scale = if rope_scale > 0.0 {
+            1.0 / rope_scale
+        } else {
+            1.0
+        };
         let n_vocab = g
             .tensor("token_embd.weight")
             .map(|t| t.dims[1] as usize)
             .ok_or(ModelError::MissingTensor("token_embd.weight"))?;
-        if n_rot > head_dim || n_rot % 2 != 0 {
+        if n_rot > head_dim || !n_rot.is_multiple_of(2) {
             return Err(ModelError::BadShape("rope.dimension_count"));
         }
         let gemma = arch == Arch::Gemma3;
@@ -144,18 +160,34 @@ impl Config {
             n_vocab,
             n_ctx_train,
             rms_eps,
-            rope_kind: if arch == Arch::Llama { RopeKind::Norm } else { RopeKind::Neox },
+            rope_kind: if arch == Arch::Llama {
+                RopeKind::Norm
+            } else {
+                RopeKind::Neox
+            },
             n_rot,
             rope_base,
             rope_base_swa,
             rope_freq_scale,
             n_swa: if gemma { n_swa } else { 0 },
-            swa_period: if gemma { pattern.unwrap_or(6) as usize } else { 0 },
-            embd_scale: if gemma { Some(libm::sqrtf(n_embd as f32)) } else { None },
+            swa_period: if gemma {
+                pattern.unwrap_or(6) as usize
+            } else {
+                0
+            },
+            embd_scale: if gemma {
+                Some(libm::sqrtf(n_embd as f32))
+            } else {
+                None
+            },
             qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
             post_norms: gemma,
             scale_q: gemma,
-            ffn_act: if gemma { FfnAct::GeluTanh } else { FfnAct::Silu },
+            ffn_act: if gemma {
+                FfnAct::GeluTanh
+            } else {
+                FfnAct::Silu
+            },
         })
     }
 }

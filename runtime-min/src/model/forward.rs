@@ -9,8 +9,11 @@
 //! ```
 use core::ops::Range;
 
-use pinch_kernels::matvec::{dequantize_row, matmul_rows, matvec_rows, quantize_activation, KernelError};
+use pinch_kernels::matvec::{
+    dequantize_row, matmul_rows, matvec_rows, quantize_activation, KernelError,
+};
 use pinch_kernels::ops::{self, rms_norm, rms_norm_inplace, rope};
+use pinch_kernels::quant::float::hsum16;
 use pinch_kernels::CpuFeatures;
 
 use crate::arena::Arena;
@@ -19,6 +22,9 @@ use crate::model::kv::{KvCache, KvType};
 use crate::model::weights::{Tensor, Weights};
 use crate::model::ModelError;
 use crate::platform::Platform;
+
+/// Largest head dimension the attention scratch holds (Gemma 3: 256).
+pub const MAX_HEAD_DIM: usize = 256;
 
 /// Most workers a matmul is split across.
 pub const MAX_WORKERS: usize = 16;
@@ -95,11 +101,21 @@ impl<'w, 'a> Session<'w, 'a> {
         floats * 4 + nb.max(g) * maxd * 4 + kv + 64 * 20
     }
 
-    pub fn new(cfg: Config, w: &'w Weights<'a>, arena: &mut Arena<'a>, opts: SessionOptions) -> Result<Session<'w, 'a>, ModelError> {
+    pub fn new(
+        cfg: Config,
+        w: &'w Weights<'a>,
+        arena: &mut Arena<'a>,
+        opts: SessionOptions,
+    ) -> Result<Session<'w, 'a>, ModelError> {
         let mut opts = opts;
         opts.n_batch = opts.n_batch.max(1);
         opts.head_group = opts.head_group.max(1);
         opts.threads = opts.threads.clamp(1, MAX_WORKERS);
+        if cfg.head_dim > MAX_HEAD_DIM {
+            return Err(ModelError::BadShape(
+                "head_dim above 256 (attention scratch)",
+            ));
+        }
         let (nb, g) = (opts.n_batch, opts.head_group);
         let maxd = cfg.n_embd.max(cfg.q_dim()).max(cfg.n_ff);
         let kv = KvCache::new(arena, opts.kv, cfg.n_layer, opts.n_ctx, cfg.kv_dim())?;
@@ -120,7 +136,14 @@ impl<'w, 'a> Session<'w, 'a> {
             row: arena.slice(a, maxd)?,
             logits: arena.slice("logits", cfg.n_vocab * g)?,
         };
-        Ok(Session { cfg, w, kv, opts, n_past: 0, s })
+        Ok(Session {
+            cfg,
+            w,
+            kv,
+            opts,
+            n_past: 0,
+            s,
+        })
     }
 
     /// Forget the conversation (the cache is overwritten from position 0).
@@ -139,11 +162,17 @@ impl<'w, 'a> Session<'w, 'a> {
     ) -> Result<(), ModelError> {
         let needed = self.n_past + tokens.len();
         if needed > self.opts.n_ctx {
-            return Err(ModelError::ContextFull { n_ctx: self.opts.n_ctx, needed });
+            return Err(ModelError::ContextFull {
+                n_ctx: self.opts.n_ctx,
+                needed,
+            });
         }
         for &t in tokens {
             if t as usize >= self.cfg.n_vocab {
-                return Err(ModelError::BadToken { id: t, n_vocab: self.cfg.n_vocab });
+                return Err(ModelError::BadToken {
+                    id: t,
+                    n_vocab: self.cfg.n_vocab,
+                });
             }
         }
         let nb = self.opts.n_batch;
@@ -171,7 +200,12 @@ impl<'w, 'a> Session<'w, 'a> {
         let n = tokens.len();
         let pos0 = self.n_past;
         let (e, qd, kvd, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.head_dim);
-        let mm = MatMul { p, math: self.opts.math, threads: self.opts.threads, cpu: self.opts.cpu };
+        let mm = MatMul {
+            p,
+            math: self.opts.math,
+            threads: self.opts.threads,
+            cpu: self.opts.cpu,
+        };
         let s = &mut self.s;
 
         // Input embeddings.
@@ -186,7 +220,12 @@ impl<'w, 'a> Session<'w, 'a> {
         for (il, lw) in self.w.layers.iter().enumerate() {
             // Attention block.
             for t in 0..n {
-                rms_norm(&s.x[t * e..(t + 1) * e], lw.attn_norm, c.rms_eps, &mut s.xn[t * e..(t + 1) * e]);
+                rms_norm(
+                    &s.x[t * e..(t + 1) * e],
+                    lw.attn_norm,
+                    c.rms_eps,
+                    &mut s.xn[t * e..(t + 1) * e],
+                );
             }
             let xn = &s.xn[..n * e];
             mm.linear(&lw.wq, xn, n, &mut s.q[..n * qd], s.act_q, s.mm_tmp, s.row)?;
@@ -198,7 +237,11 @@ impl<'w, 'a> Session<'w, 'a> {
                 add_bias(&mut s.v[t * kvd..(t + 1) * kvd], lw.bv);
             }
             let swa = c.is_swa(il);
-            let (base, fscale) = if swa { (c.rope_base_swa, 1.0) } else { (c.rope_base, c.rope_freq_scale) };
+            let (base, fscale) = if swa {
+                (c.rope_base_swa, 1.0)
+            } else {
+                (c.rope_base, c.rope_freq_scale)
+            };
             let q_scale = 1.0 / libm::sqrtf(hd as f32);
             for t in 0..n {
                 let pos = pos0 + t;
@@ -222,9 +265,14 @@ impl<'w, 'a> Session<'w, 'a> {
             }
             let kq_scale = if c.scale_q { 1.0 } else { q_scale };
             let group = c.n_head / c.n_head_kv;
+            let mut lanes_buf = [0.0f32; 16 * MAX_HEAD_DIM];
             for t in 0..n {
                 let pos = pos0 + t;
-                let first = if swa { (pos + 1).saturating_sub(c.n_swa) } else { 0 };
+                let first = if swa {
+                    (pos + 1).saturating_sub(c.n_swa)
+                } else {
+                    0
+                };
                 for h in 0..c.n_head {
                     let off = (h / group) * hd;
                     let qh = &s.q[t * qd + h * hd..t * qd + (h + 1) * hd];
@@ -234,13 +282,29 @@ impl<'w, 'a> Session<'w, 'a> {
                     }
                     ops::softmax(sc);
                     let out = &mut s.att[t * qd + h * hd..t * qd + (h + 1) * hd];
-                    out.fill(0.0);
+                    // llama.cpp multiplies V^T by the scores with tinyBLAS: 16 lanes over
+                    // the key positions (position j in lane j % 16), fused
+                    // multiply-adds, the `_mm512_reduce_add_ps` tree per output.
+                    let lanes = &mut lanes_buf[..16 * hd];
+                    lanes.fill(0.0);
                     for (j, w) in sc.iter().enumerate() {
-                        self.kv.v[il].axpy(first + j, off, *w, out);
+                        let l = (j % 16) * hd;
+                        self.kv.v[il].fma_row(first + j, off, *w, &mut lanes[l..l + hd]);
+                    }
+                    for (d, o) in out.iter_mut().enumerate() {
+                        *o = hsum16(core::array::from_fn(|l| lanes[l * hd + d]));
                     }
                 }
             }
-            mm.linear(&lw.wo, &s.att[..n * qd], n, &mut s.xn[..n * e], s.act_q, s.mm_tmp, s.row)?;
+            mm.linear(
+                &lw.wo,
+                &s.att[..n * qd],
+                n,
+                &mut s.xn[..n * e],
+                s.act_q,
+                s.mm_tmp,
+                s.row,
+            )?;
             for t in 0..n {
                 let o = &mut s.xn[t * e..(t + 1) * e];
                 if let Some(g) = lw.post_attn_norm {
@@ -251,17 +315,46 @@ impl<'w, 'a> Session<'w, 'a> {
 
             // Feed-forward block.
             for t in 0..n {
-                rms_norm(&s.x[t * e..(t + 1) * e], lw.ffn_norm, c.rms_eps, &mut s.xn[t * e..(t + 1) * e]);
+                rms_norm(
+                    &s.x[t * e..(t + 1) * e],
+                    lw.ffn_norm,
+                    c.rms_eps,
+                    &mut s.xn[t * e..(t + 1) * e],
+                );
             }
             let xn = &s.xn[..n * e];
             let f = c.n_ff;
-            mm.linear(&lw.w_gate, xn, n, &mut s.gate[..n * f], s.act_q, s.mm_tmp, s.row)?;
-            mm.linear(&lw.w_up, xn, n, &mut s.up[..n * f], s.act_q, s.mm_tmp, s.row)?;
+            mm.linear(
+                &lw.w_gate,
+                xn,
+                n,
+                &mut s.gate[..n * f],
+                s.act_q,
+                s.mm_tmp,
+                s.row,
+            )?;
+            mm.linear(
+                &lw.w_up,
+                xn,
+                n,
+                &mut s.up[..n * f],
+                s.act_q,
+                s.mm_tmp,
+                s.row,
+            )?;
             match c.ffn_act {
                 FfnAct::Silu => ops::swiglu(&mut s.gate[..n * f], &s.up[..n * f]),
                 FfnAct::GeluTanh => ops::geglu(&mut s.gate[..n * f], &s.up[..n * f]),
             }
-            mm.linear(&lw.w_down, &s.gate[..n * f], n, &mut s.xn[..n * e], s.act_q, s.mm_tmp, s.row)?;
+            mm.linear(
+                &lw.w_down,
+                &s.gate[..n * f],
+                n,
+                &mut s.xn[..n * e],
+                s.act_q,
+                s.mm_tmp,
+                s.row,
+            )?;
             for t in 0..n {
                 let d = &mut s.xn[t * e..(t + 1) * e];
                 if let Some(g) = lw.post_ffn_norm {
@@ -284,7 +377,12 @@ impl<'w, 'a> Session<'w, 'a> {
     ) -> Result<(), ModelError> {
         let c = self.cfg;
         let (e, nv) = (c.n_embd, c.n_vocab);
-        let mm = MatMul { p, math: self.opts.math, threads: self.opts.threads, cpu: self.opts.cpu };
+        let mm = MatMul {
+            p,
+            math: self.opts.math,
+            threads: self.opts.threads,
+            cpu: self.opts.cpu,
+        };
         let g = self.opts.head_group;
         let s = &mut self.s;
         let mut t0 = sel.start;
@@ -293,9 +391,22 @@ impl<'w, 'a> Session<'w, 'a> {
             let m = t1 - t0;
             for i in 0..m {
                 let t = t0 + i;
-                rms_norm(&s.x[t * e..(t + 1) * e], self.w.output_norm, c.rms_eps, &mut s.xn[i * e..(i + 1) * e]);
+                rms_norm(
+                    &s.x[t * e..(t + 1) * e],
+                    self.w.output_norm,
+                    c.rms_eps,
+                    &mut s.xn[i * e..(i + 1) * e],
+                );
             }
-            mm.linear(&self.w.output, &s.xn[..m * e], m, &mut s.logits[..m * nv], s.act_q, s.mm_tmp, s.row)?;
+            mm.linear(
+                &self.w.output,
+                &s.xn[..m * e],
+                m,
+                &mut s.logits[..m * nv],
+                s.act_q,
+                s.mm_tmp,
+                s.row,
+            )?;
             for i in 0..m {
                 on_logits(base + t0 + i, &s.logits[i * nv..(i + 1) * nv]);
             }
@@ -353,7 +464,11 @@ impl<P: Platform> MatMul<'_, P> {
                 let fmt = w.ty.act_format().ok_or(KernelError::Unsupported(w.ty))?;
                 let arb = fmt.row_bytes(cols).ok_or(KernelError::Unsupported(w.ty))?;
                 for t in 0..n {
-                    quantize_activation(fmt, &x[t * cols..(t + 1) * cols], &mut act_q[t * arb..(t + 1) * arb])?;
+                    quantize_activation(
+                        fmt,
+                        &x[t * cols..(t + 1) * cols],
+                        &mut act_q[t * arb..(t + 1) * arb],
+                    )?;
                 }
                 let acts = &act_q[..n * arb];
                 let rb = w.row_bytes();
@@ -398,7 +513,10 @@ fn par_rows<P: Platform>(
     out: &mut [f32],
     f: &(dyn Fn(Range<usize>, &mut [f32]) + Sync),
 ) {
-    let nt = threads.min(p.workers()).clamp(1, MAX_WORKERS).min(rows.max(1));
+    let nt = threads
+        .min(p.workers())
+        .clamp(1, MAX_WORKERS)
+        .min(rows.max(1));
     if nt == 1 {
         f(0..rows, out);
         return;
@@ -408,7 +526,11 @@ fn par_rows<P: Platform>(
     let mut start = 0;
     for i in 0..nt {
         // Chunk edges on multiples of 8 rows so interleaved kernels see whole groups.
-        let end = if i + 1 == nt { rows } else { (rows * (i + 1) / nt) / 8 * 8 };
+        let end = if i + 1 == nt {
+            rows
+        } else {
+            (rows * (i + 1) / nt) / 8 * 8
+        };
         let end = end.max(start);
         let (a, b) = core::mem::take(&mut rest).split_at_mut((end - start) * n_tok);
         let _ = parts.push(spin::Mutex::new((start..end, a)));

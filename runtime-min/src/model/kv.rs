@@ -31,8 +31,15 @@ pub struct KvPlane<'a> {
 }
 
 impl<'a> KvPlane<'a> {
-    fn new(arena: &mut Arena<'a>, ty: KvType, n_ctx: usize, dim: usize) -> Result<KvPlane<'a>, ArenaError> {
-        let n = n_ctx.checked_mul(dim).ok_or(ArenaError::Overflow { account: "kv cache" })?;
+    fn new(
+        arena: &mut Arena<'a>,
+        ty: KvType,
+        n_ctx: usize,
+        dim: usize,
+    ) -> Result<KvPlane<'a>, ArenaError> {
+        let n = n_ctx.checked_mul(dim).ok_or(ArenaError::Overflow {
+            account: "kv cache",
+        })?;
         let store = match ty {
             KvType::F32 => Store::F32(arena.slice("kv cache", n)?),
             KvType::F16 => Store::F16(arena.slice("kv cache", n)?),
@@ -69,6 +76,25 @@ impl<'a> KvPlane<'a> {
         }
     }
 
+    /// `acc[d] = fma(row[pos][off + d], w, acc[d])` for each `d < acc.len()`.
+    #[inline]
+    pub fn fma_row(&self, pos: usize, off: usize, w: f32, acc: &mut [f32]) {
+        let start = pos * self.dim + off;
+        let len = acc.len();
+        match &self.store {
+            Store::F32(s) => {
+                for (a, v) in acc.iter_mut().zip(&s[start..start + len]) {
+                    *a = libm::fmaf(*v, w, *a);
+                }
+            }
+            Store::F16(s) => {
+                for (a, v) in acc.iter_mut().zip(&s[start..start + len]) {
+                    *a = libm::fmaf(f16_to_f32(*v), w, *a);
+                }
+            }
+        }
+    }
+
     /// `out += w * row[pos][off..off+out.len()]`.
     #[inline]
     pub fn axpy(&self, pos: usize, off: usize, w: f32, out: &mut [f32]) {
@@ -97,7 +123,13 @@ pub struct KvCache<'a> {
 }
 
 impl<'a> KvCache<'a> {
-    pub fn new(arena: &mut Arena<'a>, ty: KvType, n_layer: usize, n_ctx: usize, dim: usize) -> Result<KvCache<'a>, ArenaError> {
+    pub fn new(
+        arena: &mut Arena<'a>,
+        ty: KvType,
+        n_layer: usize,
+        n_ctx: usize,
+        dim: usize,
+    ) -> Result<KvCache<'a>, ArenaError> {
         let mut k = heapless::Vec::new();
         let mut v = heapless::Vec::new();
         for _ in 0..n_layer.min(crate::model::weights::MAX_LAYERS) {

@@ -28,16 +28,31 @@ pub enum ModelError {
     UnsupportedArch,
     MissingTensor(&'static str),
     MissingTensorNamed(NameBuf),
-    TensorShape { name: NameBuf, expected: [u64; 2], found: [u64; 2] },
-    UnsupportedType { name: NameBuf, ty: GgmlType },
+    TensorShape {
+        name: NameBuf,
+        expected: [u64; 2],
+        found: [u64; 2],
+    },
+    UnsupportedType {
+        name: NameBuf,
+        ty: GgmlType,
+    },
     BadShape(&'static str),
     Arena(ArenaError),
     Platform(PlatformError),
-    ShortRead { offset: u64 },
+    ShortRead {
+        offset: u64,
+    },
     /// The tokens do not fit in the context window.
-    ContextFull { n_ctx: usize, needed: usize },
+    ContextFull {
+        n_ctx: usize,
+        needed: usize,
+    },
     /// A token id outside the vocabulary.
-    BadToken { id: u32, n_vocab: usize },
+    BadToken {
+        id: u32,
+        n_vocab: usize,
+    },
     Kernel(pinch_kernels::matvec::KernelError),
 }
 
@@ -57,24 +72,42 @@ impl core::fmt::Display for ModelError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             ModelError::MissingKey(k) => write!(f, "missing metadata key '{k}'"),
-            ModelError::UnsupportedArch => write!(f, "unsupported architecture (pinch runs llama, qwen2, qwen3, gemma3)"),
+            ModelError::UnsupportedArch => write!(
+                f,
+                "unsupported architecture (pinch runs llama, qwen2, qwen3, gemma3)"
+            ),
             ModelError::MissingTensor(n) => write!(f, "missing tensor '{n}'"),
             ModelError::MissingTensorNamed(n) => write!(f, "missing tensor '{n}'"),
-            ModelError::TensorShape { name, expected, found } => {
-                write!(f, "tensor '{name}' has shape {found:?}, expected {expected:?}")
+            ModelError::TensorShape {
+                name,
+                expected,
+                found,
+            } => {
+                write!(
+                    f,
+                    "tensor '{name}' has shape {found:?}, expected {expected:?}"
+                )
             }
             ModelError::UnsupportedType { name, ty } => {
-                write!(f, "tensor '{name}' has type {} which pinch cannot compute with", ty.name())
+                write!(
+                    f,
+                    "tensor '{name}' has type {} which pinch cannot compute with",
+                    ty.name()
+                )
             }
             ModelError::BadShape(what) => write!(f, "bad model shape: {what}"),
             ModelError::Arena(e) => write!(f, "{e}"),
             ModelError::Platform(e) => write!(f, "{e}"),
-            ModelError::ShortRead { offset } => write!(f, "file ends early: short read at offset {offset}"),
+            ModelError::ShortRead { offset } => {
+                write!(f, "file ends early: short read at offset {offset}")
+            }
             ModelError::ContextFull { n_ctx, needed } => write!(
                 f,
                 "context full: {needed} tokens needed but the context holds {n_ctx} (raise -c)"
             ),
-            ModelError::BadToken { id, n_vocab } => write!(f, "token id {id} outside the vocabulary of {n_vocab}"),
+            ModelError::BadToken { id, n_vocab } => {
+                write!(f, "token id {id} outside the vocabulary of {n_vocab}")
+            }
             ModelError::Kernel(e) => write!(f, "{e}"),
         }
     }

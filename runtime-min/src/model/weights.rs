@@ -78,17 +78,28 @@ impl<'p, 'g, 'a, P: Platform> Loader<'p, 'g, 'a, P> {
         self.gguf.tensor(name)
     }
 
-    fn read(&mut self, info: &TensorInfo, account: &'static str) -> Result<&'a mut [u8], ModelError> {
+    fn read(
+        &mut self,
+        info: &TensorInfo,
+        account: &'static str,
+    ) -> Result<&'a mut [u8], ModelError> {
         let n = info.bytes as usize;
         let buf = self.arena.bytes(account, n)?;
         let mut done = 0usize;
         while done < n {
             let got = self
                 .platform
-                .read_at(self.file, info.offset + done as u64, &mut buf[done..], false)
+                .read_at(
+                    self.file,
+                    info.offset + done as u64,
+                    &mut buf[done..],
+                    false,
+                )
                 .map_err(ModelError::Platform)?;
             if got == 0 {
-                return Err(ModelError::ShortRead { offset: info.offset + done as u64 });
+                return Err(ModelError::ShortRead {
+                    offset: info.offset + done as u64,
+                });
             }
             done += got;
         }
@@ -96,10 +107,18 @@ impl<'p, 'g, 'a, P: Platform> Loader<'p, 'g, 'a, P> {
     }
 
     /// A matrix with `cols` values per row; checks the shape.
-    pub fn matrix(&mut self, name: &str, cols: usize, rows: Option<usize>) -> Result<Tensor<'a>, ModelError> {
-        let info = self.info(name).ok_or(ModelError::MissingTensorNamed(name_buf(name)))?;
+    pub fn matrix(
+        &mut self,
+        name: &str,
+        cols: usize,
+        rows: Option<usize>,
+    ) -> Result<Tensor<'a>, ModelError> {
+        let info = self
+            .info(name)
+            .ok_or(ModelError::MissingTensorNamed(name_buf(name)))?;
         let (c, r) = (info.dims[0] as usize, info.dims[1] as usize);
-        if c != cols || rows.is_some_and(|want| want != r) || info.dims[2] != 1 || info.dims[3] != 1 {
+        if c != cols || rows.is_some_and(|want| want != r) || info.dims[2] != 1 || info.dims[3] != 1
+        {
             return Err(ModelError::TensorShape {
                 name: name_buf(name),
                 expected: [cols as u64, rows.unwrap_or(r) as u64],
@@ -107,15 +126,25 @@ impl<'p, 'g, 'a, P: Platform> Loader<'p, 'g, 'a, P> {
             });
         }
         if !info.ty.can_dequantize() {
-            return Err(ModelError::UnsupportedType { name: name_buf(name), ty: info.ty });
+            return Err(ModelError::UnsupportedType {
+                name: name_buf(name),
+                ty: info.ty,
+            });
         }
         let data = self.read(&info, "weights")?;
-        Ok(Tensor { ty: info.ty, cols: c, rows: r, data })
+        Ok(Tensor {
+            ty: info.ty,
+            cols: c,
+            rows: r,
+            data,
+        })
     }
 
     /// A 1-D f32 vector of length `n` (norms and biases are always F32 in GGUF).
     pub fn vector(&mut self, name: &str, n: usize) -> Result<Vector<'a>, ModelError> {
-        let info = self.info(name).ok_or(ModelError::MissingTensorNamed(name_buf(name)))?;
+        let info = self
+            .info(name)
+            .ok_or(ModelError::MissingTensorNamed(name_buf(name)))?;
         if info.dims[0] as usize != n || info.dims[1] != 1 {
             return Err(ModelError::TensorShape {
                 name: name_buf(name),
@@ -127,10 +156,19 @@ impl<'p, 'g, 'a, P: Platform> Loader<'p, 'g, 'a, P> {
         match info.ty {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
                 let raw = self.read(&info, "load scratch")?;
-                pinch_kernels::matvec::dequantize_row(info.ty, raw, out)
-                    .map_err(|_| ModelError::UnsupportedType { name: name_buf(name), ty: info.ty })?;
+                pinch_kernels::matvec::dequantize_row(info.ty, raw, out).map_err(|_| {
+                    ModelError::UnsupportedType {
+                        name: name_buf(name),
+                        ty: info.ty,
+                    }
+                })?;
             }
-            ty => return Err(ModelError::UnsupportedType { name: name_buf(name), ty }),
+            ty => {
+                return Err(ModelError::UnsupportedType {
+                    name: name_buf(name),
+                    ty,
+                })
+            }
         }
         Ok(out)
     }
@@ -153,7 +191,9 @@ impl<'p, 'g, 'a, P: Platform> Loader<'p, 'g, 'a, P> {
             token_embd
         };
         if c.n_layer > MAX_LAYERS {
-            return Err(ModelError::BadShape("more layers than pinch supports (128)"));
+            return Err(ModelError::BadShape(
+                "more layers than pinch supports (128)",
+            ));
         }
         let mut layers = heapless::Vec::new();
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
@@ -178,17 +218,28 @@ impl<'p, 'g, 'a, P: Platform> Loader<'p, 'g, 'a, P> {
                 post_ffn_norm: self.opt_vector(n.get("post_ffw_norm.weight"), c.n_embd)?,
             };
             if c.qk_norm && (lw.q_norm.is_none() || lw.k_norm.is_none()) {
-                return Err(ModelError::MissingTensorNamed(name_buf(n.get("attn_q_norm.weight"))));
+                return Err(ModelError::MissingTensorNamed(name_buf(
+                    n.get("attn_q_norm.weight"),
+                )));
             }
             if c.post_norms && (lw.post_attn_norm.is_none() || lw.post_ffn_norm.is_none()) {
-                return Err(ModelError::MissingTensorNamed(name_buf(n.get("post_attention_norm.weight"))));
+                return Err(ModelError::MissingTensorNamed(name_buf(
+                    n.get("post_attention_norm.weight"),
+                )));
             }
             if c.arch == Arch::Qwen2 && lw.bq.is_none() {
-                return Err(ModelError::MissingTensorNamed(name_buf(n.get("attn_q.bias"))));
+                return Err(ModelError::MissingTensorNamed(name_buf(
+                    n.get("attn_q.bias"),
+                )));
             }
             let _ = layers.push(lw);
         }
-        Ok(Weights { token_embd, output_norm, output, layers })
+        Ok(Weights {
+            token_embd,
+            output_norm,
+            output,
+            layers,
+        })
     }
 }
 
@@ -208,7 +259,10 @@ struct Names {
 
 impl Names {
     fn new(il: usize) -> Names {
-        Names { il, buf: heapless::String::new() }
+        Names {
+            il,
+            buf: heapless::String::new(),
+        }
     }
     fn get(&mut self, suffix: &str) -> &str {
         self.buf.clear();

@@ -1,0 +1,237 @@
+//! `IosPlatform`: the engine's `Platform` on iOS (skeleton).
+//!
+//! Done: files with positioned reads, uncached reads through a second handle marked
+//! `F_NOCACHE`, the arena region (calloc: untouched pages cost nothing), the worker pool,
+//! CPU features, clock and output.
+//! Not yet: `available_memory` (`os_proc_available_memory` exists only from iOS 13; the
+//! iPad Air runs iOS 12, so it must be looked up at run time), `rss`/`peak_rss`
+//! (`task_info(TASK_VM_INFO)`), and `map`.
+use pinch_kernels::CpuFeatures;
+use pinch_linux::pool::Pool;
+use pinch_runtime_min::platform::{Platform, PlatformError};
+use std::fs::File;
+use std::io::{ErrorKind, Write};
+use std::os::unix::fs::FileExt;
+use std::time::Instant;
+
+/// An open file: the normal handle and, on Apple systems, one that bypasses the cache.
+pub struct IosFile {
+    buffered: File,
+    uncached: Option<File>,
+    size: u64,
+}
+
+/// The iOS platform.
+pub struct IosPlatform {
+    pool: Pool,
+    base: Instant,
+    cpu: CpuFeatures,
+}
+
+impl IosPlatform {
+    /// A platform with one worker per available CPU.
+    ///
+    /// # Errors
+    /// The OS error if the worker threads cannot be created.
+    pub fn new() -> std::io::Result<IosPlatform> {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Ok(IosPlatform {
+            pool: Pool::new(n)?,
+            base: Instant::now(),
+            cpu: detect_cpu(),
+        })
+    }
+}
+
+/// What this CPU can run. The A7 (iPad Air 2013) has NEON but no dotprod or fp16.
+pub fn detect_cpu() -> CpuFeatures {
+    #[allow(unused_mut)]
+    let mut f = CpuFeatures::SCALAR;
+    #[cfg(target_arch = "aarch64")]
+    {
+        f.neon = true;
+        f.dotprod = std::arch::is_aarch64_feature_detected!("dotprod");
+        f.fp16 = std::arch::is_aarch64_feature_detected!("fp16");
+        f.i8mm = std::arch::is_aarch64_feature_detected!("i8mm");
+    }
+    f
+}
+
+#[cfg(target_vendor = "apple")]
+mod nocache {
+    use std::fs::File;
+    use std::os::unix::io::AsRawFd;
+
+    /// `F_NOCACHE` from `<sys/fcntl.h>` (Darwin).
+    const F_NOCACHE: i32 = 48;
+
+    extern "C" {
+        fn fcntl(fd: i32, cmd: i32, ...) -> i32;
+    }
+
+    /// Turn off the unified buffer cache for reads through `file`.
+    pub fn set(file: &File) -> bool {
+        // SAFETY: `fcntl(F_NOCACHE, 1)` only changes a flag of a descriptor we own and
+        // keep open for the duration of the call; it touches no memory of ours.
+        unsafe { fcntl(file.as_raw_fd(), F_NOCACHE, 1i32) != -1 }
+    }
+}
+
+#[cfg(not(target_vendor = "apple"))]
+mod nocache {
+    /// No `F_NOCACHE` off Apple systems: reads stay buffered (this build is for checks).
+    pub fn set(_file: &std::fs::File) -> bool {
+        false
+    }
+}
+
+fn os_code(e: &std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(0)
+}
+
+fn read_full(file: &File, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+impl Platform for IosPlatform {
+    type File = IosFile;
+
+    fn open(&self, path: &str) -> Result<IosFile, PlatformError> {
+        let buffered = File::open(path).map_err(|e| PlatformError::Open { code: os_code(&e) })?;
+        let size = buffered
+            .metadata()
+            .map_err(|e| PlatformError::Open { code: os_code(&e) })?
+            .len();
+        // F_NOCACHE has no alignment rules, unlike O_DIRECT: any read works.
+        let uncached = File::open(path).ok().filter(nocache::set);
+        Ok(IosFile {
+            buffered,
+            uncached,
+            size,
+        })
+    }
+
+    fn file_size(&self, file: &IosFile) -> u64 {
+        file.size
+    }
+
+    fn read_at(
+        &self,
+        file: &IosFile,
+        offset: u64,
+        buf: &mut [u8],
+        direct: bool,
+    ) -> Result<usize, PlatformError> {
+        let handle = match (&file.uncached, direct) {
+            (Some(u), true) => u,
+            _ => &file.buffered,
+        };
+        read_full(handle, offset, buf).map_err(|e| PlatformError::Read {
+            offset,
+            code: os_code(&e),
+        })
+    }
+
+    fn map<'f>(&self, _file: &'f IosFile, _offset: u64, _len: usize) -> Option<&'f [u8]> {
+        None
+    }
+
+    fn region(&self, bytes: usize) -> Result<&'static mut [u8], PlatformError> {
+        const PAGE: usize = 16384; // iOS arm64 pages are 16 KB
+        let oom = PlatformError::OutOfMemory { requested: bytes };
+        let total = bytes.checked_add(PAGE).ok_or(oom)?;
+        // Alignment 1 keeps this on calloc, whose fresh pages stay untouched (and so do
+        // not count against the jetsam limit) until the arena writes them.
+        let layout = std::alloc::Layout::from_size_align(total, 1).map_err(|_| oom)?;
+        // SAFETY: the layout's size is non-zero (at least PAGE).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(oom);
+        }
+        // SAFETY: a fresh zeroed allocation of `total` bytes, referenced nowhere else and
+        // never freed, so a 'static exclusive slice over it is sound.
+        let all: &'static mut [u8] = unsafe { std::slice::from_raw_parts_mut(ptr, total) };
+        let skip = all.as_ptr().align_offset(PAGE);
+        Ok(&mut all[skip..skip + bytes])
+    }
+
+    fn available_memory(&self) -> Option<u64> {
+        None
+    }
+
+    fn rss(&self) -> Option<u64> {
+        None
+    }
+
+    fn peak_rss(&self) -> Option<u64> {
+        None
+    }
+
+    fn workers(&self) -> usize {
+        self.pool.workers()
+    }
+
+    fn parallel(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+        self.pool.run(n, f);
+    }
+
+    fn cpu(&self) -> CpuFeatures {
+        self.cpu
+    }
+
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn stdout(&self, bytes: &[u8]) {
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(bytes);
+        let _ = out.flush();
+    }
+
+    fn stderr(&self, bytes: &[u8]) {
+        let _ = std::io::stderr().lock().write_all(bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_a_file_both_ways() {
+        let exe = std::env::current_exe().unwrap();
+        let path = exe.with_file_name(format!("pinch-ios-read-{}", std::process::id()));
+        let data: Vec<u8> = (0..70_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let p = IosPlatform::new().unwrap();
+        let f = p.open(path.to_str().unwrap()).unwrap();
+        assert_eq!(p.file_size(&f), 70_000);
+        for direct in [false, true] {
+            let mut buf = vec![0u8; 1000];
+            assert_eq!(p.read_at(&f, 69_500, &mut buf, direct).unwrap(), 500);
+            assert_eq!(&buf[..500], &data[69_500..]);
+            assert_eq!(p.read_at(&f, 13, &mut buf, direct).unwrap(), 1000);
+            assert_eq!(&buf[..], &data[13..1013]);
+        }
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn region_is_page_aligned_and_zeroed() {
+        let p = IosPlatform::new().unwrap();
+        let r = p.region(100_000).unwrap();
+        assert_eq!(r.len(), 100_000);
+        assert_eq!(r.as_ptr() as usize % 16384, 0);
+        assert!(r.iter().all(|&b| b == 0));
+    }
+}

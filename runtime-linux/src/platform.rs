@@ -1,0 +1,610 @@
+//! `LinuxPlatform`: the engine's `Platform` on Linux and Android, with std only.
+//!
+//! - Files: positioned reads (`pread`) through a buffered handle, and uncached reads
+//!   through a second handle opened with `O_DIRECT`, so streamed weights do not fill the
+//!   page cache that the budget does not account for. `O_DIRECT` needs the offset, length
+//!   and buffer address aligned to the block size; unaligned requests go through an
+//!   aligned bounce buffer, and a file system that refuses `O_DIRECT` (tmpfs, some FUSE)
+//!   silently gets buffered reads.
+//! - Memory: the arena region is zeroed memory from the allocator (calloc: untouched pages
+//!   cost no RSS), page aligned. Available memory and RSS come from `/proc`.
+//! - Workers: a persistent [`Pool`].
+//! - CPU features: detected at run time; `PINCH_CPU=scalar|neon|neon-nodot` can only
+//!   lower them (to test or compare the slower paths on a fast machine).
+use crate::pool::Pool;
+use pinch_kernels::CpuFeatures;
+use pinch_runtime_min::platform::{Platform, PlatformError, Recv, Socket};
+use std::fs::{File, OpenOptions};
+use std::io::{ErrorKind, Write};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// `O_DIRECT` from the kernel's uapi headers; it differs per architecture.
+#[cfg(any(target_arch = "aarch64", target_arch = "arm"))]
+const O_DIRECT: Option<i32> = Some(0o200000);
+#[cfg(any(target_arch = "x86_64", target_arch = "x86", target_arch = "riscv64"))]
+const O_DIRECT: Option<i32> = Some(0o40000);
+#[cfg(not(any(
+    target_arch = "aarch64",
+    target_arch = "arm",
+    target_arch = "x86_64",
+    target_arch = "x86",
+    target_arch = "riscv64"
+)))]
+const O_DIRECT: Option<i32> = None;
+
+/// Alignment for direct I/O: the largest logical block size we expect (eMMC, NVMe, ext4).
+const DIRECT_ALIGN: usize = 4096;
+/// Largest single direct read; bigger requests are split so the bounce buffer stays small.
+const BOUNCE_MAX: usize = 1 << 20;
+const EINVAL: i32 = 22;
+
+/// An open file: a buffered handle, and an uncached one when the file system allows it.
+pub struct LinuxFile {
+    buffered: File,
+    direct: Option<File>,
+    /// Cleared when a direct read fails with EINVAL, so later reads skip straight to the
+    /// buffered path.
+    direct_ok: AtomicBool,
+    size: u64,
+    /// Aligned bounce buffer for direct reads (allocated on first use, reused after).
+    bounce: Mutex<Vec<u8>>,
+}
+
+/// The Linux/Android platform.
+pub struct LinuxPlatform {
+    pool: Pool,
+    base: Instant,
+    cpu: CpuFeatures,
+}
+
+impl LinuxPlatform {
+    /// A platform with one worker per available CPU.
+    ///
+    /// # Errors
+    /// The OS error if the worker threads cannot be created.
+    pub fn new() -> std::io::Result<LinuxPlatform> {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        LinuxPlatform::with_workers(n)
+    }
+
+    /// A platform with `workers` workers (the calling thread counts as one).
+    ///
+    /// # Errors
+    /// The OS error if the worker threads cannot be created.
+    pub fn with_workers(workers: usize) -> std::io::Result<LinuxPlatform> {
+        let detected = detect_cpu();
+        let cpu = match std::env::var("PINCH_CPU") {
+            Ok(v) => cpu_override(detected, &v).unwrap_or_else(|| {
+                eprintln!("pinch: ignoring PINCH_CPU={v} (expected scalar, neon or neon-nodot)");
+                detected
+            }),
+            Err(_) => detected,
+        };
+        Ok(LinuxPlatform {
+            pool: Pool::new(workers)?,
+            base: Instant::now(),
+            cpu,
+        })
+    }
+}
+
+/// What this CPU can run, detected at run time.
+pub fn detect_cpu() -> CpuFeatures {
+    #[allow(unused_mut)]
+    let mut f = CpuFeatures::SCALAR;
+    #[cfg(target_arch = "aarch64")]
+    {
+        f.neon = true; // Advanced SIMD is mandatory in AArch64
+        f.dotprod = std::arch::is_aarch64_feature_detected!("dotprod");
+        f.fp16 = std::arch::is_aarch64_feature_detected!("fp16");
+        f.i8mm = std::arch::is_aarch64_feature_detected!("i8mm");
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        f.avx2 = std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c");
+        f.avx512vnni = f.avx2
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512vnni");
+    }
+    f
+}
+
+/// Apply a `PINCH_CPU` value to the detected features. It only ever removes features, so
+/// it cannot enable an instruction the CPU lacks. `None` for an unknown value.
+pub fn cpu_override(detected: CpuFeatures, value: &str) -> Option<CpuFeatures> {
+    let keep = match value.trim() {
+        "" | "auto" | "native" => return Some(detected),
+        "scalar" => CpuFeatures::SCALAR,
+        "neon" => CpuFeatures {
+            neon: true,
+            dotprod: true,
+            fp16: true,
+            i8mm: true,
+            ..CpuFeatures::SCALAR
+        },
+        "neon-nodot" => CpuFeatures {
+            neon: true,
+            ..CpuFeatures::SCALAR
+        },
+        _ => return None,
+    };
+    Some(CpuFeatures {
+        neon: detected.neon && keep.neon,
+        dotprod: detected.dotprod && keep.dotprod,
+        fp16: detected.fp16 && keep.fp16,
+        i8mm: detected.i8mm && keep.i8mm,
+        avx2: detected.avx2 && keep.avx2,
+        avx512vnni: detected.avx512vnni && keep.avx512vnni,
+    })
+}
+
+fn os_code(e: &std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(0)
+}
+
+/// Fill `buf` from `offset` until it is full or the file ends; returns the count.
+fn read_full(file: &File, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// The aligned window `[start, start + len)` of a bounce buffer with room for `len` bytes.
+fn aligned_window(bounce: &mut Vec<u8>, len: usize) -> &mut [u8] {
+    if bounce.len() < len + DIRECT_ALIGN {
+        *bounce = vec![0u8; len + DIRECT_ALIGN];
+    }
+    let skip = bounce.as_ptr().align_offset(DIRECT_ALIGN);
+    &mut bounce[skip..skip + len]
+}
+
+impl LinuxFile {
+    /// Uncached read of `buf.len()` bytes at `offset` through the aligned bounce buffer.
+    fn read_direct(&self, direct: &File, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+        let mut bounce = self.bounce.lock().unwrap_or_else(|e| e.into_inner());
+        let mut done = 0usize;
+        while done < buf.len() {
+            let pos = offset + done as u64;
+            let start = pos - pos % DIRECT_ALIGN as u64;
+            let lead = (pos - start) as usize;
+            let want = (buf.len() - done).min(BOUNCE_MAX - lead);
+            let span = (lead + want).div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
+            let window = aligned_window(&mut bounce, span);
+            let got = read_full(direct, start, window)?;
+            if got <= lead {
+                break; // end of file
+            }
+            let n = (got - lead).min(want);
+            buf[done..done + n].copy_from_slice(&window[lead..lead + n]);
+            done += n;
+            if got < span {
+                break; // a short direct read only happens at end of file
+            }
+        }
+        Ok(done)
+    }
+}
+
+impl Platform for LinuxPlatform {
+    type File = LinuxFile;
+
+    fn open(&self, path: &str) -> Result<LinuxFile, PlatformError> {
+        let buffered = File::open(path).map_err(|e| PlatformError::Open { code: os_code(&e) })?;
+        let size = buffered
+            .metadata()
+            .map_err(|e| PlatformError::Open { code: os_code(&e) })?
+            .len();
+        // EINVAL here means the file system has no O_DIRECT: use buffered reads only.
+        let direct = O_DIRECT.and_then(|flag| {
+            OpenOptions::new()
+                .read(true)
+                .custom_flags(flag)
+                .open(path)
+                .ok()
+        });
+        Ok(LinuxFile {
+            direct_ok: AtomicBool::new(direct.is_some()),
+            buffered,
+            direct,
+            size,
+            bounce: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn file_size(&self, file: &LinuxFile) -> u64 {
+        file.size
+    }
+
+    fn read_at(
+        &self,
+        file: &LinuxFile,
+        offset: u64,
+        buf: &mut [u8],
+        direct: bool,
+    ) -> Result<usize, PlatformError> {
+        if direct && file.direct_ok.load(Ordering::Relaxed) {
+            if let Some(d) = &file.direct {
+                match file.read_direct(d, offset, buf) {
+                    Ok(n) => return Ok(n),
+                    Err(e) if os_code(&e) == EINVAL => {
+                        file.direct_ok.store(false, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        return Err(PlatformError::Read {
+                            offset,
+                            code: os_code(&e),
+                        })
+                    }
+                }
+            }
+        }
+        read_full(&file.buffered, offset, buf).map_err(|e| PlatformError::Read {
+            offset,
+            code: os_code(&e),
+        })
+    }
+
+    fn map<'f>(&self, _file: &'f LinuxFile, _offset: u64, _len: usize) -> Option<&'f [u8]> {
+        // mmap needs libc; the engine reads into its arena instead until it is worth it.
+        None
+    }
+
+    fn region(&self, bytes: usize) -> Result<&'static mut [u8], PlatformError> {
+        let total = bytes
+            .checked_add(DIRECT_ALIGN)
+            .ok_or(PlatformError::OutOfMemory { requested: bytes })?;
+        // Zeroed memory of alignment 1 comes from calloc, which hands out fresh pages
+        // untouched: only what the arena writes counts towards RSS (an aligned zeroed
+        // allocation would be memset, touching every page). Over-allocating by one page
+        // lets the region start on a page boundary, which direct reads into it need.
+        let layout = std::alloc::Layout::from_size_align(total, 1)
+            .map_err(|_| PlatformError::OutOfMemory { requested: bytes })?;
+        // SAFETY: the layout's size is non-zero (at least DIRECT_ALIGN).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(PlatformError::OutOfMemory { requested: bytes });
+        }
+        // SAFETY: `ptr` is a fresh, zero-initialised allocation of `total` bytes that
+        // nothing else refers to; it is never freed, so the slice may be 'static (the
+        // region lives as long as the engine, which lives as long as the process).
+        let all: &'static mut [u8] = unsafe { std::slice::from_raw_parts_mut(ptr, total) };
+        let skip = all.as_ptr().align_offset(DIRECT_ALIGN);
+        Ok(&mut all[skip..skip + bytes])
+    }
+
+    fn available_memory(&self) -> Option<u64> {
+        proc_kb("/proc/meminfo", "MemAvailable:")
+    }
+
+    fn rss(&self) -> Option<u64> {
+        proc_kb("/proc/self/status", "VmRSS:")
+    }
+
+    fn peak_rss(&self) -> Option<u64> {
+        proc_kb("/proc/self/status", "VmHWM:")
+    }
+
+    fn workers(&self) -> usize {
+        self.pool.workers()
+    }
+
+    fn parallel(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+        self.pool.run(n, f);
+    }
+
+    fn cpu(&self) -> CpuFeatures {
+        self.cpu
+    }
+
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn stdout(&self, bytes: &[u8]) {
+        // Generated text is streamed a token at a time, so flush; a closed pipe is not
+        // the engine's problem.
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(bytes);
+        let _ = out.flush();
+    }
+
+    fn stderr(&self, bytes: &[u8]) {
+        let _ = std::io::stderr().lock().write_all(bytes);
+    }
+
+    fn read_line(&self, buf: &mut [u8]) -> Option<usize> {
+        use std::io::BufRead;
+        let mut line = Vec::new();
+        let n = std::io::stdin().lock().read_until(b'\n', &mut line).ok()?;
+        if n == 0 {
+            return None;
+        }
+        while matches!(line.last(), Some(b'\n' | b'\r')) {
+            line.pop();
+        }
+        // Longer lines are cut at the buffer (and at a character boundary by the caller).
+        let k = line.len().min(buf.len());
+        buf[..k].copy_from_slice(&line[..k]);
+        Some(k)
+    }
+
+    // Sockets for `pinch serve`: see `crate::net`.
+    fn tcp_listen(&self, host: &str, port: u16) -> Result<(Socket, u16), PlatformError> {
+        crate::net::listen(host, port)
+    }
+
+    fn tcp_accept(&self, listener: Socket) -> Result<Option<Socket>, PlatformError> {
+        crate::net::accept(listener)
+    }
+
+    fn tcp_recv(&self, conn: Socket, buf: &mut [u8]) -> Result<Recv, PlatformError> {
+        crate::net::recv(conn, buf)
+    }
+
+    fn tcp_send(&self, conn: Socket, bytes: &[u8]) -> Result<(), PlatformError> {
+        crate::net::send(conn, bytes)
+    }
+
+    fn tcp_close(&self, sock: Socket) {
+        crate::net::close(sock)
+    }
+
+    fn sleep_ms(&self, ms: u32) {
+        std::thread::sleep(std::time::Duration::from_millis(u64::from(ms)));
+    }
+}
+
+/// A `Key:   123 kB` field of a `/proc` file, in bytes.
+fn proc_kb(path: &str, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    parse_kb(&text, key)
+}
+
+fn parse_kb(text: &str, key: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with(key))?;
+    let mut words = line[key.len()..].split_whitespace();
+    let n: u64 = words.next()?.parse().ok()?;
+    match words.next() {
+        Some("kB") | None => n.checked_mul(1024),
+        Some(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+    use std::sync::atomic::AtomicU64;
+
+    fn platform() -> LinuxPlatform {
+        LinuxPlatform::with_workers(3).unwrap()
+    }
+
+    /// A scratch file with pseudo-random contents, next to the test binary (a real disk
+    /// on most machines, where O_DIRECT works; /tmp may be tmpfs, which refuses it).
+    fn scratch(name: &str, len: usize) -> (PathBuf, Vec<u8>) {
+        let exe = std::env::current_exe().unwrap();
+        let dir = exe.parent().unwrap();
+        let path = dir.join(format!("{name}-{}", std::process::id()));
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let data: Vec<u8> = (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        std::fs::write(&path, &data).unwrap();
+        (path, data)
+    }
+
+    #[test]
+    fn buffered_and_direct_reads_return_the_file_bytes_at_odd_offsets() {
+        let (path, data) = scratch("pinch-read", 3 * 4096 * 64 + 1234);
+        let p = platform();
+        let f = p.open(path.to_str().unwrap()).unwrap();
+        assert_eq!(p.file_size(&f), data.len() as u64);
+        for &(off, len) in &[
+            (0usize, 1usize),
+            (1, 3),
+            (4095, 2),
+            (4096, 4096),
+            (17, 255),
+            (5000, 70_000),
+            (100, 1_500_000),
+        ] {
+            for direct in [false, true] {
+                let mut buf = vec![0u8; len];
+                let n = p.read_at(&f, off as u64, &mut buf, direct).unwrap();
+                let end = (off + len).min(data.len());
+                assert_eq!(n, end - off, "off {off} len {len} direct {direct}");
+                assert_eq!(
+                    &buf[..n],
+                    &data[off..end],
+                    "off {off} len {len} direct {direct}"
+                );
+            }
+        }
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn o_direct_flag_is_accepted_for_a_regular_file() {
+        // A wrong constant for this architecture shows up as ENOTDIR (0o40000 is
+        // O_DIRECTORY on arm) or as a silent fallback; EINVAL is the only allowed refusal.
+        let (path, _) = scratch("pinch-odirect", 4096);
+        if let Some(flag) = O_DIRECT {
+            let r = OpenOptions::new().read(true).custom_flags(flag).open(&path);
+            if let Err(e) = r {
+                assert_eq!(os_code(&e), EINVAL, "O_DIRECT open failed: {e}");
+            }
+        }
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn reads_past_the_end_are_short_or_empty() {
+        let (path, data) = scratch("pinch-eof", 10_000);
+        let p = platform();
+        let f = p.open(path.to_str().unwrap()).unwrap();
+        for direct in [false, true] {
+            let mut buf = vec![0u8; 4096];
+            assert_eq!(p.read_at(&f, 9_000, &mut buf, direct).unwrap(), 1_000);
+            assert_eq!(&buf[..1_000], &data[9_000..]);
+            assert_eq!(p.read_at(&f, 10_000, &mut buf, direct).unwrap(), 0);
+            assert_eq!(p.read_at(&f, 50_000, &mut buf, direct).unwrap(), 0);
+        }
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn opening_a_missing_file_names_the_os_error() {
+        let p = platform();
+        match p.open("/nonexistent/pinch/model.gguf") {
+            Err(PlatformError::Open { code }) => assert_eq!(code, 2), // ENOENT
+            Err(e) => panic!("wrong error {e}"),
+            Ok(_) => panic!("opened a missing file"),
+        }
+    }
+
+    #[test]
+    fn region_is_page_aligned_zeroed_and_writable() {
+        let p = platform();
+        let r = p.region(1 << 20).unwrap();
+        assert_eq!(r.len(), 1 << 20);
+        assert_eq!(r.as_ptr() as usize % DIRECT_ALIGN, 0);
+        assert!(r.iter().all(|&b| b == 0));
+        r[12345] = 7;
+        assert_eq!(r[12345], 7);
+    }
+
+    #[test]
+    fn an_impossible_region_is_an_error_not_an_abort() {
+        let p = platform();
+        assert_eq!(
+            p.region(usize::MAX - 10),
+            Err(PlatformError::OutOfMemory {
+                requested: usize::MAX - 10
+            })
+        );
+    }
+
+    #[test]
+    fn untouched_region_pages_do_not_count_in_rss() {
+        let p = platform();
+        let before = p.rss().unwrap();
+        let r = p.region(256 << 20).unwrap();
+        let after = p.rss().unwrap();
+        assert!(
+            after < before + (64 << 20),
+            "rss grew {} bytes",
+            after - before
+        );
+        // Touch 32 MB and watch RSS follow.
+        for i in (0..32 << 20).step_by(4096) {
+            r[i] = 1;
+        }
+        assert!(p.rss().unwrap() >= after + (24 << 20));
+        assert!(p.peak_rss().unwrap() >= p.rss().unwrap() - (1 << 20));
+    }
+
+    #[test]
+    fn memory_figures_come_from_proc() {
+        let p = platform();
+        assert!(p.available_memory().unwrap() > 0);
+        assert!(p.rss().unwrap() > 0);
+    }
+
+    #[test]
+    fn parses_proc_fields() {
+        let text = "Name:\tx\nVmHWM:\t    2048 kB\nVmRSS:\t  1024 kB\n";
+        assert_eq!(parse_kb(text, "VmRSS:"), Some(1024 * 1024));
+        assert_eq!(parse_kb(text, "VmHWM:"), Some(2048 * 1024));
+        assert_eq!(parse_kb(text, "VmSwap:"), None);
+        assert_eq!(parse_kb("VmRSS: lots kB", "VmRSS:"), None);
+    }
+
+    #[test]
+    fn parallel_covers_every_index_through_the_platform() {
+        let p = platform();
+        let sum = AtomicU64::new(0);
+        p.parallel(p.workers(), &|i| {
+            sum.fetch_add(i as u64 + 1, Ordering::SeqCst);
+        });
+        let w = p.workers() as u64;
+        assert_eq!(sum.load(Ordering::SeqCst), w * (w + 1) / 2);
+    }
+
+    #[test]
+    fn cpu_override_only_lowers() {
+        let all = CpuFeatures {
+            neon: true,
+            dotprod: true,
+            fp16: true,
+            i8mm: true,
+            avx2: false,
+            avx512vnni: false,
+        };
+        assert_eq!(cpu_override(all, "scalar"), Some(CpuFeatures::SCALAR));
+        let nodot = cpu_override(all, "neon-nodot").unwrap();
+        assert!(nodot.neon && !nodot.dotprod && !nodot.i8mm);
+        assert_eq!(cpu_override(all, "neon"), Some(all));
+        assert_eq!(
+            cpu_override(CpuFeatures::SCALAR, "neon"),
+            Some(CpuFeatures::SCALAR)
+        );
+        let x86 = CpuFeatures {
+            avx2: true,
+            ..CpuFeatures::SCALAR
+        };
+        assert_eq!(cpu_override(x86, "neon"), Some(CpuFeatures::SCALAR));
+        assert_eq!(cpu_override(all, "turbo"), None);
+    }
+
+    #[test]
+    fn detected_features_match_the_architecture() {
+        let f = detect_cpu();
+        assert_eq!(f.neon, cfg!(target_arch = "aarch64"));
+        if !cfg!(target_arch = "x86_64") {
+            assert!(!f.avx2);
+        }
+    }
+
+    #[test]
+    fn detection_follows_the_emulated_core_under_qemu() {
+        // `cargo xtask test` runs the aarch64 tests with QEMU_CPU set; qemu-user reports
+        // the emulated core's HWCAPs, so detection must follow it.
+        if !cfg!(target_arch = "aarch64") {
+            return;
+        }
+        let f = detect_cpu();
+        match std::env::var("QEMU_CPU").as_deref() {
+            Ok("cortex-a53") => assert!(!f.dotprod && !f.fp16 && !f.i8mm, "{f:?}"),
+            Ok("max") => assert!(f.dotprod && f.fp16 && f.i8mm, "{f:?}"),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn clock_is_monotonic() {
+        let p = platform();
+        let a = p.now_ns();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert!(p.now_ns() >= a + 1_000_000);
+    }
+}

@@ -1,0 +1,38 @@
+//! The `pinch serve` page in a real browser: Debian's headless Chromium opens it, sends
+//! a prompt to a server running the tiny fixture model, and `tests/browser/page_test.py`
+//! checks that streamed, tinted tokens and live statistics appeared; the screenshot is
+//! saved as `<target>/tmp/pinch-page.png`.
+mod server_util;
+
+use server_util::*;
+use std::process::Command;
+
+#[test]
+#[ignore = "needs Debian's chromium (apt-get install -y chromium) and python3; run with --ignored"]
+fn page_streams_tinted_tokens_and_shows_stats_in_chromium() {
+    let s = Server::start(&["-c", "512", "--budget", "256M"]);
+    let shot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("pinch-page.png");
+    let _ = std::fs::remove_file(&shot);
+    let script = repo().join("tests/browser/page_test.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .arg(format!("http://127.0.0.1:{}/", s.port))
+        .arg(&shot)
+        .output()
+        .expect("run python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert!(seen["tokens"].as_u64().unwrap() >= 3, "{seen}");
+    assert!(
+        std::fs::metadata(&shot).unwrap().len() > 10_000,
+        "screenshot missing or empty"
+    );
+    eprintln!("page test: {seen}\nscreenshot: {}", shot.display());
+    // The page's requests were real generations on this server.
+    assert!(s.metric("pinch_generations_total") >= 2.0);
+}

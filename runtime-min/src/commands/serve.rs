@@ -1,0 +1,96 @@
+//! `pinch serve`: carve the server's buffers from the arena, listen, and run the server
+//! loop ([`crate::server`]) until the process is stopped.
+use core::fmt::Write;
+
+use super::out::Out;
+use super::{AppError, Ctx};
+use crate::platform::Platform;
+use crate::server::gen::{self, Bufs};
+use crate::server::json::{MAX_MESSAGES, MAX_TOP};
+use crate::server::{http, Info, Io, MAX_BODY, MAX_SLOTS, SPARE_SLOTS};
+
+/// The model id clients see: the file name without directories and `.gguf`.
+pub fn model_id(path: &str) -> &str {
+    let name = path.rsplit(['/', '\\']).next().unwrap_or(path);
+    name.strip_suffix(".gguf").unwrap_or(name)
+}
+
+/// `pinch serve`.
+pub fn serve<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
+    let (p, o, g) = (ctx.p, ctx.o, ctx.g);
+    let n_ctx = ctx.sess.opts.n_ctx;
+    let queue = o.queue.min(MAX_SLOTS - 1 - SPARE_SLOTS);
+    let n_slots = queue + 1 + SPARE_SLOTS;
+    let slot_bytes = http::MAX_HEAD + MAX_BODY;
+    let a = "server";
+    let conns = ctx.arena.bytes(a, n_slots * slot_bytes)?;
+    let limit = gen::prompt_limit(n_ctx);
+    let stride = MAX_TOP + 1;
+    let mut bufs = Bufs {
+        // Each half holds a whole body's strings, plus the template's text per message.
+        text: ctx.arena.bytes(a, 2 * (MAX_BODY + 64 * MAX_MESSAGES))?,
+        scratch: ctx.arena.bytes(a, ctx.tok.scratch_bytes(limit))?,
+        tokens: ctx.arena.slice::<u32>(a, n_ctx)?,
+        out: ctx.arena.bytes(a, (n_ctx * 16).clamp(64 << 10, 1 << 20))?,
+        rec_id: ctx.arena.slice::<u32>(a, n_ctx * stride)?,
+        rec_lp: ctx.arena.slice::<f32>(a, n_ctx * stride)?,
+        prompt_limit: limit,
+    };
+    let path = o.model.unwrap_or("");
+    let id = model_id(path);
+    let file_name = path.rsplit(['/', '\\']).next().unwrap_or(path);
+    let info = Info {
+        model_id: id,
+        aliases: [path, file_name, g.get_str("general.name").unwrap_or("")],
+        budget: o.budget,
+        n_ctx,
+    };
+    let (listener, port) = match p.tcp_listen(o.host, o.port) {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = writeln!(
+                Out::stderr(p),
+                "pinch: cannot listen on {}:{}: {e}",
+                o.host,
+                o.port
+            );
+            return Err(AppError::Usage("could not listen on --host/--port"));
+        }
+    };
+    let _ = writeln!(
+        Out::stderr(p),
+        "pinch: serving {id} on http://{}:{port}/ (context {n_ctx}, queue {queue}, {} KiB of server buffers)",
+        o.host,
+        (n_slots * slot_bytes + bufs.text.len() + bufs.scratch.len() + bufs.out.len() + n_ctx * (4 + 8 * stride)) >> 10
+    );
+    let mut io = Io::new(p, listener, conns.chunks_mut(slot_bytes), queue, info);
+    // Idle: sleep 1 ms after activity, backing off to 10 ms, so an idle server costs
+    // next to nothing and a new request waits at most 10 ms.
+    let mut idle = 0u32;
+    loop {
+        let busy = io.poll();
+        if let Some(i) = io.start_next() {
+            gen::serve_one(ctx, &mut io, &mut bufs, i);
+            idle = 0;
+            continue;
+        }
+        if busy {
+            idle = 0;
+        } else {
+            idle = (idle + 1).min(10);
+            p.sleep_ms(idle);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_id_is_the_file_stem() {
+        assert_eq!(model_id("/a/b/tiny-qwen3-Q8_0.gguf"), "tiny-qwen3-Q8_0");
+        assert_eq!(model_id("m.bin"), "m.bin");
+        assert_eq!(model_id(""), "");
+    }
+}

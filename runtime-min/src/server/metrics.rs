@@ -1,0 +1,214 @@
+//! Server counters and the `/metrics` page (Prometheus text format 0.0.4).
+use core::fmt::Write;
+
+/// What the server has done so far; gauges describe the latest generation.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Metrics {
+    pub requests: u64,
+    pub rejected_busy: u64,
+    pub client_errors: u64,
+    pub disconnects: u64,
+    pub generations: u64,
+    pub tokens_generated: u64,
+    pub prompt_tokens: u64,
+    /// Generation speed of the running (or last) generation.
+    pub gen_tps: f64,
+    pub prompt_tps: f64,
+}
+
+/// Figures that come from the platform and the queue at the time of the scrape.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Live {
+    pub rss: Option<u64>,
+    pub peak_rss: Option<u64>,
+    pub available: Option<u64>,
+    pub budget: Option<u64>,
+    pub queue: usize,
+    pub queue_capacity: usize,
+    pub generating: bool,
+    pub n_ctx: usize,
+}
+
+fn metric(
+    w: &mut dyn Write,
+    name: &str,
+    kind: &str,
+    help: &str,
+    value: &dyn core::fmt::Display,
+) -> core::fmt::Result {
+    write!(
+        w,
+        "# HELP pinch_{name} {help}\n# TYPE pinch_{name} {kind}\npinch_{name} {value}\n"
+    )
+}
+
+impl Metrics {
+    /// Write the Prometheus exposition text.
+    pub fn write(&self, l: &Live, w: &mut dyn Write) -> core::fmt::Result {
+        metric(
+            w,
+            "requests_total",
+            "counter",
+            "HTTP requests answered or queued",
+            &self.requests,
+        )?;
+        metric(
+            w,
+            "requests_rejected_total",
+            "counter",
+            "Requests refused with 503 because the queue was full",
+            &self.rejected_busy,
+        )?;
+        metric(
+            w,
+            "requests_invalid_total",
+            "counter",
+            "Requests answered with a 4xx status",
+            &self.client_errors,
+        )?;
+        metric(
+            w,
+            "disconnects_total",
+            "counter",
+            "Generations stopped because the client went away",
+            &self.disconnects,
+        )?;
+        metric(
+            w,
+            "generations_total",
+            "counter",
+            "Generations run",
+            &self.generations,
+        )?;
+        metric(
+            w,
+            "tokens_generated_total",
+            "counter",
+            "Tokens generated",
+            &self.tokens_generated,
+        )?;
+        metric(
+            w,
+            "prompt_tokens_total",
+            "counter",
+            "Prompt tokens evaluated",
+            &self.prompt_tokens,
+        )?;
+        metric(
+            w,
+            "tokens_per_second",
+            "gauge",
+            "Generation speed of the running or last generation",
+            &Fixed(self.gen_tps),
+        )?;
+        metric(
+            w,
+            "prompt_tokens_per_second",
+            "gauge",
+            "Prompt evaluation speed of the running or last generation",
+            &Fixed(self.prompt_tps),
+        )?;
+        metric(
+            w,
+            "rss_bytes",
+            "gauge",
+            "Resident set size",
+            &l.rss.unwrap_or(0),
+        )?;
+        metric(
+            w,
+            "peak_rss_bytes",
+            "gauge",
+            "Peak resident set size",
+            &l.peak_rss.unwrap_or(0),
+        )?;
+        metric(
+            w,
+            "available_memory_bytes",
+            "gauge",
+            "Memory the OS could still give (MemAvailable)",
+            &l.available.unwrap_or(0),
+        )?;
+        metric(
+            w,
+            "budget_bytes",
+            "gauge",
+            "The --budget memory cap (0: none)",
+            &l.budget.unwrap_or(0),
+        )?;
+        metric(
+            w,
+            "queue_length",
+            "gauge",
+            "Requests waiting for the running generation",
+            &l.queue,
+        )?;
+        metric(
+            w,
+            "queue_capacity",
+            "gauge",
+            "Requests that may wait (--queue)",
+            &l.queue_capacity,
+        )?;
+        metric(
+            w,
+            "generating",
+            "gauge",
+            "1 while a generation runs",
+            &u8::from(l.generating),
+        )?;
+        metric(
+            w,
+            "n_ctx",
+            "gauge",
+            "Context length of the session",
+            &l.n_ctx,
+        )
+    }
+}
+
+/// A float with 3 decimals (Prometheus accepts any float text).
+struct Fixed(f64);
+
+impl core::fmt::Display for Fixed {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        if self.0.is_finite() {
+            write!(f, "{:.3}", self.0)
+        } else {
+            f.write_str("0")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_sample_line_has_help_and_type() {
+        let m = Metrics {
+            tokens_generated: 42,
+            gen_tps: 12.5,
+            ..Default::default()
+        };
+        let l = Live {
+            rss: Some(1000),
+            budget: Some(2000),
+            queue: 1,
+            queue_capacity: 4,
+            ..Default::default()
+        };
+        let mut s: heapless::String<4096> = heapless::String::new();
+        m.write(&l, &mut s).unwrap();
+        assert!(s.contains("\npinch_tokens_generated_total 42\n"));
+        assert!(s.contains("\npinch_tokens_per_second 12.500\n"));
+        assert!(s.contains("\npinch_budget_bytes 2000\n"));
+        for line in s.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(' ').next().unwrap();
+            let mut t: heapless::String<96> = heapless::String::new();
+            write!(t, "# TYPE {name} ").unwrap();
+            assert!(s.contains(t.as_str()), "{line}");
+            assert_eq!(line.split(' ').count(), 2, "{line}");
+        }
+    }
+}

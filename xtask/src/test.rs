@@ -1,0 +1,218 @@
+//! `cargo xtask test`: the one test command, run by CI (`.ci/run`) and by people.
+//!
+//! Steps run in order and stop at the first failure, cheapest and most likely to fail
+//! first. The aarch64 tests run twice under qemu-user: `QEMU_CPU=max` exercises the
+//! dotprod/fp16/i8mm paths, `QEMU_CPU=cortex-a53` proves the baseline NEON path never
+//! meets an illegal instruction. `PINCH_SKIP_MODEL_TESTS=1` skips the model download for
+//! quick local runs (CI must not set it). The platform's unit tests (`pinch-linux --lib`)
+//! join the qemu runs too: its feature detection and O_DIRECT flag are per-architecture.
+use crate::device::{self, Device, IOS, LINUX_ARM};
+use crate::fetch;
+use crate::util::{cargo, have, output, run, run_tests, Counts, Result};
+use std::process::Command;
+use std::time::Instant;
+
+type Step = (&'static str, fn() -> Result<Outcome>);
+
+enum Outcome {
+    Done,
+    Tested(Counts),
+    Skipped(&'static str),
+}
+
+const STEPS: &[Step] = &[
+    ("tools", tools),
+    ("fmt", fmt),
+    ("clippy", clippy),
+    ("clippy (aarch64)", clippy_aarch64),
+    ("fetch-model", fetch_model),
+    ("test (host)", test_host),
+    ("test (aarch64, qemu max)", || test_aarch64("max")),
+    ("test (aarch64, qemu cortex-a53)", || {
+        test_aarch64("cortex-a53")
+    }),
+    ("build no_std (aarch64-unknown-none)", build_no_std),
+    ("build --device tv", build_tv),
+];
+
+pub fn main(args: &[String]) -> Result<()> {
+    // `--keep-going` runs every step even after a failure (to see everything that is
+    // broken, or to time all steps); the exit status still reports the failure.
+    let keep_going = match args {
+        [] => false,
+        [flag] if flag == "--keep-going" => true,
+        _ => {
+            return Err(format!(
+                "usage: cargo xtask test [--keep-going] (got {args:?})"
+            ))
+        }
+    };
+    let mut rows: Vec<(&str, f64, String)> = Vec::new();
+    let mut total = Counts::default();
+    let mut counted = true;
+    let mut failures = Vec::new();
+    for (name, step) in STEPS {
+        eprintln!("\n=== xtask test: {name} ===");
+        let start = Instant::now();
+        let result = step();
+        let secs = start.elapsed().as_secs_f64();
+        match result {
+            Ok(Outcome::Done) => rows.push((name, secs, "ok".into())),
+            Ok(Outcome::Tested(c)) => {
+                if c.passed == 0 && c.failed == 0 {
+                    counted = false;
+                }
+                total.add(c);
+                rows.push((name, secs, format!("ok ({} passed)", c.passed)));
+            }
+            Ok(Outcome::Skipped(why)) => rows.push((name, secs, format!("skipped: {why}"))),
+            Err(msg) => {
+                rows.push((name, secs, "FAILED".into()));
+                failures.push(format!("step `{name}` failed: {msg}"));
+                if !keep_going {
+                    break;
+                }
+            }
+        }
+    }
+    print_table(&rows);
+    if !failures.is_empty() {
+        return Err(failures.join("\n"));
+    }
+    if counted {
+        println!("{} passed, {} failed", total.passed, total.failed);
+    }
+    Ok(())
+}
+
+fn print_table(rows: &[(&str, f64, String)]) {
+    let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(4).max(4);
+    println!("\n{:<width$}  {:>8}  result", "step", "seconds");
+    for (name, secs, result) in rows {
+        println!("{name:<width$}  {secs:>8.1}  {result}");
+    }
+}
+
+fn tools() -> Result<Outcome> {
+    if !have("qemu-aarch64") {
+        if !have("apt-get") {
+            return Err("qemu-aarch64 is missing; install qemu-user (qemu-user-static)".into());
+        }
+        let root = output(Command::new("id").arg("-u")).is_ok_and(|u| u.trim() == "0");
+        let apt = |args: &[&str]| {
+            let mut cmd = if root {
+                Command::new("apt-get")
+            } else {
+                let mut c = Command::new("sudo");
+                c.arg("apt-get");
+                c
+            };
+            cmd.args(args);
+            cmd
+        };
+        run(&mut apt(&["update"]))?;
+        run(&mut apt(&["install", "-y", "qemu-user"]))?;
+    }
+    if have("rustup") {
+        // The toolchain file names these targets; adding them again is a cheap no-op.
+        let mut add = Command::new("rustup");
+        add.current_dir(crate::util::root()).args([
+            "target",
+            "add",
+            LINUX_ARM,
+            "aarch64-unknown-none",
+            IOS,
+        ]);
+        run(&mut add)?;
+    }
+    Ok(Outcome::Done)
+}
+
+fn fmt() -> Result<Outcome> {
+    run(&mut cargo(["fmt", "--all", "--check"]))
+        .map_err(|e| format!("{e}\n  run `cargo fmt --all` to fix the formatting"))?;
+    Ok(Outcome::Done)
+}
+
+fn clippy() -> Result<Outcome> {
+    run(&mut cargo([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    Ok(Outcome::Done)
+}
+
+/// The NEON kernels and the aarch64 feature detection are compiled out on an x86 host, so
+/// lint them for the device target too.
+fn clippy_aarch64() -> Result<Outcome> {
+    run(&mut cargo([
+        "clippy",
+        "-p",
+        "pinch-kernels",
+        "-p",
+        "pinch-runtime-min",
+        "-p",
+        "pinch-linux",
+        "--all-targets",
+        "--target",
+        LINUX_ARM,
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    Ok(Outcome::Done)
+}
+
+fn fetch_model() -> Result<Outcome> {
+    if std::env::var_os("PINCH_SKIP_MODEL_TESTS").is_some_and(|v| v == "1") {
+        return Ok(Outcome::Skipped("PINCH_SKIP_MODEL_TESTS=1"));
+    }
+    fetch::ensure("gemma3-270m")?;
+    Ok(Outcome::Done)
+}
+
+fn test_host() -> Result<Outcome> {
+    run_tests(&mut cargo(["test", "--workspace"])).map(Outcome::Tested)
+}
+
+fn test_aarch64(cpu: &'static str) -> Result<Outcome> {
+    let mut engine = cargo([
+        "test",
+        "-p",
+        "pinch-kernels",
+        "-p",
+        "pinch-runtime-min",
+        "--target",
+        LINUX_ARM,
+    ]);
+    engine.env("QEMU_CPU", cpu);
+    let mut counts = run_tests(&mut engine)?;
+    // Only the platform's unit tests: its CLI integration tests run whole models, which
+    // the host run covers and which would take hours under emulation.
+    let mut platform = cargo(["test", "-p", "pinch-linux", "--lib", "--target", LINUX_ARM]);
+    platform.env("QEMU_CPU", cpu);
+    counts.add(run_tests(&mut platform)?);
+    Ok(Outcome::Tested(counts))
+}
+
+fn build_no_std() -> Result<Outcome> {
+    run(&mut cargo([
+        "build",
+        "-p",
+        "pinch-kernels",
+        "-p",
+        "pinch-runtime-min",
+        "--target",
+        "aarch64-unknown-none",
+    ]))?;
+    Ok(Outcome::Done)
+}
+
+fn build_tv() -> Result<Outcome> {
+    device::build(Device::Tv)?;
+    Ok(Outcome::Done)
+}
