@@ -22,6 +22,7 @@
 #![deny(unsafe_code)]
 
 pub mod arch;
+pub mod attn;
 pub mod blocks;
 pub mod cpu;
 pub mod f16;

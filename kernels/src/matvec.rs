@@ -211,6 +211,9 @@ pub fn matmul_rows(
         });
     }
     check("output", rows.len() * n_tok, out.len())?;
+    if crate::arch::matmul_rows(ty, feat, w, row_bytes, rows.clone(), acts, act_row_bytes, out) {
+        return Ok(());
+    }
     for (i, r) in rows.enumerate() {
         let wr = &w[r * row_bytes..(r + 1) * row_bytes];
         for t in 0..n_tok {

@@ -115,17 +115,24 @@ pub fn expf_ggml(x: f32) -> f32 {
 /// and across groups in f64, then scaled by `(1 / sum) as f32`. Masked entries
 /// (`-inf`) become 0.
 pub fn softmax(x: &mut [f32]) {
+    softmax_skip(x, f32::NEG_INFINITY)
+}
+
+/// [`softmax`] where entries below `max + log_ratio` get weight exactly 0 without
+/// computing their exp (attention skips them; `log_ratio = -inf` skips nothing).
+pub fn softmax_skip(x: &mut [f32], log_ratio: f32) {
     let mut max = f32::NEG_INFINITY;
     for v in x.iter() {
         if *v > max {
             max = *v;
         }
     }
+    let floor = max + log_ratio;
     let mut sum = 0.0f64;
     for chunk in x.chunks_mut(16) {
         let mut e = [0.0f32; 16];
         for (ei, v) in e.iter_mut().zip(chunk.iter_mut()) {
-            *ei = expf_ggml(*v - max);
+            *ei = if *v < floor { 0.0 } else { expf_ggml(*v - max) };
             *v = *ei;
         }
         sum += crate::quant::float::hsum16(e) as f64;
@@ -156,6 +163,31 @@ pub fn gelu_f16_table(x: f32) -> f32 {
     } else {
         let h = f16_to_f32(f32_to_f16(x));
         f16_to_f32(f32_to_f16(gelu_exact(h)))
+    }
+}
+
+/// Fill `table[h] = f16(gelu(f16_to_f32(h)))` for every half-precision bit pattern:
+/// ggml's `ggml_table_gelu_f16`, so [`geglu_with_table`] costs a load per element.
+pub fn gelu_table_fill(table: &mut [u16]) {
+    for (h, t) in table.iter_mut().enumerate().take(1 << 16) {
+        *t = f32_to_f16(gelu_exact(f16_to_f32(h as u16)));
+    }
+}
+
+/// [`geglu`] through a table made by [`gelu_table_fill`] (65,536 entries); same bits.
+pub fn geglu_with_table(gate: &mut [f32], up: &[f32], table: &[u16]) {
+    if table.len() < 1 << 16 {
+        return geglu(gate, up);
+    }
+    for (g, u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        *g = if x <= -10.0 {
+            0.0
+        } else if x >= 10.0 {
+            x * u
+        } else {
+            f16_to_f32(table[f32_to_f16(x) as usize]) * u
+        };
     }
 }
 
@@ -253,6 +285,19 @@ mod tests {
         rope(&mut x, 7, 4, 10000.0, 1.0, RopeKind::Norm);
         let n: f32 = x.iter().map(|v| v * v).sum();
         assert!((n - 30.0).abs() < 1e-4);
+    }
+
+    #[test]
+    fn table_geglu_equals_computed_geglu() {
+        extern crate std;
+        let mut table = std::vec![0u16; 1 << 16];
+        gelu_table_fill(&mut table);
+        let x: std::vec::Vec<f32> = (-1200..1200).map(|i| i as f32 * 0.01).collect();
+        let up: std::vec::Vec<f32> = x.iter().map(|v| 1.0 - v * 0.3).collect();
+        let (mut a, mut b) = (x.clone(), x.clone());
+        geglu(&mut a, &up);
+        geglu_with_table(&mut b, &up, &table);
+        assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()));
     }
 
     #[test]

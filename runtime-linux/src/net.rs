@@ -177,11 +177,6 @@ pub fn close(sock: Socket) {
     }
 }
 
-/// Open connections and listeners (for tests).
-pub fn open_count() -> usize {
-    table().open.len()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -538,3 +538,58 @@ fn expect_100_continue_gets_an_interim_response() {
         Some(true)
     );
 }
+
+/// Same tokens, log-probabilities equal up to the rounding of batched versus
+/// one-token evaluation.
+fn assert_close(a: &Value, b: &Value) {
+    let (a, b) = (a.as_array().unwrap(), b.as_array().unwrap());
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(b) {
+        assert_eq!(x["id"], y["id"]);
+        let d = (x["logprob"].as_f64().unwrap() - y["logprob"].as_f64().unwrap()).abs();
+        assert!(d < 1e-3, "{x} vs {y}");
+    }
+}
+
+#[test]
+fn a_repeated_or_extended_prompt_reuses_the_cache_with_identical_results() {
+    let s = Server::start(&["-c", "512"]);
+    let req = json!({"prompt": "The quick brown fox jumps over the lazy dog", "n_predict": 10, "temperature": 0, "ignore_eos": true, "n_probs": 2});
+    let (_, fresh) = s.post_json(
+        "/completion",
+        &with(req.clone(), json!({"cache_prompt": false})),
+    );
+    assert_eq!(fresh["tokens_cached"], 0);
+    let n = fresh["tokens_evaluated"].as_u64().unwrap();
+    let (_, again) = s.post_json("/completion", &req);
+    assert_eq!(
+        again["tokens_cached"].as_u64(),
+        Some(n - 1),
+        "all but the last prompt token come from the cache"
+    );
+    assert_eq!(again["timings"]["prompt_n"], 1);
+    assert_eq!(again["content"], fresh["content"]);
+    assert_close(
+        &again["completion_probabilities"],
+        &fresh["completion_probabilities"],
+    );
+    // The next turn: the old prompt, the answer and more text.
+    let longer = format!(
+        "{}{} and more",
+        req["prompt"].as_str().unwrap(),
+        fresh["content"].as_str().unwrap()
+    );
+    let ext = with(req.clone(), json!({"prompt": longer}));
+    let (_, cached) = s.post_json("/completion", &ext);
+    let (_, uncached) = s.post_json("/completion", &with(ext, json!({"cache_prompt": false})));
+    assert!(
+        cached["tokens_cached"].as_u64().unwrap() >= n - 2,
+        "{}",
+        cached["tokens_cached"]
+    );
+    assert_eq!(cached["content"], uncached["content"]);
+    assert_close(
+        &cached["completion_probabilities"],
+        &uncached["completion_probabilities"],
+    );
+}

@@ -1,7 +1,8 @@
 //! The `pinch serve` page in a real browser: Debian's headless Chromium opens it, sends
 //! a prompt to a server running the tiny fixture model, and `tests/browser/page_test.py`
-//! checks that streamed, tinted tokens and live statistics appeared; the screenshot is
-//! saved as `<target>/tmp/pinch-page.png`.
+//! (driving Chromium over the DevTools protocol) checks that tinted tokens appeared while
+//! the answer streamed, that the candidates popup and live statistics work; the
+//! screenshot is saved as `<target>/tmp/pinch-page.png`.
 mod server_util;
 
 use server_util::*;
@@ -33,6 +34,10 @@ fn page_streams_tinted_tokens_and_shows_stats_in_chromium() {
         "screenshot missing or empty"
     );
     eprintln!("page test: {seen}\nscreenshot: {}", shot.display());
-    // The page's requests were real generations on this server.
-    assert!(s.metric("pinch_generations_total") >= 2.0);
+    assert!(
+        seen["partial_counts"].as_u64().unwrap() >= 1,
+        "no partial answer seen: {seen}"
+    );
+    // The page's request was a real generation on this server.
+    assert_eq!(s.metric("pinch_generations_total"), 1.0);
 }

@@ -43,6 +43,10 @@ pub struct Opts<'s> {
     pub bench_t: heapless::Vec<usize, 8>,
     pub bench_reps: usize,
     pub verbose: bool,
+    /// Attention skips keys whose weight is below 1e-4 of the best (`--no-attn-skip`).
+    pub attn_skip: bool,
+    /// Print where the time went (per kind of operation) at the end.
+    pub profile: bool,
     /// serve: address, port (0: any free port) and how many requests may wait.
     pub host: &'s str,
     pub port: u16,
@@ -95,8 +99,10 @@ flags (llama.cpp names):
   --budget SIZE           memory cap, e.g. 700M or 1.2G: the plan must fit under it
   --cache-type-k f16|f32  KV cache type (default f16)
   --reference             f32 oracle arithmetic (slow; for checking)
+  --no-attn-skip          attend to every key (default skips keys with weight < 1e-4 of the best)
   --ignore-eos            do not stop at end-of-generation tokens
   --json                  print one JSON summary line at the end
+  --profile               print the share of time per kind of operation
   -sys, --system TEXT     system prompt for chat
   -r, --repetitions N     bench repetitions (default 3)
   --host ADDR --port N    serve: listen address (default 127.0.0.1:8080)
@@ -157,6 +163,8 @@ impl<'s> Opts<'s> {
             bench_t: heapless::Vec::new(),
             bench_reps: 3,
             verbose: false,
+            attn_skip: true,
+            profile: false,
             host: "127.0.0.1",
             port: 8080,
             queue: 4,
@@ -236,6 +244,8 @@ impl<'s> Opts<'s> {
                 }
                 "-sys" | "--system" => o.system = Some(val()?),
                 "--reference" => o.math = Math::Reference,
+                "--no-attn-skip" => o.attn_skip = false,
+                "--profile" => o.profile = true,
                 "--ignore-eos" => o.ignore_eos = true,
                 "--json" => o.json = true,
                 "--ids" => o.ids = true,

@@ -39,6 +39,8 @@ pub struct RunSpec {
     /// Tokens per eval call (1 = one token at a time).
     pub batch: usize,
     pub threads: usize,
+    /// Skip keys with weight < 1e-4 of the best (pinch's default; llama.cpp has no such skip).
+    pub attn_skip: bool,
 }
 
 /// Logits for every position of `tokens` (rows of n_vocab).
@@ -73,6 +75,7 @@ pub fn run_logits(
         math: spec.math,
         threads: spec.threads,
         head_group: 4,
+        attn_skip: spec.attn_skip,
         cpu: plat.cpu,
     };
     let mut sess = Session::new(cfg, &weights, &mut arena, opts)?;

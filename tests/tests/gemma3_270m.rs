@@ -35,6 +35,7 @@ fn top20_logits_match_llama_cpp_at_every_prompt_position() {
             kv: KvType::F32,
             batch: 64,
             threads: 2,
+            attn_skip: false,
         };
         let (_, got) = run_logits(&bytes, &toks, spec).unwrap();
         for entry in pr["f32kv"]["top20"].as_array().unwrap() {
@@ -97,6 +98,7 @@ fn greedy_continuations_match_teacher_forced() {
             kv: KvType::F32,
             batch: 64,
             threads: 2,
+            attn_skip: false,
         };
         let (_, got) = run_logits(&bytes, &toks, spec).unwrap();
         for k in 0..greedy.len() {

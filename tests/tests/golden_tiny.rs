@@ -63,6 +63,7 @@ fn unsupported_type_is_a_clear_error() {
         kv: KvType::F32,
         batch: 24,
         threads: 1,
+        attn_skip: false,
     };
     match run_logits(&bytes, &meta.u32s("token_ids"), spec) {
         Err(ModelError::UnsupportedType { name, ty }) => {
@@ -96,6 +97,7 @@ fn oracle_matches_llama_cpp_batched_and_sequential() {
                 kv: KvType::F32,
                 batch,
                 threads: 1,
+                attn_skip: false,
             };
             let (_, got) =
                 run_logits(&bytes, &tokens, spec).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -151,6 +153,7 @@ fn fast_path_matches_llama_cpp_f32kv() {
             kv: KvType::F32,
             batch: 24,
             threads: 2,
+            attn_skip: false,
         };
         let (_, got) = run_logits(&bytes, &tokens, spec).unwrap_or_else(|e| panic!("{name}: {e}"));
         let (mut over, mut worst, mut top1_bad) = (0, 0.0f32, 0);
@@ -202,6 +205,7 @@ fn greedy_teacher_forced_matches_llama_cpp() {
             kv: KvType::F32,
             batch: 8,
             threads: 1,
+            attn_skip: false,
         };
         let (_, got) = run_logits(&bytes, &tokens, spec).unwrap();
         let min_margin = if is_f32(&name) { 1e-3 } else { 0.5 };

@@ -9,10 +9,7 @@ pub fn main(args: &[String]) -> Result<()> {
         Some(sep) if sep == "--" => &args[1..],
         _ => args,
     };
-    let has_model = args
-        .iter()
-        .any(|a| a == "-m" || a == "--model" || a.starts_with("--model="));
-    let model = if has_model {
+    let model = if names_a_model(args) {
         None
     } else {
         Some(fetch::ensure("gemma3-270m")?)
@@ -26,6 +23,12 @@ pub fn main(args: &[String]) -> Result<()> {
     }
     cmd.args(args);
     exec(cmd)
+}
+
+/// Did the user pass `-m FILE`, `--model FILE` or `--model=FILE`?
+fn names_a_model(args: &[String]) -> bool {
+    args.iter()
+        .any(|a| a == "-m" || a == "--model" || a.starts_with("--model="))
 }
 
 #[cfg(unix)]
@@ -43,4 +46,22 @@ fn exec(mut cmd: Command) -> Result<()> {
 fn exec(mut cmd: Command) -> Result<()> {
     let status = cmd.status().map_err(|e| format!("cannot run pinch: {e}"))?;
     std::process::exit(status.code().unwrap_or(1));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn recognises_every_model_flag_spelling() {
+        assert!(names_a_model(&args(&["-m", "x.gguf", "-p", "hi"])));
+        assert!(names_a_model(&args(&["--model", "x.gguf"])));
+        assert!(names_a_model(&args(&["-p", "hi", "--model=x.gguf"])));
+        assert!(!names_a_model(&args(&["-p", "hi", "-n", "8"])));
+        assert!(!names_a_model(&args(&[])));
+    }
 }

@@ -100,7 +100,7 @@ impl Dot16 for Sdot {
 
 #[target_feature(enable = "dotprod")]
 #[inline]
-unsafe fn sdot(mut acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+pub(super) unsafe fn sdot(mut acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
     // SAFETY: callers run only when the CPU has dotprod; the instruction touches only
     // the three vector registers named here.
     core::arch::asm!(
@@ -115,7 +115,7 @@ unsafe fn sdot(mut acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
 
 /// A K-quant block as the NEON kernels see it; `inline(always)` so the unpacking is
 /// compiled inside each kernel.
-trait KBlock {
+pub(super) trait KBlock {
     fn terms(&self, y: &BlockQ8K) -> KTerms;
     /// The 256 quants as unsigned bytes in weight order, one vector per 16-weight group.
     unsafe fn unpack(&self) -> [uint8x16_t; 16];
@@ -145,7 +145,7 @@ kblock!(q6_k::BlockQ6K, q6_k, unpack_q6k);
 /// whatever the caller passes (call sites use fixed in-bounds offsets of a block, so the
 /// check folds away).
 #[inline(always)]
-unsafe fn load16(p: &[u8]) -> uint8x16_t {
+pub(super) unsafe fn load16(p: &[u8]) -> uint8x16_t {
     let Some(p) = p.get(..16) else {
         return vdupq_n_u8(0);
     };

@@ -123,7 +123,7 @@ pub fn vec_dot(ty: GgmlType, feat: &CpuFeatures, w: &[u8], act: &[u8]) -> Option
 /// f16 scale to f32 with the baseline `fcvt` (exact, like the software conversion the
 /// scalar reference uses, but one instruction instead of a dozen on the per-block path).
 #[inline(always)]
-fn h2f(h: [u8; 2]) -> f32 {
+pub(super) fn h2f(h: [u8; 2]) -> f32 {
     let x = u16::from_le_bytes(h) as i16;
     let out: f32;
     // SAFETY: `fcvt` (half to single) is part of the ARMv8-A base FP unit; it reads and
@@ -463,7 +463,7 @@ unsafe fn f32_row(w: &[u8], act: &[u8]) -> f32 {
 /// Four f16 (as u16 lanes) to f32 with the baseline `fcvtl` (exact). Written as asm
 /// because Rust's `float16x4_t` and `vcvt_f32_f16` are not stable.
 #[inline(always)]
-fn h2f4(h: uint16x4_t) -> float32x4_t {
+pub(super) fn h2f4(h: uint16x4_t) -> float32x4_t {
     let out: float32x4_t;
     // SAFETY: `fcvtl` is part of the ARMv8-A base SIMD&FP unit; it reads and writes only
     // the named registers.

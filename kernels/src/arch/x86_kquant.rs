@@ -55,7 +55,7 @@ pub fn supports(ty: GgmlType, feat: &CpuFeatures) -> bool {
 /// `p` whatever the caller passes (every call site uses fixed in-bounds offsets of a
 /// block, so the check folds away).
 #[inline(always)]
-unsafe fn load32(p: &[u8]) -> __m256i {
+pub(super) unsafe fn load32(p: &[u8]) -> __m256i {
     let Some(p) = p.get(..32) else {
         return _mm256_setzero_si256();
     };
@@ -80,7 +80,7 @@ unsafe fn block_isum(u: &[__m256i; 8], y: &BlockQ8K, scales: &[i16; 16]) -> __m2
 }
 
 #[inline(always)]
-unsafe fn hsum_f32(v: __m256) -> f32 {
+pub(super) unsafe fn hsum_f32(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -89,7 +89,7 @@ unsafe fn hsum_f32(v: __m256) -> f32 {
 
 /// A K-quant block as the AVX2 kernel sees it. Methods are `inline(always)` so they are
 /// compiled inside [`dot_avx2`] with its target features.
-trait KBlock {
+pub(super) trait KBlock {
     fn terms(&self, y: &BlockQ8K) -> KTerms;
     /// The 256 quants as unsigned bytes in weight order, 32 per vector.
     unsafe fn unpack(&self) -> [__m256i; 8];

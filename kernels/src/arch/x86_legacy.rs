@@ -135,7 +135,7 @@ unsafe fn sum_i8(a: __m256i) -> __m256i {
 /// 32 bits (little-endian `bits`) to 32 bytes: 0xff where the bit is set, else 0.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn bits_to_mask(bits: u32) -> __m256i {
+pub(super) unsafe fn bits_to_mask(bits: u32) -> __m256i {
     let v = _mm256_set1_epi32(bits as i32);
     // Byte i takes source byte i / 8 ...
     let idx = _mm256_set_epi64x(
@@ -152,7 +152,7 @@ unsafe fn bits_to_mask(bits: u32) -> __m256i {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn load32(p: &[u8; 32]) -> __m256i {
+pub(super) unsafe fn load32(p: &[u8; 32]) -> __m256i {
     // SAFETY: 32 readable bytes; unaligned load.
     _mm256_loadu_si256(p.as_ptr() as *const __m256i)
 }
@@ -160,7 +160,7 @@ unsafe fn load32(p: &[u8; 32]) -> __m256i {
 /// Low and high nibbles of 16 bytes as 32 bytes: weights 0..16 then 16..32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
+pub(super) unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
     // SAFETY: 16 readable bytes; unaligned load.
     let q = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
     let m = _mm_set1_epi8(0x0f);

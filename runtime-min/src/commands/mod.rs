@@ -169,6 +169,7 @@ pub fn session_options<P: Platform>(p: &P, o: &Opts, cfg: &Config) -> SessionOpt
         math: o.math,
         threads,
         head_group: 1,
+        attn_skip: o.attn_skip,
         cpu: p.cpu(),
     }
 }

@@ -153,6 +153,26 @@ fn print_stats<P: Platform>(p: &P, st: &GenStats) {
     }
 }
 
+/// Time per kind of operation, largest first.
+pub fn print_profile<P: Platform>(p: &P, prof: &crate::model::forward::Profile) {
+    use crate::model::forward::Op;
+    let mut err = Out::stderr(p);
+    let total = prof.total().max(1);
+    let mut ops = Op::ALL;
+    ops.sort_unstable_by_key(|op| core::cmp::Reverse(prof.ns[*op as usize]));
+    let _ = writeln!(err, "profile ({:.1} ms in eval):", total as f64 / 1e6);
+    for op in ops {
+        let ns = prof.ns[op as usize];
+        let _ = writeln!(
+            err,
+            "  {:<28} {:>9.1} ms {:>5.1} %",
+            op.name(),
+            ns as f64 / 1e6,
+            100.0 * ns as f64 / total as f64
+        );
+    }
+}
+
 /// `pinch run`.
 pub fn run<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
     let o = ctx.o;
@@ -215,6 +235,9 @@ pub fn run<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
     });
     drop(out);
     print_stats(p, &st);
+    if o.profile {
+        print_profile(p, &ctx.sess.profile);
+    }
     if json {
         let mut w = Out::stdout(p);
         let _ = write!(

@@ -35,6 +35,8 @@ pub fn serve<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> 
         rec_id: ctx.arena.slice::<u32>(a, n_ctx * stride)?,
         rec_lp: ctx.arena.slice::<f32>(a, n_ctx * stride)?,
         prompt_limit: limit,
+        cache: ctx.arena.slice::<u32>(a, n_ctx)?,
+        n_cached: 0,
     };
     let path = o.model.unwrap_or("");
     let id = model_id(path);
@@ -61,7 +63,7 @@ pub fn serve<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> 
         Out::stderr(p),
         "pinch: serving {id} on http://{}:{port}/ (context {n_ctx}, queue {queue}, {} KiB of server buffers)",
         o.host,
-        (n_slots * slot_bytes + bufs.text.len() + bufs.scratch.len() + bufs.out.len() + n_ctx * (4 + 8 * stride)) >> 10
+        (n_slots * slot_bytes + bufs.text.len() + bufs.scratch.len() + bufs.out.len() + n_ctx * (8 + 8 * stride)) >> 10
     );
     let mut io = Io::new(p, listener, conns.chunks_mut(slot_bytes), queue, info);
     // Idle: sleep 1 ms after activity, backing off to 10 ms, so an idle server costs

@@ -9,6 +9,7 @@
 //! ```
 use core::ops::Range;
 
+use pinch_kernels::attn;
 use pinch_kernels::matvec::{
     dequantize_row, matmul_rows, matvec_rows, quantize_activation, KernelError,
 };
@@ -18,7 +19,7 @@ use pinch_kernels::CpuFeatures;
 
 use crate::arena::Arena;
 use crate::model::config::{Config, FfnAct};
-use crate::model::kv::{KvCache, KvType};
+use crate::model::kv::{KvCache, KvPlane, KvType};
 use crate::model::weights::{Tensor, Weights};
 use crate::model::ModelError;
 use crate::platform::Platform;
@@ -58,6 +59,70 @@ pub struct SessionOptions {
     /// Positions whose LM-head rows are computed together (when all logits are wanted).
     pub head_group: usize,
     pub cpu: CpuFeatures,
+    /// Skip exp and V for keys whose score is below max + ln(1e-4) (their weight is
+    /// under 1e-4 of the best key's).
+    pub attn_skip: bool,
+}
+
+/// Where the time of `eval` goes, by kind of operation (nanoseconds, cumulative).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Profile {
+    pub ns: [u64; Op::COUNT],
+}
+
+/// Kinds of operations the profile separates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Embed,
+    QkvProj,
+    RopeAndCache,
+    Attention,
+    OutProj,
+    FfnGateUp,
+    FfnAct,
+    FfnDown,
+    NormsAndAdds,
+    LmHead,
+}
+
+impl Op {
+    pub const COUNT: usize = 10;
+    pub const ALL: [Op; Op::COUNT] = [
+        Op::Embed,
+        Op::QkvProj,
+        Op::RopeAndCache,
+        Op::Attention,
+        Op::OutProj,
+        Op::FfnGateUp,
+        Op::FfnAct,
+        Op::FfnDown,
+        Op::NormsAndAdds,
+        Op::LmHead,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Embed => "embedding rows",
+            Op::QkvProj => "q/k/v projections",
+            Op::RopeAndCache => "qk-norm, rope, kv write",
+            Op::Attention => "attention",
+            Op::OutProj => "attention output proj",
+            Op::FfnGateUp => "ffn gate+up",
+            Op::FfnAct => "ffn activation",
+            Op::FfnDown => "ffn down",
+            Op::NormsAndAdds => "norms and residual adds",
+            Op::LmHead => "output norm + LM head",
+        }
+    }
+}
+
+impl Profile {
+    #[inline]
+    fn add(&mut self, op: Op, t0: u64, t1: u64) {
+        self.ns[op as usize] += t1.saturating_sub(t0);
+    }
+    pub fn total(&self) -> u64 {
+        self.ns.iter().sum()
+    }
 }
 
 /// A model plus its KV cache and scratch: everything one conversation needs.
@@ -68,6 +133,8 @@ pub struct Session<'w, 'a> {
     pub opts: SessionOptions,
     /// Positions already in the cache.
     pub n_past: usize,
+    /// Time per kind of operation since the session was made.
+    pub profile: Profile,
     s: Scratch<'a>,
 }
 
@@ -85,6 +152,8 @@ struct Scratch<'a> {
     mm_tmp: &'a mut [f32],
     row: &'a mut [f32],
     logits: &'a mut [f32],
+    /// ggml's f16 GELU table (GELU models only; empty otherwise).
+    gelu: &'a mut [u16],
 }
 
 impl<'w, 'a> Session<'w, 'a> {
@@ -93,12 +162,12 @@ impl<'w, 'a> Session<'w, 'a> {
         let (nb, g) = (o.n_batch.max(1), o.head_group.max(1));
         let maxd = cfg.n_embd.max(cfg.q_dim()).max(cfg.n_ff);
         let floats = nb * (3 * cfg.n_embd + 2 * cfg.q_dim() + 2 * cfg.kv_dim() + 2 * cfg.n_ff)
-            + o.n_ctx
+            + o.threads.clamp(1, MAX_WORKERS) * o.n_ctx
             + (nb * maxd).max(cfg.n_vocab * g)
             + maxd
             + cfg.n_vocab * g;
         let kv = KvCache::bytes_needed(o.kv, cfg.n_layer, o.n_ctx, cfg.kv_dim());
-        floats * 4 + nb.max(g) * maxd * 4 + kv + 64 * 20
+        floats * 4 + nb.max(g) * maxd * 4 + kv + 64 * 20 + (1 << 17)
     }
 
     pub fn new(
@@ -129,19 +198,29 @@ impl<'w, 'a> Session<'w, 'a> {
             att: arena.slice(a, nb * cfg.q_dim())?,
             gate: arena.slice(a, nb * cfg.n_ff)?,
             up: arena.slice(a, nb * cfg.n_ff)?,
-            scores: arena.slice(a, opts.n_ctx)?,
+            scores: arena.slice(a, opts.threads * opts.n_ctx)?,
             // f32 activations are the widest format (4 bytes per value).
             act_q: arena.bytes(a, nb.max(g) * maxd * 4)?,
             mm_tmp: arena.slice(a, (nb * maxd).max(cfg.n_vocab * g))?,
             row: arena.slice(a, maxd)?,
             logits: arena.slice("logits", cfg.n_vocab * g)?,
+            gelu: arena.slice(
+                "activations",
+                if cfg.ffn_act == FfnAct::GeluTanh {
+                    1 << 16
+                } else {
+                    0
+                },
+            )?,
         };
+        ops::gelu_table_fill(s.gelu);
         Ok(Session {
             cfg,
             w,
             kv,
             opts,
             n_past: 0,
+            profile: Profile::default(),
             s,
         })
     }
@@ -207,6 +286,13 @@ impl<'w, 'a> Session<'w, 'a> {
             cpu: self.opts.cpu,
         };
         let s = &mut self.s;
+        let prof = &mut self.profile;
+        let mut t0 = p.now_ns();
+        let mut lap = |op: Op, prof: &mut Profile| {
+            let t1 = p.now_ns();
+            prof.add(op, t0, t1);
+            t0 = t1;
+        };
 
         // Input embeddings.
         for (t, &id) in tokens.iter().enumerate() {
@@ -217,6 +303,7 @@ impl<'w, 'a> Session<'w, 'a> {
             }
         }
 
+        lap(Op::Embed, prof);
         for (il, lw) in self.w.layers.iter().enumerate() {
             // Attention block.
             for t in 0..n {
@@ -227,10 +314,12 @@ impl<'w, 'a> Session<'w, 'a> {
                     &mut s.xn[t * e..(t + 1) * e],
                 );
             }
+            lap(Op::NormsAndAdds, prof);
             let xn = &s.xn[..n * e];
             mm.linear(&lw.wq, xn, n, &mut s.q[..n * qd], s.act_q, s.mm_tmp, s.row)?;
             mm.linear(&lw.wk, xn, n, &mut s.k[..n * kvd], s.act_q, s.mm_tmp, s.row)?;
             mm.linear(&lw.wv, xn, n, &mut s.v[..n * kvd], s.act_q, s.mm_tmp, s.row)?;
+            lap(Op::QkvProj, prof);
             for t in 0..n {
                 add_bias(&mut s.q[t * qd..(t + 1) * qd], lw.bq);
                 add_bias(&mut s.k[t * kvd..(t + 1) * kvd], lw.bk);
@@ -264,38 +353,25 @@ impl<'w, 'a> Session<'w, 'a> {
                 self.kv.v[il].write(pos, &s.v[t * kvd..(t + 1) * kvd]);
             }
             let kq_scale = if c.scale_q { 1.0 } else { q_scale };
-            let group = c.n_head / c.n_head_kv;
-            let mut lanes_buf = [0.0f32; 16 * MAX_HEAD_DIM];
-            for t in 0..n {
-                let pos = pos0 + t;
-                let first = if swa {
-                    (pos + 1).saturating_sub(c.n_swa)
-                } else {
-                    0
-                };
-                for h in 0..c.n_head {
-                    let off = (h / group) * hd;
-                    let qh = &s.q[t * qd + h * hd..t * qd + (h + 1) * hd];
-                    let sc = &mut s.scores[..pos + 1 - first];
-                    for (j, v) in sc.iter_mut().enumerate() {
-                        *v = self.kv.k[il].dot(first + j, off, qh) * kq_scale;
-                    }
-                    ops::softmax(sc);
-                    let out = &mut s.att[t * qd + h * hd..t * qd + (h + 1) * hd];
-                    // llama.cpp multiplies V^T by the scores with tinyBLAS: 16 lanes over
-                    // the key positions (position j in lane j % 16), fused
-                    // multiply-adds, the `_mm512_reduce_add_ps` tree per output.
-                    let lanes = &mut lanes_buf[..16 * hd];
-                    lanes.fill(0.0);
-                    for (j, w) in sc.iter().enumerate() {
-                        let l = (j % 16) * hd;
-                        self.kv.v[il].fma_row(first + j, off, *w, &mut lanes[l..l + hd]);
-                    }
-                    for (d, o) in out.iter_mut().enumerate() {
-                        *o = hsum16(core::array::from_fn(|l| lanes[l * hd + d]));
-                    }
-                }
-            }
+            let at = Attend {
+                cfg: &c,
+                k: &self.kv.k[il],
+                v: &self.kv.v[il],
+                pos0,
+                swa,
+                kq_scale,
+                skip: self.opts.attn_skip,
+                cpu: self.opts.cpu,
+            };
+            lap(Op::RopeAndCache, prof);
+            at.run(
+                p,
+                self.opts.threads,
+                &s.q[..n * qd],
+                &mut s.att[..n * qd],
+                s.scores,
+            );
+            lap(Op::Attention, prof);
             mm.linear(
                 &lw.wo,
                 &s.att[..n * qd],
@@ -305,6 +381,7 @@ impl<'w, 'a> Session<'w, 'a> {
                 s.mm_tmp,
                 s.row,
             )?;
+            lap(Op::OutProj, prof);
             for t in 0..n {
                 let o = &mut s.xn[t * e..(t + 1) * e];
                 if let Some(g) = lw.post_attn_norm {
@@ -322,6 +399,7 @@ impl<'w, 'a> Session<'w, 'a> {
                     &mut s.xn[t * e..(t + 1) * e],
                 );
             }
+            lap(Op::NormsAndAdds, prof);
             let xn = &s.xn[..n * e];
             let f = c.n_ff;
             mm.linear(
@@ -342,10 +420,14 @@ impl<'w, 'a> Session<'w, 'a> {
                 s.mm_tmp,
                 s.row,
             )?;
+            lap(Op::FfnGateUp, prof);
             match c.ffn_act {
                 FfnAct::Silu => ops::swiglu(&mut s.gate[..n * f], &s.up[..n * f]),
-                FfnAct::GeluTanh => ops::geglu(&mut s.gate[..n * f], &s.up[..n * f]),
+                FfnAct::GeluTanh => {
+                    ops::geglu_with_table(&mut s.gate[..n * f], &s.up[..n * f], s.gelu)
+                }
             }
+            lap(Op::FfnAct, prof);
             mm.linear(
                 &lw.w_down,
                 &s.gate[..n * f],
@@ -355,6 +437,7 @@ impl<'w, 'a> Session<'w, 'a> {
                 s.mm_tmp,
                 s.row,
             )?;
+            lap(Op::FfnDown, prof);
             for t in 0..n {
                 let d = &mut s.xn[t * e..(t + 1) * e];
                 if let Some(g) = lw.post_ffn_norm {
@@ -362,6 +445,7 @@ impl<'w, 'a> Session<'w, 'a> {
                 }
                 ops::add_inplace(&mut s.x[t * e..(t + 1) * e], d);
             }
+            lap(Op::NormsAndAdds, prof);
         }
         Ok(())
     }
@@ -387,6 +471,7 @@ impl<'w, 'a> Session<'w, 'a> {
         let s = &mut self.s;
         let mut t0 = sel.start;
         while t0 < sel.end {
+            let start_ns = p.now_ns();
             let t1 = (t0 + g).min(sel.end);
             let m = t1 - t0;
             for i in 0..m {
@@ -407,9 +492,11 @@ impl<'w, 'a> Session<'w, 'a> {
                 s.mm_tmp,
                 s.row,
             )?;
+            let t_end = p.now_ns();
             for i in 0..m {
                 on_logits(base + t0 + i, &s.logits[i * nv..(i + 1) * nv]);
             }
+            self.profile.ns[Op::LmHead as usize] += t_end.saturating_sub(start_ns);
             t0 = t1;
         }
         Ok(())
@@ -545,3 +632,115 @@ fn par_rows<P: Platform>(
         }
     });
 }
+
+/// One layer's attention over the cache for a batch of queries.
+struct Attend<'k, 'c> {
+    cfg: &'c Config,
+    k: &'k KvPlane<'k>,
+    v: &'k KvPlane<'k>,
+    pos0: usize,
+    swa: bool,
+    kq_scale: f32,
+    skip: bool,
+    cpu: CpuFeatures,
+}
+
+type AttnChunk<'o> = spin::Mutex<(Range<usize>, &'o mut [f32], &'o mut [f32])>;
+
+impl Attend<'_, '_> {
+    /// `att[t][h] = softmax(q[t][h] · K / sqrt(d)) · V` for every query `t` and head
+    /// `h`, the (t, h) pairs split across workers (each with its own score buffer).
+    fn run<P: Platform>(
+        &self,
+        p: &P,
+        threads: usize,
+        q: &[f32],
+        att: &mut [f32],
+        scores: &mut [f32],
+    ) {
+        let c = self.cfg;
+        let hd = c.head_dim;
+        let items = att.len() / hd;
+        let n_ctx = scores.len() / threads.max(1);
+        let nt = threads
+            .min(p.workers())
+            .clamp(1, MAX_WORKERS)
+            .min(items.max(1));
+        if nt == 1 {
+            self.items(0..items, q, att, &mut scores[..n_ctx]);
+            return;
+        }
+        let mut parts: heapless::Vec<AttnChunk<'_>, MAX_WORKERS> = heapless::Vec::new();
+        let (mut rest_a, mut rest_s) = (att, scores);
+        let mut start = 0;
+        for i in 0..nt {
+            let end = items * (i + 1) / nt;
+            let (a, b) = core::mem::take(&mut rest_a).split_at_mut((end - start) * hd);
+            let (sa, sb) = core::mem::take(&mut rest_s).split_at_mut(n_ctx);
+            let _ = parts.push(spin::Mutex::new((start..end, a, sa)));
+            rest_a = b;
+            rest_s = sb;
+            start = end;
+        }
+        p.parallel(nt, &|w| {
+            let mut g = parts[w].lock();
+            let (r, a, sc) = &mut *g;
+            self.items(r.clone(), q, a, sc);
+        });
+    }
+
+    /// Items `r` (index = t * n_head + h) into `out` (which starts at item `r.start`).
+    fn items(&self, r: Range<usize>, q: &[f32], out: &mut [f32], scores: &mut [f32]) {
+        let c = self.cfg;
+        let (hd, qd) = (c.head_dim, c.q_dim());
+        let group = c.n_head / c.n_head_kv;
+        let mut lanes = [0.0f32; 16 * MAX_HEAD_DIM];
+        let lanes = &mut lanes[..16 * hd];
+        for (i, item) in r.enumerate() {
+            let (t, h) = (item / c.n_head, item % c.n_head);
+            let pos = self.pos0 + t;
+            let first = if self.swa {
+                (pos + 1).saturating_sub(c.n_swa)
+            } else {
+                0
+            };
+            let off = (h / group) * hd;
+            let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
+            let sc = &mut scores[..pos + 1 - first];
+            for (j, v) in sc.iter_mut().enumerate() {
+                *v = attn::dot(&self.cpu, self.k.row(first + j, off, hd), qh) * self.kq_scale;
+            }
+            ops::softmax_skip(
+                sc,
+                if self.skip {
+                    SKIP_LOG_RATIO
+                } else {
+                    f32::NEG_INFINITY
+                },
+            );
+            // llama.cpp multiplies V^T by the scores with tinyBLAS: 16 lanes over the key
+            // positions (position j in lane j % 16), fused multiply-adds, the
+            // `_mm512_reduce_add_ps` tree per output. A zero weight adds exactly nothing,
+            // so skipped keys cost no V read and change no bit.
+            lanes.fill(0.0);
+            for (j, w) in sc.iter().enumerate() {
+                if *w != 0.0 {
+                    let l = (j % 16) * hd;
+                    attn::fma_row(
+                        &self.cpu,
+                        self.v.row(first + j, off, hd),
+                        *w,
+                        &mut lanes[l..l + hd],
+                    );
+                }
+            }
+            let o = &mut out[i * hd..(i + 1) * hd];
+            for (d, od) in o.iter_mut().enumerate() {
+                *od = hsum16(core::array::from_fn(|l| lanes[l * hd + d]));
+            }
+        }
+    }
+}
+
+/// ln(1e-4): keys whose score is this far below the best get weight 0.
+const SKIP_LOG_RATIO: f32 = -9.210_34;

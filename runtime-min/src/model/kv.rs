@@ -1,5 +1,6 @@
 //! The KV cache: per layer, K and V rows for every position of the context.
-use pinch_kernels::f16::{f16_to_f32, f32_to_f16};
+use pinch_kernels::attn::KvRow;
+use pinch_kernels::f16::f32_to_f16;
 
 use crate::arena::{Arena, ArenaError};
 
@@ -60,57 +61,13 @@ impl<'a> KvPlane<'a> {
         }
     }
 
-    /// Dot of `q` with `len` values at position `pos`, starting at column `off`.
+    /// `len` values of position `pos` starting at column `off`.
     #[inline]
-    pub fn dot(&self, pos: usize, off: usize, q: &[f32]) -> f32 {
+    pub fn row(&self, pos: usize, off: usize, len: usize) -> KvRow<'_> {
         let start = pos * self.dim + off;
         match &self.store {
-            Store::F32(s) => pinch_kernels::ops::dot_f32(&s[start..start + q.len()], q),
-            Store::F16(s) => {
-                let mut acc = 0.0f32;
-                for (k, v) in s[start..start + q.len()].iter().zip(q) {
-                    acc += f16_to_f32(*k) * v;
-                }
-                acc
-            }
-        }
-    }
-
-    /// `acc[d] = fma(row[pos][off + d], w, acc[d])` for each `d < acc.len()`.
-    #[inline]
-    pub fn fma_row(&self, pos: usize, off: usize, w: f32, acc: &mut [f32]) {
-        let start = pos * self.dim + off;
-        let len = acc.len();
-        match &self.store {
-            Store::F32(s) => {
-                for (a, v) in acc.iter_mut().zip(&s[start..start + len]) {
-                    *a = libm::fmaf(*v, w, *a);
-                }
-            }
-            Store::F16(s) => {
-                for (a, v) in acc.iter_mut().zip(&s[start..start + len]) {
-                    *a = libm::fmaf(f16_to_f32(*v), w, *a);
-                }
-            }
-        }
-    }
-
-    /// `out += w * row[pos][off..off+out.len()]`.
-    #[inline]
-    pub fn axpy(&self, pos: usize, off: usize, w: f32, out: &mut [f32]) {
-        let start = pos * self.dim + off;
-        let len = out.len();
-        match &self.store {
-            Store::F32(s) => {
-                for (o, v) in out.iter_mut().zip(&s[start..start + len]) {
-                    *o += w * v;
-                }
-            }
-            Store::F16(s) => {
-                for (o, v) in out.iter_mut().zip(&s[start..start + len]) {
-                    *o += w * f16_to_f32(*v);
-                }
-            }
+            Store::F32(s) => KvRow::F32(&s[start..start + len]),
+            Store::F16(s) => KvRow::F16(&s[start..start + len]),
         }
     }
 }

@@ -35,6 +35,11 @@ pub struct Bufs<'a> {
     pub rec_lp: &'a mut [f32],
     /// Longest prompt text accepted (the tokenizer scratch is sized for it).
     pub prompt_limit: usize,
+    /// The tokens whose keys and values are in the session's cache, positions
+    /// `0..n_cached` (`n_ctx` long): a request that starts with the same tokens (the next
+    /// turn of a chat, a retry) only evaluates the rest, as llama-server's `cache_prompt`.
+    pub cache: &'a mut [u32],
+    pub n_cached: usize,
 }
 
 /// Bytes of text per context token the server accepts in a prompt (English averages
@@ -358,6 +363,8 @@ fn entry<P: Platform>(
 
 struct Timings {
     prompt_n: usize,
+    /// Prompt tokens reused from the cache (not evaluated).
+    cached: usize,
     prompt_s: f64,
     gen_n: usize,
     gen_s: f64,
@@ -369,9 +376,9 @@ impl Timings {
         write!(
             w,
             "{{\"prompt_n\":{},\"prompt_ms\":{:.3},\"prompt_per_second\":{:.3},\"predicted_n\":{},\"predicted_ms\":{:.3},\"predicted_per_second\":{:.3}}}",
-            self.prompt_n,
+            self.prompt_n - self.cached,
             self.prompt_s * 1e3,
-            per(self.prompt_n, self.prompt_s),
+            per(self.prompt_n - self.cached, self.prompt_s),
             self.gen_n,
             self.gen_s * 1e3,
             per(self.gen_n, self.gen_s)
@@ -482,7 +489,7 @@ fn final_event(
         Api::Llama => {
             w.write_str("{\"index\":0,\"content\":\"\",\"stop\":true,\"model\":")?;
             json_str(w, r.model)?;
-            write!(w, ",\"tokens_predicted\":{},\"tokens_evaluated\":{},\"stop_type\":\"{}\",\"stopping_word\":", tm.gen_n, tm.prompt_n, fin.llama())?;
+            write!(w, ",\"tokens_predicted\":{},\"tokens_evaluated\":{},\"tokens_cached\":{},\"stop_type\":\"{}\",\"stopping_word\":", tm.gen_n, tm.prompt_n, tm.cached, fin.llama())?;
             json_bytes_str(w, stop_word)?;
             w.write_str(",\"timings\":")?;
             tm.write(w)?;
@@ -610,7 +617,7 @@ fn full_body<P: Platform>(
             json_bytes_str(w, text)?;
             w.write_str(",\"model\":")?;
             json_str(w, r.model)?;
-            write!(w, ",\"stop\":true,\"tokens_predicted\":{},\"tokens_evaluated\":{},\"stop_type\":\"{}\",\"stopping_word\":", tm.gen_n, tm.prompt_n, fin.llama())?;
+            write!(w, ",\"stop\":true,\"tokens_predicted\":{},\"tokens_evaluated\":{},\"tokens_cached\":{},\"stop_type\":\"{}\",\"stopping_word\":", tm.gen_n, tm.prompt_n, tm.cached, fin.llama())?;
             json_bytes_str(w, stop_word)?;
             if recs.is_some() {
                 w.write_str(",\"completion_probabilities\":[")?;
@@ -673,13 +680,28 @@ pub fn serve_one<P: Platform>(
     let max_recs = bufs.rec_id.len() / stride;
 
     let mut sampler = Sampler::new(sp);
-    ctx.sess.reset();
     for &t in &bufs.tokens[..n_prompt] {
         sampler.accept(t);
     }
+    // Keep the longest cached prefix; at least one prompt token is evaluated, for the
+    // logits of the first generated token.
+    let reuse = if q.cache_prompt && ctx.sess.n_past >= bufs.n_cached {
+        let same = bufs.cache[..bufs.n_cached]
+            .iter()
+            .zip(&bufs.tokens[..n_prompt])
+            .take_while(|(a, b)| a == b)
+            .count();
+        same.min(n_prompt - 1)
+    } else {
+        0
+    };
+    ctx.sess.reset();
+    ctx.sess.n_past = reuse;
+    bufs.n_cached = reuse;
     let mut w = SockWriter::new(p, sock);
     let mut tm = Timings {
         prompt_n: n_prompt,
+        cached: reuse,
         prompt_s: 0.0,
         gen_n: 0,
         gen_s: 0.0,
@@ -690,7 +712,7 @@ pub fn serve_one<P: Platform>(
     let nb = ctx.sess.opts.n_batch.max(1);
     let mut gone = false;
     let mut failed = false;
-    let mut start = 0;
+    let mut start = reuse;
     while start < n_prompt {
         let end = (start + nb).min(n_prompt);
         let which = if end == n_prompt {
@@ -710,6 +732,8 @@ pub fn serve_one<P: Platform>(
             failed = true;
             break;
         }
+        bufs.cache[start..end].copy_from_slice(&bufs.tokens[start..end]);
+        bufs.n_cached = end;
         start = end;
         io.poll();
         if io.client_gone(i) {
@@ -719,9 +743,10 @@ pub fn serve_one<P: Platform>(
     }
     let t1 = p.now_ns();
     tm.prompt_s = secs(t0, t1);
-    io.m.prompt_tokens += n_prompt as u64;
+    let evaluated = n_prompt - reuse;
+    io.m.prompt_tokens += evaluated as u64;
     io.m.prompt_tps = if tm.prompt_s > 0.0 {
-        n_prompt as f64 / tm.prompt_s
+        evaluated as f64 / tm.prompt_s
     } else {
         0.0
     };
@@ -818,6 +843,10 @@ pub fn serve_one<P: Platform>(
         };
         if res.is_err() {
             break;
+        }
+        if bufs.n_cached < bufs.cache.len() {
+            bufs.cache[bufs.n_cached] = id;
+            bufs.n_cached += 1;
         }
         io.poll();
         if io.client_gone(i) {

@@ -69,6 +69,9 @@ pub struct Body<'a, S, L> {
     pub stop: Option<S>,
     #[serde(default)]
     pub ignore_eos: Option<bool>,
+    /// llama-server: reuse the cached prefix of the previous request (default true).
+    #[serde(default)]
+    pub cache_prompt: Option<bool>,
 }
 
 /// `stop` as a list.
@@ -111,6 +114,7 @@ pub struct Params {
     /// Alternatives per token to report.
     pub top: usize,
     pub ignore_eos: Option<bool>,
+    pub cache_prompt: bool,
 }
 
 /// Why a body was refused (always a 400).
@@ -246,6 +250,7 @@ fn check<'a, S, L: LogprobsField>(
             logprobs: logprobs || top > 0,
             top: top as usize,
             ignore_eos: b.ignore_eos,
+            cache_prompt: b.cache_prompt.unwrap_or(true),
         },
     })
 }

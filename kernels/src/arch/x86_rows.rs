@@ -1,0 +1,375 @@
+//! AVX2 row-range products (`matvec_rows` / `matmul_rows`) for the formats that carry
+//! most of a model's bytes: Q8_0 and Q5_0 (llama.cpp's x86 eight-lane arithmetic) and
+//! the K-quants.
+//!
+//! Why a separate layer over the one-row kernels of [`super::x86_legacy`] and
+//! [`super::x86_kquant`]: the ISA is picked once per call (not once per row and token),
+//! and the loops are tiled so one weight block, once loaded and unpacked, is dotted with
+//! several activation rows (prompt tokens), and one activation block with several weight
+//! rows. Every (row, token) pair keeps its own accumulators and sees its blocks in the
+//! same order with the same fused steps as the scalar reference, so tiling changes no
+//! bit.
+//!
+//! Integer sums:
+//! - Q8_0 uses llama.cpp's sign trick: `maddubs(|w|, sign(a, w))`. It is exact for every
+//!   weight byte (including -128, whose magnitude 128 is a valid unsigned byte) and every
+//!   activation in -127..=127, and no i16 pair sum can saturate (at most 2 * 128 * 128
+//!   in magnitude, and +32768 is unreachable because `sign` never yields +128). Q8_0
+//!   activations come from `quantize_row_x86`, which only yields -128 for a degenerate
+//!   block whose scale is 0 (then the lane is multiplied by 0 and the bits do not
+//!   depend on it). For an activation of -128 against a negative weight the sign flip
+//!   wraps, exactly as in llama.cpp's own x86 kernel.
+//! - Q5_0 keeps its quants unsigned (0..32): `maddubs(u, a) - 16 * sum(a)`, exact for any
+//!   activation byte; `16 * sum(a)` is computed once per activation block and tile.
+//! - K-quants: as in [`super::x86_kquant`] (unsigned quants, exact).
+#![allow(unsafe_code)]
+
+use core::arch::x86_64::*;
+use core::ops::Range;
+
+use super::x86_legacy::{bits_to_mask, load32, nibbles};
+use super::Job;
+use crate::blocks::{cast, Pod};
+use super::x86_kquant::{self as kq, KBlock};
+use crate::quant::q5_0::BlockQ5_0;
+use crate::quant::q8_k::BlockQ8K;
+use crate::quant::{q2_k, q3_k, q4_k, q5_k, q6_k};
+use crate::quant::q8_0::{hsum8, BlockQ8_0};
+use crate::{CpuFeatures, GgmlType};
+
+/// Weight rows per tile.
+const R: usize = 4;
+/// Activation rows (tokens) per tile.
+const T: usize = 4;
+/// Fewest tokens for which several weight rows are walked side by side. With one token
+/// the product is bound by memory bandwidth, and one sequential stream per worker lets
+/// the hardware prefetcher run ahead better than `R` interleaved ones (measured: the
+/// 262144 x 640 Q8_0 output matrix took twice as long with 4 rows at a time).
+const MULTI_ROW_MIN_TOK: usize = 2;
+
+/// Row-range product of `ty` on AVX2, or `false` (nothing written) when this file has no
+/// kernel for it or the shapes are not whole, matching blocks.
+///
+/// `out[i * n_tok + t] = dot(row rows.start + i, activation row t)`.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    ty: GgmlType,
+    feat: &CpuFeatures,
+    w: &[u8],
+    row_bytes: usize,
+    rows: Range<usize>,
+    acts: &[u8],
+    act_row_bytes: usize,
+    out: &mut [f32],
+) -> bool {
+    if !feat.avx2 {
+        return false;
+    }
+    let Some(job) = Job::new(w, row_bytes, rows, acts, act_row_bytes, out.len()) else {
+        return false;
+    };
+    // SAFETY (all arms): `feat.avx2` promises AVX2 with FMA and F16C (see
+    // `CpuFeatures::avx2`); `Job::new` checked that every row and activation slice the
+    // kernels index lies inside `w`, `acts` and `out`.
+    unsafe {
+        match ty {
+            // `avx512vnni` is set only with AVX-512 F/BW/VL (see the Linux platform).
+            GgmlType::Q8_0 if feat.avx512vnni => lanes_job_vnni::<BlockQ8_0>(&job, w, acts, out),
+            GgmlType::Q5_0 if feat.avx512vnni => lanes_job_vnni::<BlockQ5_0>(&job, w, acts, out),
+            GgmlType::Q8_0 => lanes_job::<BlockQ8_0>(&job, w, acts, out),
+            GgmlType::Q5_0 => lanes_job::<BlockQ5_0>(&job, w, acts, out),
+            GgmlType::Q2_K => kquant_job::<q2_k::BlockQ2K>(&job, w, acts, out),
+            GgmlType::Q3_K => kquant_job::<q3_k::BlockQ3K>(&job, w, acts, out),
+            GgmlType::Q4_K => kquant_job::<q4_k::BlockQ4K>(&job, w, acts, out),
+            GgmlType::Q5_K => kquant_job::<q5_k::BlockQ5K>(&job, w, acts, out),
+            GgmlType::Q6_K => kquant_job::<q6_k::BlockQ6K>(&job, w, acts, out),
+            _ => false,
+        }
+    }
+}
+
+/// A block-32 weight format dotted with Q8_0 in llama.cpp's x86 eight-lane arithmetic
+/// (`crate::quant::q8_0::lanes8_dot`).
+trait Lanes8: Pod {
+    /// Whether [`Lanes8::groups`] needs `16 * sum(a)` per group.
+    const ASUM: bool;
+    /// The f16 scale.
+    fn d(&self) -> [u8; 2];
+    /// The block's quants in the form [`Lanes8::groups`] takes (reused for every token).
+    unsafe fn prep(&self) -> [__m256i; 2];
+    /// Exact `sum(w[j] * a[j])` per group of four consecutive weights, in natural order.
+    unsafe fn groups(p: &[__m256i; 2], a: __m256i, asum16: __m256i) -> __m256i;
+    /// The same integers with AVX-512 VNNI (`vpdpbusd`: u8 x i8 products summed by four
+    /// straight into i32, no i16 step).
+    unsafe fn groups_vnni(p: &[__m256i; 2], a: __m256i, asum16: __m256i) -> __m256i;
+}
+
+impl Lanes8 for BlockQ8_0 {
+    const ASUM: bool = false;
+    #[inline(always)]
+    fn d(&self) -> [u8; 2] {
+        self.d
+    }
+    #[inline(always)]
+    unsafe fn prep(&self) -> [__m256i; 2] {
+        let q = load32(&self.qs);
+        [_mm256_abs_epi8(q), q]
+    }
+    #[inline(always)]
+    unsafe fn groups(p: &[__m256i; 2], a: __m256i, _: __m256i) -> __m256i {
+        let p16 = _mm256_maddubs_epi16(p[0], _mm256_sign_epi8(a, p[1]));
+        _mm256_madd_epi16(p16, _mm256_set1_epi16(1))
+    }
+    #[inline(always)]
+    unsafe fn groups_vnni(p: &[__m256i; 2], a: __m256i, _: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), p[0], _mm256_sign_epi8(a, p[1]))
+    }
+}
+
+impl Lanes8 for BlockQ5_0 {
+    const ASUM: bool = true;
+    #[inline(always)]
+    fn d(&self) -> [u8; 2] {
+        self.d
+    }
+    #[inline(always)]
+    unsafe fn prep(&self) -> [__m256i; 2] {
+        let high = _mm256_and_si256(
+            bits_to_mask(u32::from_le_bytes(self.qh)),
+            _mm256_set1_epi8(0x10),
+        );
+        [_mm256_or_si256(nibbles(&self.qs), high), _mm256_setzero_si256()]
+    }
+    #[inline(always)]
+    unsafe fn groups(p: &[__m256i; 2], a: __m256i, asum16: __m256i) -> __m256i {
+        // sum((u - 16) * a) = sum(u * a) - 16 * sum(a), u in 0..32: no saturation.
+        let p16 = _mm256_maddubs_epi16(p[0], a);
+        _mm256_sub_epi32(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)), asum16)
+    }
+    #[inline(always)]
+    unsafe fn groups_vnni(p: &[__m256i; 2], a: __m256i, asum16: __m256i) -> __m256i {
+        // sum(u * a) - 16 * sum(a) as one `vpdpbusd` starting from -16 * sum(a).
+        _mm256_dpbusd_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), asum16), p[0], a)
+    }
+}
+
+/// An f16 scale broadcast to eight f32 lanes (exact conversion).
+#[inline(always)]
+unsafe fn bcast_f16(h: [u8; 2]) -> __m256 {
+    _mm256_cvtph_ps(_mm_set1_epi16(u16::from_le_bytes(h) as i16))
+}
+
+/// Eight f32 lanes in natural order reduced by the reference tree ([`hsum8`]).
+#[inline(always)]
+unsafe fn reduce(acc: __m256) -> f32 {
+    let mut l = [0.0f32; 8];
+    // SAFETY: 8 writable f32.
+    _mm256_storeu_ps(l.as_mut_ptr(), acc);
+    hsum8(l)
+}
+
+/// `RR` weight rows against `TT` activation rows, all of `nb` blocks.
+///
+/// # Safety
+/// AVX2/FMA/F16C; every slice in `w` and `a` has at least `nb` blocks.
+#[inline(always)]
+unsafe fn lanes_tile<B: Lanes8, const VNNI: bool, const RR: usize, const TT: usize>(
+    w: [&[B]; RR],
+    a: [&[BlockQ8_0]; TT],
+    nb: usize,
+) -> [[f32; TT]; RR] {
+    let mut acc = [[_mm256_setzero_ps(); TT]; RR];
+    for k in 0..nb {
+        let mut p = [[_mm256_setzero_si256(); 2]; RR];
+        let mut dw = [_mm256_setzero_ps(); RR];
+        for r in 0..RR {
+            // SAFETY: k < nb <= w[r].len().
+            let b = w[r].get_unchecked(k);
+            p[r] = b.prep();
+            dw[r] = bcast_f16(b.d());
+        }
+        for t in 0..TT {
+            // SAFETY: k < nb <= a[t].len().
+            let y = a[t].get_unchecked(k);
+            let av = load32(&y.qs);
+            let da = bcast_f16(y.d);
+            let asum16 = if B::ASUM {
+                let s = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(_mm256_set1_epi8(1), av),
+                    _mm256_set1_epi16(1),
+                );
+                _mm256_slli_epi32::<4>(s)
+            } else {
+                _mm256_setzero_si256()
+            };
+            for r in 0..RR {
+                let g = if VNNI {
+                    B::groups_vnni(&p[r], av, asum16)
+                } else {
+                    B::groups(&p[r], av, asum16)
+                };
+                // d_w * d_a is exact in f32 (two f16 significands), as in the reference.
+                let d = _mm256_mul_ps(dw[r], da);
+                acc[r][t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(g), acc[r][t]);
+            }
+        }
+    }
+    let mut out = [[0.0f32; TT]; RR];
+    for r in 0..RR {
+        for t in 0..TT {
+            out[r][t] = reduce(acc[r][t]);
+        }
+    }
+    out
+}
+
+/// The tiled loop over a [`Job`] for one [`Lanes8`] format.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lanes_job<B: Lanes8>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) -> bool {
+    lanes_body::<B, false>(job, w, acts, out)
+}
+
+/// [`lanes_job`] compiled for AVX-512 VNNI: `vpdpbusd`, and 32 vector registers so a
+/// 4 x 4 tile's accumulators are not spilled.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn lanes_job_vnni<B: Lanes8>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) -> bool {
+    lanes_body::<B, true>(job, w, acts, out)
+}
+
+#[inline(always)]
+unsafe fn lanes_body<B: Lanes8, const VNNI: bool>(
+    job: &Job,
+    w: &[u8],
+    acts: &[u8],
+    out: &mut [f32],
+) -> bool {
+    let nb = job.row_bytes / core::mem::size_of::<B>();
+    if nb * core::mem::size_of::<B>() != job.row_bytes
+        || nb * core::mem::size_of::<BlockQ8_0>() != job.act_row_bytes
+    {
+        return false;
+    }
+    let n_tok = job.n_tok;
+    let rb = job.row_bytes;
+    let arb = job.act_row_bytes;
+    let row = |r: usize| cast::<B>(&w[r * rb..(r + 1) * rb]).unwrap_or(&[]);
+    let act = |t: usize| cast::<BlockQ8_0>(&acts[t * arb..(t + 1) * arb]).unwrap_or(&[]);
+    let mut put = |i: usize, t: usize, v: f32| out[i * n_tok + t] = v;
+    let start = job.rows.start;
+    let nr = job.rows.len();
+    let mut i = 0;
+    while i < nr {
+        if i + R <= nr && n_tok >= MULTI_ROW_MIN_TOK {
+            let ws: [&[B]; R] = core::array::from_fn(|j| row(start + i + j));
+            let mut t = 0;
+            while t + T <= n_tok {
+                let res = lanes_tile::<B, VNNI, R, T>(ws, core::array::from_fn(|j| act(t + j)), nb);
+                for (r, rr) in res.iter().enumerate() {
+                    for (j, v) in rr.iter().enumerate() {
+                        put(i + r, t + j, *v);
+                    }
+                }
+                t += T;
+            }
+            while t < n_tok {
+                let res = lanes_tile::<B, VNNI, R, 1>(ws, [act(t)], nb);
+                for (r, rr) in res.iter().enumerate() {
+                    put(i + r, t, rr[0]);
+                }
+                t += 1;
+            }
+            i += R;
+        } else {
+            let ws = [row(start + i)];
+            let mut t = 0;
+            while t + T <= n_tok {
+                let res = lanes_tile::<B, VNNI, 1, T>(ws, core::array::from_fn(|j| act(t + j)), nb);
+                for (j, v) in res[0].iter().enumerate() {
+                    put(i, t + j, *v);
+                }
+                t += T;
+            }
+            while t < n_tok {
+                put(i, t, lanes_tile::<B, VNNI, 1, 1>(ws, [act(t)], nb)[0][0]);
+                t += 1;
+            }
+            i += 1;
+        }
+    }
+    true
+}
+
+/// Tokens per K-quant tile: the unpacked weight block (eight vectors) and its scale
+/// vectors are reused this many times.
+const TK: usize = 8;
+
+/// One K-quant weight row against `TT` activation rows, all of `nb` blocks; the
+/// arithmetic of [`super::x86_kquant`] (and `crate::quant::q8_k::kquant_dot`) per token.
+///
+/// # Safety
+/// AVX2/FMA; `w` and every slice in `a` have at least `nb` blocks.
+#[inline(always)]
+unsafe fn kquant_tile<B: KBlock, const TT: usize>(
+    w: &[B],
+    a: [&[BlockQ8K]; TT],
+    nb: usize,
+) -> [f32; TT] {
+    let mut acc = [_mm256_setzero_ps(); TT];
+    let mut mins = [0f32; TT];
+    for k in 0..nb {
+        // SAFETY: k < nb <= w.len() and <= a[t].len().
+        let x = w.get_unchecked(k);
+        let u = x.unpack();
+        let first = x.terms(a[0].get_unchecked(k));
+        // The group scales depend on the weights only: one set of vectors for all tokens.
+        let sv: [__m256i; 8] = core::array::from_fn(|c| {
+            _mm256_set_m128i(
+                _mm_set1_epi16(first.scales[2 * c + 1]),
+                _mm_set1_epi16(first.scales[2 * c]),
+            )
+        });
+        for t in 0..TT {
+            let y = a[t].get_unchecked(k);
+            let tm = if t == 0 { first } else { x.terms(y) };
+            let mut isum = _mm256_setzero_si256();
+            for c in 0..8 {
+                let p16 = _mm256_maddubs_epi16(u[c], kq::load32(&y.qs[32 * c..]));
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p16, sv[c]));
+            }
+            isum = _mm256_sub_epi32(isum, _mm256_setr_epi32(tm.offset, 0, 0, 0, 0, 0, 0, 0));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(tm.d), _mm256_cvtepi32_ps(isum), acc[t]);
+            mins[t] += tm.dmin * tm.mins as f32;
+        }
+    }
+    core::array::from_fn(|t| kq::hsum_f32(acc[t]) - mins[t])
+}
+
+/// The tiled loop over a [`Job`] for one K-quant format.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn kquant_job<B: KBlock + Pod>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) -> bool {
+    let nb = job.row_bytes / core::mem::size_of::<B>();
+    if nb * core::mem::size_of::<B>() != job.row_bytes
+        || nb * core::mem::size_of::<BlockQ8K>() != job.act_row_bytes
+    {
+        return false;
+    }
+    let n_tok = job.n_tok;
+    let rb = job.row_bytes;
+    let arb = job.act_row_bytes;
+    let act = |t: usize| cast::<BlockQ8K>(&acts[t * arb..(t + 1) * arb]).unwrap_or(&[]);
+    for (i, r) in job.rows.clone().enumerate() {
+        let wr = cast::<B>(&w[r * rb..(r + 1) * rb]).unwrap_or(&[]);
+        let o = &mut out[i * n_tok..(i + 1) * n_tok];
+        let mut t = 0;
+        while t + TK <= n_tok {
+            let res = kquant_tile::<B, TK>(wr, core::array::from_fn(|j| act(t + j)), nb);
+            o[t..t + TK].copy_from_slice(&res);
+            t += TK;
+        }
+        while t < n_tok {
+            o[t] = kquant_tile::<B, 1>(wr, [act(t)], nb)[0];
+            t += 1;
+        }
+    }
+    true
+}
