@@ -121,7 +121,7 @@ fn bench(feat: &CpuFeatures, ty: GgmlType, rows: usize, cols: usize, n_tok: usiz
     eprintln!(
         "{:5} {rows:6}x{cols:4} tok {n_tok:3} [{:12}]: {:9.3} ms  {:6.2} GB/s  {:8.1} tok/s-equiv",
         ty.name(),
-        feat.describe(),
+        if feat.avx512vnni { "avx512vnni" } else { feat.describe() },
         best * 1e3,
         w.len() as f64 / best / 1e9,
         n_tok as f64 / best,
@@ -131,7 +131,10 @@ fn bench(feat: &CpuFeatures, ty: GgmlType, rows: usize, cols: usize, n_tok: usiz
 #[test]
 #[ignore = "timing only: cargo test --release --test matvec_perf -- --ignored --nocapture"]
 fn gemma3_270m_shapes() {
-    let feat = detect();
+    let mut feat = detect();
+    if std::env::var("PINCH_NO_VNNI").is_ok() {
+        feat.avx512vnni = false;
+    }
     let filter = std::env::var("PINCH_BENCH").unwrap_or_default();
     let cases: &[(GgmlType, usize, usize, usize)] = &[
         (GgmlType::Q8_0, 262144, 640, 1),

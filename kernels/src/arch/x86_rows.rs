@@ -45,7 +45,7 @@ const T: usize = 4;
 /// the product is bound by memory bandwidth, and one sequential stream per worker lets
 /// the hardware prefetcher run ahead better than `R` interleaved ones (measured: the
 /// 262144 x 640 Q8_0 output matrix took twice as long with 4 rows at a time).
-const MULTI_ROW_MIN_TOK: usize = 2;
+const MULTI_ROW_MIN_TOK: usize = 1;
 
 /// Row-range product of `ty` on AVX2, or `false` (nothing written) when this file has no
 /// kernel for it or the shapes are not whole, matching blocks.
