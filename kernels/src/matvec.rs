@@ -211,7 +211,16 @@ pub fn matmul_rows(
         });
     }
     check("output", rows.len() * n_tok, out.len())?;
-    if crate::arch::matmul_rows(ty, feat, w, row_bytes, rows.clone(), acts, act_row_bytes, out) {
+    if crate::arch::matmul_rows(
+        ty,
+        feat,
+        w,
+        row_bytes,
+        rows.clone(),
+        acts,
+        act_row_bytes,
+        out,
+    ) {
         return Ok(());
     }
     for (i, r) in rows.enumerate() {

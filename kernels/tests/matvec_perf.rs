@@ -121,7 +121,11 @@ fn bench(feat: &CpuFeatures, ty: GgmlType, rows: usize, cols: usize, n_tok: usiz
     eprintln!(
         "{:5} {rows:6}x{cols:4} tok {n_tok:3} [{:12}]: {:9.3} ms  {:6.2} GB/s  {:8.1} tok/s-equiv",
         ty.name(),
-        if feat.avx512vnni { "avx512vnni" } else { feat.describe() },
+        if feat.avx512vnni {
+            "avx512vnni"
+        } else {
+            feat.describe()
+        },
         best * 1e3,
         w.len() as f64 / best / 1e9,
         n_tok as f64 / best,

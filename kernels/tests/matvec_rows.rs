@@ -125,8 +125,11 @@ fn check(ty: GgmlType, w: &[u8], rows: usize, a: &[u8], arb: usize, what: &str) 
             matmul_rows(ty, &feat, w, rb, r.clone(), a, arb, &mut out).unwrap();
             for (i, row) in r.clone().enumerate() {
                 for t in 0..n_tok {
-                    let want =
-                        vec_dot_scalar(ty, &w[row * rb..(row + 1) * rb], &a[t * arb..(t + 1) * arb]);
+                    let want = vec_dot_scalar(
+                        ty,
+                        &w[row * rb..(row + 1) * rb],
+                        &a[t * arb..(t + 1) * arb],
+                    );
                     let got = out[i * n_tok + t];
                     let ok = if ty == GgmlType::F32 {
                         (got - want).abs() <= 1e-5 * want.abs().max(1.0)
@@ -143,8 +146,16 @@ fn check(ty: GgmlType, w: &[u8], rows: usize, a: &[u8], arb: usize, what: &str) 
             }
             for t in [0, n_tok - 1] {
                 let mut o1 = vec![f32::NAN; r.len()];
-                matvec_rows(ty, &feat, w, rb, r.clone(), &a[t * arb..(t + 1) * arb], &mut o1)
-                    .unwrap();
+                matvec_rows(
+                    ty,
+                    &feat,
+                    w,
+                    rb,
+                    r.clone(),
+                    &a[t * arb..(t + 1) * arb],
+                    &mut o1,
+                )
+                .unwrap();
                 for (i, v) in o1.iter().enumerate() {
                     assert_eq!(
                         v.to_bits(),
@@ -231,7 +242,11 @@ fn q8_0_extreme_quants_do_not_saturate() {
     let (mut a, arb) = acts(&mut rng, GgmlType::Q8_0, n_tok, nb * 32);
     for (i, blk) in a.chunks_mut(34).enumerate() {
         for (j, q) in blk[2..].iter_mut().enumerate() {
-            *q = if (i + j / 2) % 2 == 0 { 127 } else { (-127i8) as u8 };
+            *q = if (i + j / 2) % 2 == 0 {
+                127
+            } else {
+                (-127i8) as u8
+            };
         }
     }
     check(GgmlType::Q8_0, &w, rows, &a, arb, "extremes");

@@ -13,6 +13,10 @@ pub enum Command {
     Bench,
     Inspect,
     Serve,
+    /// Choose the rows of a pruned LM head from a corpus (`crate::head`).
+    HeadSelect,
+    /// Write a GGUF whose `output.weight` holds only a head's rows.
+    Recut,
     Help,
 }
 
@@ -51,6 +55,12 @@ pub struct Opts<'s> {
     pub host: &'s str,
     pub port: u16,
     pub queue: usize,
+    /// Pruned LM head: a `head.ids` file (`--head`), or rows to pick from `--corpus`
+    /// at load time (`--head-rows`); head-select: rows to keep (`--rows`).
+    pub head: Option<&'s str>,
+    pub head_rows: usize,
+    /// Comma-separated text files or directories holding a `files.txt` list.
+    pub corpus: &'s str,
 }
 
 /// A command line pinch cannot act on.
@@ -86,6 +96,8 @@ commands:
   bench     tokens/s table:      pinch bench -m M -p 64,512 -n 128 -t 1,2 -r 3
   inspect   describe a GGUF file: pinch inspect model.gguf
   serve     HTTP server (OpenAI and llama-server APIs, web page): pinch serve -m M --port 8080
+  head-select  rows of a pruned LM head:  pinch head-select -m M --corpus DIR --rows N > head.ids
+  recut     GGUF with a pruned head:      pinch recut -m M --head head.ids > M2.gguf
 
 flags (llama.cpp names):
   -m, --model FILE        GGUF model
@@ -107,6 +119,10 @@ flags (llama.cpp names):
   -r, --repetitions N     bench repetitions (default 3)
   --host ADDR --port N    serve: listen address (default 127.0.0.1:8080)
   --queue N               serve: requests that may wait for the running one (default 4)
+  --head FILE             pruned LM head from a head.ids file (head-select's output)
+  --head-rows N           pruned LM head of N rows chosen from --corpus at load time
+  --corpus LIST           comma-separated text files, or directories with a files.txt
+                          list (default tests/data/corpus)
 ";
 
 /// Parse `700M`, `1.5G`, `64K`, `123456` (bytes; K/M/G are powers of 1024).
@@ -168,6 +184,9 @@ impl<'s> Opts<'s> {
             host: "127.0.0.1",
             port: 8080,
             queue: 4,
+            head: None,
+            head_rows: 0,
+            corpus: "tests/data/corpus",
         }
     }
 
@@ -184,6 +203,8 @@ impl<'s> Opts<'s> {
             "bench" => Command::Bench,
             "inspect" => Command::Inspect,
             "serve" | "server" => Command::Serve,
+            "head-select" => Command::HeadSelect,
+            "recut" => Command::Recut,
             "help" | "-h" | "--help" => Command::Help,
             other => return Err(CliError::UnknownCommand(other)),
         };
@@ -255,6 +276,9 @@ impl<'s> Opts<'s> {
                 "--host" => o.host = val()?,
                 "--port" => o.port = num!(),
                 "--queue" => o.queue = num!(),
+                "--head" => o.head = Some(val()?),
+                "--head-rows" | "--rows" => o.head_rows = num!(),
+                "--corpus" => o.corpus = val()?,
                 "-h" | "--help" => o.command = Command::Help,
                 other
                     if !other.starts_with('-')

@@ -21,6 +21,7 @@ pub mod cli;
 pub mod commands;
 pub mod engine;
 pub mod gguf;
+pub mod head;
 pub mod header_len;
 pub mod inspect;
 pub mod model;

@@ -31,6 +31,8 @@ const STEPS: &[Step] = &[
     ("test (aarch64, qemu cortex-a53)", || {
         test_aarch64("cortex-a53")
     }),
+    ("model + server checks (release, --ignored)", test_slow),
+    ("browser test (headless chromium)", test_browser),
     ("build no_std (aarch64-unknown-none)", build_no_std),
     ("build --device tv", build_tv),
 ];
@@ -98,20 +100,8 @@ fn tools() -> Result<Outcome> {
         if !have("apt-get") {
             return Err("qemu-aarch64 is missing; install qemu-user (qemu-user-static)".into());
         }
-        let root = output(Command::new("id").arg("-u")).is_ok_and(|u| u.trim() == "0");
-        let apt = |args: &[&str]| {
-            let mut cmd = if root {
-                Command::new("apt-get")
-            } else {
-                let mut c = Command::new("sudo");
-                c.arg("apt-get");
-                c
-            };
-            cmd.args(args);
-            cmd
-        };
-        run(&mut apt(&["update"]))?;
-        run(&mut apt(&["install", "-y", "qemu-user"]))?;
+        run(&mut apt_get(&["update"]))?;
+        run(&mut apt_get(&["install", "-y", "qemu-user"]))?;
     }
     if have("rustup") {
         // The toolchain file names these targets; adding them again is a cheap no-op.
@@ -126,6 +116,20 @@ fn tools() -> Result<Outcome> {
         run(&mut add)?;
     }
     Ok(Outcome::Done)
+}
+
+/// `apt-get ARGS`, through sudo when not root.
+fn apt_get(args: &[&str]) -> Command {
+    let root = output(Command::new("id").arg("-u")).is_ok_and(|u| u.trim() == "0");
+    let mut cmd = if root {
+        Command::new("apt-get")
+    } else {
+        let mut c = Command::new("sudo");
+        c.arg("apt-get");
+        c
+    };
+    cmd.args(args);
+    cmd
 }
 
 fn fmt() -> Result<Outcome> {
@@ -177,6 +181,59 @@ fn fetch_model() -> Result<Outcome> {
 
 fn test_host() -> Result<Outcome> {
     run_tests(&mut cargo(["test", "--workspace"])).map(Outcome::Tested)
+}
+
+/// The slow checks, on a release build: Gemma 3 270M's perplexity and bits per byte
+/// against llama.cpp's, and the 60 s server load test.
+fn test_slow() -> Result<Outcome> {
+    if std::env::var_os("PINCH_SKIP_MODEL_TESTS").is_some_and(|v| v == "1") {
+        return Ok(Outcome::Skipped("PINCH_SKIP_MODEL_TESTS=1"));
+    }
+    let mut counts = run_tests(&mut cargo([
+        "test",
+        "--release",
+        "-p",
+        "pinch-linux",
+        "--test",
+        "cli",
+        "--",
+        "--ignored",
+    ]))?;
+    counts.add(run_tests(&mut cargo([
+        "test",
+        "--release",
+        "-p",
+        "pinch-linux",
+        "--test",
+        "server_load",
+        "--",
+        "--ignored",
+    ]))?);
+    Ok(Outcome::Tested(counts))
+}
+
+/// The chat page in Debian's headless Chromium (installed here when missing).
+fn test_browser() -> Result<Outcome> {
+    if !have("chromium") {
+        if !have("apt-get") {
+            return Err("chromium is missing and apt-get is not available".into());
+        }
+        let install = ["install", "-y", "--no-install-recommends", "chromium"];
+        if run(&mut apt_get(&install)).is_err() {
+            run(&mut apt_get(&["update"]))?;
+            run(&mut apt_get(&install))?;
+        }
+    }
+    run_tests(&mut cargo([
+        "test",
+        "-p",
+        "pinch-linux",
+        "--test",
+        "server_browser",
+        "--",
+        "--ignored",
+    ]))
+    .map(Outcome::Tested)
 }
 
 fn test_aarch64(cpu: &'static str) -> Result<Outcome> {

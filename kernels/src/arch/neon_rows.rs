@@ -34,8 +34,9 @@ use crate::{CpuFeatures, GgmlType};
 
 /// Weight rows per tile of the block-32 formats.
 const R: usize = 4;
-/// Tokens per tile of the block-32 formats.
-const T: usize = 4;
+/// Tokens per tile of the block-32 formats (4 x 2 tiles keep their 16 accumulators
+/// in registers).
+const T: usize = 2;
 /// Tokens per K-quant tile (the unpacked block is reused this many times).
 const TK: usize = 4;
 
@@ -180,11 +181,13 @@ impl Lanes8 for BlockQ5_0 {
     #[inline(always)]
     unsafe fn prep(&self) -> [int8x16_t; 2] {
         const SEL: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
+        const IDX0: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
+        const IDX1: [u8; 16] = [2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3];
         let sel = load16(&SEL);
-        let h = self.qh;
-        // 0xff where the fifth bit is set (bit i % 8 of byte i / 8).
-        let m0 = vtstq_u8(vcombine_u8(vdup_n_u8(h[0]), vdup_n_u8(h[1])), sel);
-        let m1 = vtstq_u8(vcombine_u8(vdup_n_u8(h[2]), vdup_n_u8(h[3])), sel);
+        // Byte i / 8 of qh to lane i (`tbl`), then 0xff where bit i % 8 is set.
+        let h = vreinterpretq_u8_u32(vdupq_n_u32(u32::from_le_bytes(self.qh)));
+        let m0 = vtstq_u8(vqtbl1q_u8(h, load16(&IDX0)), sel);
+        let m1 = vtstq_u8(vqtbl1q_u8(h, load16(&IDX1)), sel);
         let q = load16(&self.qs);
         let sixteen = vdupq_n_u8(16);
         // (nibble | bit << 4) - 16 = nibble - (16 where the bit is clear).
@@ -197,29 +200,34 @@ impl Lanes8 for BlockQ5_0 {
 /// `RR` weight rows against `TT` activation rows, all of `nb` blocks.
 ///
 /// # Safety
-/// NEON (and dotprod for [`Sdot`]); every slice in `w` and `a` has at least `nb` blocks.
+/// NEON (and dotprod for [`Sdot`]); `nb` blocks are readable from every pointer in `w`
+/// and `a`. (Pointers rather than slices: walking them costs one add per row and
+/// block, where indexing cost a multiply-add.)
 #[inline(always)]
 unsafe fn lanes_tile<B: Lanes8, D: Dot, const RR: usize, const TT: usize>(
-    w: [&[B]; RR],
-    a: [&[BlockQ8_0]; TT],
+    w: [*const B; RR],
+    a: [*const BlockQ8_0; TT],
     nb: usize,
 ) -> [[f32; TT]; RR] {
     let zero = vdupq_n_f32(0.0);
     let mut acc = [[(zero, zero); TT]; RR];
-    for k in 0..nb {
+    let (mut w, mut a) = (w, a);
+    for _ in 0..nb {
         let mut p = [[vdupq_n_s8(0); 2]; RR];
         let mut dh = vdup_n_u16(0);
         for r in 0..RR {
-            // SAFETY: k < nb <= w[r].len().
-            let b = w[r].get_unchecked(k);
+            // SAFETY: the caller's `nb` blocks start at w[r]; one block per step.
+            let b = &*w[r];
+            w[r] = w[r].add(1);
             p[r] = b.prep();
             dh = set_u16(dh, u16::from_le_bytes(b.d()), r);
         }
         // The rows' scales, converted exactly, four at a time.
         let dw = h2f4(dh);
         for t in 0..TT {
-            // SAFETY: k < nb <= a[t].len().
-            let y = a[t].get_unchecked(k);
+            // SAFETY: as for `w`.
+            let y = &*a[t];
+            a[t] = a[t].add(1);
             let a0 = vreinterpretq_s8_u8(load16(&y.qs));
             let a1 = vreinterpretq_s8_u8(load16(&y.qs[16..]));
             // d_w * d_a per row: exact in f32 (two f16 significands), as the reference.
@@ -253,14 +261,17 @@ unsafe fn lanes_body<B: Lanes8, D: Dot>(job: &Job, w: &[u8], acts: &[u8], out: &
     let n_tok = job.n_tok;
     let rb = job.row_bytes;
     let arb = job.act_row_bytes;
-    let row = |r: usize| cast::<B>(&w[r * rb..(r + 1) * rb]).unwrap_or(&[]);
-    let act = |t: usize| cast::<BlockQ8_0>(&acts[t * arb..(t + 1) * arb]).unwrap_or(&[]);
+    // `Job::new` checked that rows `job.rows` of `rb` bytes lie inside `w` and `n_tok`
+    // rows of `arb` bytes are `acts`; `nb` blocks fill each exactly. Blocks are arrays
+    // of bytes (alignment 1), so any byte address is a valid block pointer.
+    let row = |r: usize| w.as_ptr().add(r * rb) as *const B;
+    let act = |t: usize| acts.as_ptr().add(t * arb) as *const BlockQ8_0;
     let start = job.rows.start;
     let nr = job.rows.len();
     let mut i = 0;
     while i < nr {
         if i + R <= nr {
-            let ws: [&[B]; R] = core::array::from_fn(|j| row(start + i + j));
+            let ws: [*const B; R] = core::array::from_fn(|j| row(start + i + j));
             let mut t = 0;
             while t + T <= n_tok {
                 let res = lanes_tile::<B, D, R, T>(ws, core::array::from_fn(|j| act(t + j)), nb);
@@ -301,7 +312,12 @@ mod lanes {
     use super::*;
 
     #[target_feature(enable = "neon")]
-    pub(super) unsafe fn base<B: Lanes8>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) -> bool {
+    pub(super) unsafe fn base<B: Lanes8>(
+        job: &Job,
+        w: &[u8],
+        acts: &[u8],
+        out: &mut [f32],
+    ) -> bool {
         lanes_body::<B, Mull>(job, w, acts, out)
     }
 

@@ -27,14 +27,14 @@
 use core::arch::x86_64::*;
 use core::ops::Range;
 
+use super::x86_kquant::{self as kq, KBlock};
 use super::x86_legacy::{bits_to_mask, load32, nibbles};
 use super::Job;
 use crate::blocks::{cast, Pod};
-use super::x86_kquant::{self as kq, KBlock};
 use crate::quant::q5_0::BlockQ5_0;
+use crate::quant::q8_0::{hsum8, BlockQ8_0};
 use crate::quant::q8_k::BlockQ8K;
 use crate::quant::{q2_k, q3_k, q4_k, q5_k, q6_k};
-use crate::quant::q8_0::{hsum8, BlockQ8_0};
 use crate::{CpuFeatures, GgmlType};
 
 /// Weight rows per tile.
@@ -46,6 +46,10 @@ const T: usize = 4;
 /// the hardware prefetcher run ahead better than `R` interleaved ones (measured: the
 /// 262144 x 640 Q8_0 output matrix took twice as long with 4 rows at a time).
 const MULTI_ROW_MIN_TOK: usize = 1;
+/// How many tiles ahead the prefetch runs (beyond the next one).
+const PF_TILES: usize = 4;
+/// Whether a tile prefetches the weight rows of the tile after it.
+const PREFETCH: bool = true;
 
 /// Row-range product of `ty` on AVX2, or `false` (nothing written) when this file has no
 /// kernel for it or the shapes are not whole, matching blocks.
@@ -138,7 +142,10 @@ impl Lanes8 for BlockQ5_0 {
             bits_to_mask(u32::from_le_bytes(self.qh)),
             _mm256_set1_epi8(0x10),
         );
-        [_mm256_or_si256(nibbles(&self.qs), high), _mm256_setzero_si256()]
+        [
+            _mm256_or_si256(nibbles(&self.qs), high),
+            _mm256_setzero_si256(),
+        ]
     }
     #[inline(always)]
     unsafe fn groups(p: &[__m256i; 2], a: __m256i, asum16: __m256i) -> __m256i {
@@ -177,9 +184,21 @@ unsafe fn lanes_tile<B: Lanes8, const VNNI: bool, const RR: usize, const TT: usi
     w: [&[B]; RR],
     a: [&[BlockQ8_0]; TT],
     nb: usize,
+    prefetch: *const u8,
 ) -> [[f32; TT]; RR] {
     let mut acc = [[_mm256_setzero_ps(); TT]; RR];
+    // Bytes of the next tile's rows to prefetch per block step (two lines).
+    let pf_step = RR * core::mem::size_of::<B>();
     for k in 0..nb {
+        if PREFETCH && !prefetch.is_null() {
+            let p = prefetch.wrapping_add(k * pf_step);
+            // A prefetch never faults, even past the end of the weights.
+            _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64) as *const i8);
+            if pf_step > 128 {
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(128) as *const i8);
+            }
+        }
         let mut p = [[_mm256_setzero_si256(); 2]; RR];
         let mut dw = [_mm256_setzero_ps(); RR];
         for r in 0..RR {
@@ -261,9 +280,11 @@ unsafe fn lanes_body<B: Lanes8, const VNNI: bool>(
     while i < nr {
         if i + R <= nr && n_tok >= MULTI_ROW_MIN_TOK {
             let ws: [&[B]; R] = core::array::from_fn(|j| row(start + i + j));
+            let next = w.as_ptr().wrapping_add((start + i + R + PF_TILES * R) * rb);
             let mut t = 0;
             while t + T <= n_tok {
-                let res = lanes_tile::<B, VNNI, R, T>(ws, core::array::from_fn(|j| act(t + j)), nb);
+                let res =
+                    lanes_tile::<B, VNNI, R, T>(ws, core::array::from_fn(|j| act(t + j)), nb, next);
                 for (r, rr) in res.iter().enumerate() {
                     for (j, v) in rr.iter().enumerate() {
                         put(i + r, t + j, *v);
@@ -272,7 +293,7 @@ unsafe fn lanes_body<B: Lanes8, const VNNI: bool>(
                 t += T;
             }
             while t < n_tok {
-                let res = lanes_tile::<B, VNNI, R, 1>(ws, [act(t)], nb);
+                let res = lanes_tile::<B, VNNI, R, 1>(ws, [act(t)], nb, next);
                 for (r, rr) in res.iter().enumerate() {
                     put(i + r, t, rr[0]);
                 }
@@ -283,14 +304,23 @@ unsafe fn lanes_body<B: Lanes8, const VNNI: bool>(
             let ws = [row(start + i)];
             let mut t = 0;
             while t + T <= n_tok {
-                let res = lanes_tile::<B, VNNI, 1, T>(ws, core::array::from_fn(|j| act(t + j)), nb);
+                let res = lanes_tile::<B, VNNI, 1, T>(
+                    ws,
+                    core::array::from_fn(|j| act(t + j)),
+                    nb,
+                    core::ptr::null(),
+                );
                 for (j, v) in res[0].iter().enumerate() {
                     put(i, t + j, *v);
                 }
                 t += T;
             }
             while t < n_tok {
-                put(i, t, lanes_tile::<B, VNNI, 1, 1>(ws, [act(t)], nb)[0][0]);
+                put(
+                    i,
+                    t,
+                    lanes_tile::<B, VNNI, 1, 1>(ws, [act(t)], nb, core::ptr::null())[0][0],
+                );
                 t += 1;
             }
             i += 1;
@@ -303,13 +333,135 @@ unsafe fn lanes_body<B: Lanes8, const VNNI: bool>(
 /// vectors are reused this many times.
 const TK: usize = 8;
 
+/// The per-block factors of a K-quant dot product ([`crate::quant::q8_k::KTerms`]) split
+/// into a weight part (computed once per weight block and tile) and a token part. Q4_K
+/// and Q6_K, the formats of Q4_K_M files, compute the token part with SIMD; the others
+/// call `terms`. The numbers are `terms`' either way: the same f32 products, and
+/// integer sums that are exact (or wrap alike) in any order.
+trait KRow: KBlock {
+    unsafe fn weight_part(&self, y0: &BlockQ8K) -> WPart;
+    /// `(d, offset, dmin, mins)` for one token.
+    unsafe fn token_part(&self, w: &WPart, y: &BlockQ8K) -> (f32, i32, f32, i32);
+}
+
+struct WPart {
+    /// Group scales per 32-weight chunk: groups 2c (low 128 bits) and 2c + 1 (high).
+    sv: [__m256i; 8],
+    d: f32,
+    dmin: f32,
+    /// Q4_K: minimum of each group's sub-block; Q6_K: each group's scale (16 x i16).
+    extra: __m256i,
+    first: (f32, i32, f32, i32),
+}
+
+#[inline(always)]
+unsafe fn scale_vectors(scales: &[i16; 16]) -> [__m256i; 8] {
+    core::array::from_fn(|c| {
+        _mm256_set_m128i(
+            _mm_set1_epi16(scales[2 * c + 1]),
+            _mm_set1_epi16(scales[2 * c]),
+        )
+    })
+}
+
+/// Wrapping sum of eight i32 lanes.
+#[inline(always)]
+unsafe fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+macro_rules! generic_krow {
+    ($t:ty) => {
+        impl KRow for $t {
+            #[inline(always)]
+            unsafe fn weight_part(&self, y0: &BlockQ8K) -> WPart {
+                let t = self.terms(y0);
+                WPart {
+                    sv: scale_vectors(&t.scales),
+                    d: 0.0,
+                    dmin: 0.0,
+                    extra: _mm256_setzero_si256(),
+                    first: (t.d, t.offset, t.dmin, t.mins),
+                }
+            }
+            #[inline(always)]
+            unsafe fn token_part(&self, _: &WPart, y: &BlockQ8K) -> (f32, i32, f32, i32) {
+                let t = self.terms(y);
+                (t.d, t.offset, t.dmin, t.mins)
+            }
+        }
+    };
+}
+generic_krow!(q2_k::BlockQ2K);
+generic_krow!(q3_k::BlockQ3K);
+generic_krow!(q5_k::BlockQ5K);
+
+impl KRow for q4_k::BlockQ4K {
+    #[inline(always)]
+    unsafe fn weight_part(&self, y0: &BlockQ8K) -> WPart {
+        let (sc, mn) = q4_k::scales_mins_k4(&self.scales);
+        let mut w = WPart {
+            // Both groups of a 32-weight chunk have the chunk's sub-block scale.
+            sv: core::array::from_fn(|c| _mm256_set1_epi16(sc[c] as i16)),
+            d: crate::f16::read_f16(self.d),
+            dmin: crate::f16::read_f16(self.dmin),
+            // mn[g / 2] for g = 0..16 as i16.
+            extra: _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(
+                _mm_loadl_epi64(mn.as_ptr() as *const __m128i),
+                _mm_loadl_epi64(mn.as_ptr() as *const __m128i),
+            )),
+            first: (0.0, 0, 0.0, 0),
+        };
+        w.first = self.token_part(&w, y0);
+        w
+    }
+    #[inline(always)]
+    unsafe fn token_part(&self, w: &WPart, y: &BlockQ8K) -> (f32, i32, f32, i32) {
+        // sum_g bsums[g] * mn[g / 2]: i16 x i16 products summed in pairs into i32 (exact).
+        let b = kq::load32(&y.bsums);
+        let mins = hsum_i32(_mm256_madd_epi16(b, w.extra));
+        let ys = y.scale();
+        (w.d * ys, 0, w.dmin * ys, mins)
+    }
+}
+
+impl KRow for q6_k::BlockQ6K {
+    #[inline(always)]
+    unsafe fn weight_part(&self, y0: &BlockQ8K) -> WPart {
+        let s = _mm_loadu_si128(self.scales.as_ptr() as *const __m128i);
+        let mut scales = [0i16; 16];
+        for (o, &b) in scales.iter_mut().zip(&self.scales) {
+            *o = b as i8 as i16;
+        }
+        let mut w = WPart {
+            sv: scale_vectors(&scales),
+            d: crate::f16::read_f16(self.d),
+            dmin: 0.0,
+            extra: _mm256_cvtepi8_epi16(s),
+            first: (0.0, 0, 0.0, 0),
+        };
+        w.first = self.token_part(&w, y0);
+        w
+    }
+    #[inline(always)]
+    unsafe fn token_part(&self, w: &WPart, y: &BlockQ8K) -> (f32, i32, f32, i32) {
+        // 32 * sum_g scale[g] * bsums[g], wrapping like `q6_k::terms`.
+        let b = kq::load32(&y.bsums);
+        let off = hsum_i32(_mm256_madd_epi16(b, w.extra));
+        (w.d * y.scale(), off.wrapping_mul(32), 0.0, 0)
+    }
+}
+
 /// One K-quant weight row against `TT` activation rows, all of `nb` blocks; the
 /// arithmetic of [`super::x86_kquant`] (and `crate::quant::q8_k::kquant_dot`) per token.
 ///
 /// # Safety
 /// AVX2/FMA; `w` and every slice in `a` have at least `nb` blocks.
 #[inline(always)]
-unsafe fn kquant_tile<B: KBlock, const TT: usize>(
+unsafe fn kquant_tile<B: KRow, const TT: usize>(
     w: &[B],
     a: [&[BlockQ8K]; TT],
     nb: usize,
@@ -320,25 +472,22 @@ unsafe fn kquant_tile<B: KBlock, const TT: usize>(
         // SAFETY: k < nb <= w.len() and <= a[t].len().
         let x = w.get_unchecked(k);
         let u = x.unpack();
-        let first = x.terms(a[0].get_unchecked(k));
-        // The group scales depend on the weights only: one set of vectors for all tokens.
-        let sv: [__m256i; 8] = core::array::from_fn(|c| {
-            _mm256_set_m128i(
-                _mm_set1_epi16(first.scales[2 * c + 1]),
-                _mm_set1_epi16(first.scales[2 * c]),
-            )
-        });
+        let wp = x.weight_part(a[0].get_unchecked(k));
         for t in 0..TT {
             let y = a[t].get_unchecked(k);
-            let tm = if t == 0 { first } else { x.terms(y) };
+            let (d, offset, dmin, mins_i) = if t == 0 {
+                wp.first
+            } else {
+                x.token_part(&wp, y)
+            };
             let mut isum = _mm256_setzero_si256();
-            for c in 0..8 {
-                let p16 = _mm256_maddubs_epi16(u[c], kq::load32(&y.qs[32 * c..]));
-                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p16, sv[c]));
+            for (c, (&uc, &sc)) in u.iter().zip(&wp.sv).enumerate() {
+                let p16 = _mm256_maddubs_epi16(uc, kq::load32(&y.qs[32 * c..]));
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p16, sc));
             }
-            isum = _mm256_sub_epi32(isum, _mm256_setr_epi32(tm.offset, 0, 0, 0, 0, 0, 0, 0));
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(tm.d), _mm256_cvtepi32_ps(isum), acc[t]);
-            mins[t] += tm.dmin * tm.mins as f32;
+            isum = _mm256_sub_epi32(isum, _mm256_setr_epi32(offset, 0, 0, 0, 0, 0, 0, 0));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc[t]);
+            mins[t] += dmin * mins_i as f32;
         }
     }
     core::array::from_fn(|t| kq::hsum_f32(acc[t]) - mins[t])
@@ -346,7 +495,7 @@ unsafe fn kquant_tile<B: KBlock, const TT: usize>(
 
 /// The tiled loop over a [`Job`] for one K-quant format.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn kquant_job<B: KBlock + Pod>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) -> bool {
+unsafe fn kquant_job<B: KRow + Pod>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) -> bool {
     let nb = job.row_bytes / core::mem::size_of::<B>();
     if nb * core::mem::size_of::<B>() != job.row_bytes
         || nb * core::mem::size_of::<BlockQ8K>() != job.act_row_bytes

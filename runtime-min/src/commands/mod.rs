@@ -1,8 +1,10 @@
 //! The commands (`run`, `chat`, `ppl`, `tokenize`, `bench`, `inspect`), generic over the
 //! platform. The OS crate parses nothing itself: it hands the arguments to [`main`].
 pub mod bench;
+pub mod head_select;
 pub mod out;
 pub mod ppl;
+pub mod recut;
 pub mod run;
 pub mod serve;
 pub mod tokenize;
@@ -33,6 +35,7 @@ pub enum AppError {
     Usage(&'static str),
     Chat(crate::chat::ChatError),
     PromptTooLong { tokens: usize, n_ctx: usize },
+    Head(crate::head::HeadError),
 }
 
 impl From<ModelError> for AppError {
@@ -64,6 +67,7 @@ impl core::fmt::Display for AppError {
             AppError::Budget(e) => write!(f, "{e}"),
             AppError::Usage(s) => write!(f, "{s}"),
             AppError::Chat(e) => write!(f, "{e}"),
+            AppError::Head(e) => write!(f, "{e}"),
             AppError::PromptTooLong { tokens, n_ctx } => write!(
                 f,
                 "the prompt has {tokens} tokens but the context holds {n_ctx}: shorten it or raise -c"
@@ -89,6 +93,8 @@ pub fn main<P: Platform>(p: &P, args: &[&str], region: &mut [u8]) -> i32 {
             let _ = Out::stdout(p).write_str(USAGE);
             Ok(())
         }
+        Command::HeadSelect => head_select::head_select(p, &o, region),
+        Command::Recut => recut::recut(p, &o, region),
         _ => with_model(p, &o, region, &mut |ctx| match ctx.o.command {
             Command::Run => run::run(ctx),
             Command::Chat => run::chat(ctx),
@@ -96,7 +102,7 @@ pub fn main<P: Platform>(p: &P, args: &[&str], region: &mut [u8]) -> i32 {
             Command::Tokenize => tokenize::tokenize(ctx),
             Command::Bench => bench::bench(ctx),
             Command::Serve => serve::serve(ctx),
-            Command::Inspect | Command::Help => Ok(()),
+            Command::Inspect | Command::Help | Command::HeadSelect | Command::Recut => Ok(()),
         }),
     };
     match res {
@@ -192,7 +198,7 @@ fn with_model<P: Platform>(
     let header = arena.used() as u64;
     let cfg = Config::from_gguf(&g)?;
     let before = arena.used();
-    let tok = Tokenizer::from_gguf(&g, &mut arena)?;
+    let mut tok = Tokenizer::from_gguf(&g, &mut arena)?;
     let tok_bytes = (arena.used() - before) as u64;
     let mut sopts = session_options(p, o, &cfg);
     if o.command == Command::Ppl {
@@ -206,6 +212,7 @@ fn with_model<P: Platform>(
     }
     drop(err);
     engine::check_budget(&plan, &g, &cfg, &sopts).map_err(AppError::Budget)?;
+    let requested = head_select::requested_ids(p, o, &tok, &mut arena)?;
     let weights: Weights = {
         let mut loader = Loader {
             platform: p,
@@ -213,8 +220,14 @@ fn with_model<P: Platform>(
             gguf: &g,
             arena: &mut arena,
         };
-        loader.load(&cfg)?
+        loader.load_with_head(&cfg, requested)?
     };
+    if let Some(ids) = weights.head_ids {
+        if o.command == Command::Ppl {
+            head_select::report_outside(p, o, &tok, ids, &mut arena)?;
+        }
+        head_select::set_mask(ids, cfg.n_vocab, &mut tok, &mut arena)?;
+    }
     let sess = Session::new(cfg, &weights, &mut arena, sopts)?;
     let mut ctx = Ctx {
         p,

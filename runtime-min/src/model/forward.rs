@@ -152,6 +152,8 @@ struct Scratch<'a> {
     mm_tmp: &'a mut [f32],
     row: &'a mut [f32],
     logits: &'a mut [f32],
+    /// Pruned-head logits before they are spread over the vocabulary (empty: full head).
+    head_logits: &'a mut [f32],
     /// ggml's f16 GELU table (GELU models only; empty otherwise).
     gelu: &'a mut [u16],
 }
@@ -204,6 +206,14 @@ impl<'w, 'a> Session<'w, 'a> {
             mm_tmp: arena.slice(a, (nb * maxd).max(cfg.n_vocab * g))?,
             row: arena.slice(a, maxd)?,
             logits: arena.slice("logits", cfg.n_vocab * g)?,
+            head_logits: arena.slice(
+                "logits",
+                if w.head_ids.is_some() {
+                    w.output.rows * g
+                } else {
+                    0
+                },
+            )?,
             gelu: arena.slice(
                 "activations",
                 if cfg.ffn_act == FfnAct::GeluTanh {
@@ -483,15 +493,40 @@ impl<'w, 'a> Session<'w, 'a> {
                     &mut s.xn[i * e..(i + 1) * e],
                 );
             }
-            mm.linear(
-                &self.w.output,
-                &s.xn[..m * e],
-                m,
-                &mut s.logits[..m * nv],
-                s.act_q,
-                s.mm_tmp,
-                s.row,
-            )?;
+            match self.w.head_ids {
+                None => mm.linear(
+                    &self.w.output,
+                    &s.xn[..m * e],
+                    m,
+                    &mut s.logits[..m * nv],
+                    s.act_q,
+                    s.mm_tmp,
+                    s.row,
+                )?,
+                Some(ids) => {
+                    let k = self.w.output.rows;
+                    mm.linear(
+                        &self.w.output,
+                        &s.xn[..m * e],
+                        m,
+                        &mut s.head_logits[..m * k],
+                        s.act_q,
+                        s.mm_tmp,
+                        s.row,
+                    )?;
+                    // Callers keep a full-vocabulary view; ids the head dropped can
+                    // never be sampled and score as impossible.
+                    for i in 0..m {
+                        let l = &mut s.logits[i * nv..(i + 1) * nv];
+                        l.fill(f32::NEG_INFINITY);
+                        for (&id, &v) in ids.iter().zip(&s.head_logits[i * k..(i + 1) * k]) {
+                            if let Some(slot) = l.get_mut(id as usize) {
+                                *slot = v;
+                            }
+                        }
+                    }
+                }
+            }
             let t_end = p.now_ns();
             for i in 0..m {
                 on_logits(base + t0 + i, &s.logits[i * nv..(i + 1) * nv]);

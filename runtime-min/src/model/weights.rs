@@ -62,6 +62,9 @@ pub struct Weights<'a> {
     pub output_norm: Vector<'a>,
     /// `output.weight`, or `token_embd.weight` when the output is tied.
     pub output: Tensor<'a>,
+    /// Pruned LM head (see `crate::head`): `output` row `j` is vocabulary id
+    /// `head_ids[j]`, and every other id gets logit -inf. `None`: the full head.
+    pub head_ids: Option<&'a [u32]>,
     pub layers: heapless::Vec<LayerWeights<'a>, MAX_LAYERS>,
 }
 
@@ -140,6 +143,57 @@ impl<'p, 'g, 'a, P: Platform> Loader<'p, 'g, 'a, P> {
         })
     }
 
+    /// Rows `ids` of the matrix `info` (`cols` x `rows`), read one by one into the arena.
+    fn rows_of(
+        &mut self,
+        info: &TensorInfo,
+        cols: usize,
+        rows: usize,
+        ids: &[u32],
+    ) -> Result<Tensor<'a>, ModelError> {
+        if info.dims[0] as usize != cols || info.dims[1] as usize != rows {
+            return Err(ModelError::TensorShape {
+                name: name_buf(info.name),
+                expected: [cols as u64, rows as u64],
+                found: [info.dims[0], info.dims[1]],
+            });
+        }
+        if !info.ty.can_dequantize() {
+            return Err(ModelError::UnsupportedType {
+                name: name_buf(info.name),
+                ty: info.ty,
+            });
+        }
+        let rb = info.bytes as usize / rows.max(1);
+        let data = self.arena.bytes("weights", rb * ids.len())?;
+        for (j, &id) in ids.iter().enumerate() {
+            if id as usize >= rows {
+                return Err(ModelError::BadToken { id, n_vocab: rows });
+            }
+            let dst = &mut data[j * rb..(j + 1) * rb];
+            let off = info.offset + (id as usize * rb) as u64;
+            let mut done = 0;
+            while done < rb {
+                let got = self
+                    .platform
+                    .read_at(self.file, off + done as u64, &mut dst[done..], false)
+                    .map_err(ModelError::Platform)?;
+                if got == 0 {
+                    return Err(ModelError::ShortRead {
+                        offset: off + done as u64,
+                    });
+                }
+                done += got;
+            }
+        }
+        Ok(Tensor {
+            ty: info.ty,
+            cols,
+            rows: ids.len(),
+            data,
+        })
+    }
+
     /// A 1-D f32 vector of length `n` (norms and biases are always F32 in GGUF).
     pub fn vector(&mut self, name: &str, n: usize) -> Result<Vector<'a>, ModelError> {
         let info = self
@@ -183,12 +237,35 @@ impl<'p, 'g, 'a, P: Platform> Loader<'p, 'g, 'a, P> {
 
     /// Load every weight of a dense model with config `c`.
     pub fn load(&mut self, c: &Config) -> Result<Weights<'a>, ModelError> {
+        self.load_with_head(c, None)
+    }
+
+    /// [`Self::load`] with a pruned LM head of vocabulary ids `head` (increasing): an
+    /// untied `output.weight` is read row by row, so the full matrix never enters
+    /// memory; a tied one is copied from the (full, resident) embedding.
+    pub fn load_with_head(
+        &mut self,
+        c: &Config,
+        head: Option<&'a [u32]>,
+    ) -> Result<Weights<'a>, ModelError> {
         let token_embd = self.matrix("token_embd.weight", c.n_embd, Some(c.n_vocab))?;
         let output_norm = self.vector("output_norm.weight", c.n_embd)?;
-        let output = if self.info("output.weight").is_some() {
-            self.matrix("output.weight", c.n_embd, Some(c.n_vocab))?
-        } else {
-            token_embd
+        // A recut file (`pinch recut`) stores only the kept rows and their ids.
+        let stored = crate::head::ids_from_gguf(self.gguf, c.n_vocab, self.arena)?;
+        if stored.is_some() && head.is_some() {
+            return Err(ModelError::BadShape(
+                "the file already has a pruned head (recut); do not prune it again",
+            ));
+        }
+        let head_ids = stored.or(head);
+        let output = match (self.info("output.weight"), head) {
+            (Some(info), Some(ids)) => self.rows_of(&info, c.n_embd, c.n_vocab, ids)?,
+            (Some(_), None) => {
+                let rows = head_ids.map_or(c.n_vocab, |h| h.len());
+                self.matrix("output.weight", c.n_embd, Some(rows))?
+            }
+            (None, Some(ids)) => crate::head::prune(&token_embd, ids, self.arena)?,
+            (None, None) => token_embd,
         };
         if c.n_layer > MAX_LAYERS {
             return Err(ModelError::BadShape(
@@ -238,6 +315,7 @@ impl<'p, 'g, 'a, P: Platform> Loader<'p, 'g, 'a, P> {
             token_embd,
             output_norm,
             output,
+            head_ids,
             layers,
         })
     }

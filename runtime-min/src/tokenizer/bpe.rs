@@ -160,7 +160,7 @@ fn add(
     if a == NONE || b == NONE {
         return Ok(());
     }
-    if let Some((rank, result)) = tok.merges.get(a, b) {
+    if let Some((rank, result)) = tok.merges.get(a, b).filter(|m| tok.is_allowed(m.1)) {
         heap.push([rank, left, result, sym[l + 1] + sym[r + 1]])?;
     }
     Ok(())

@@ -215,6 +215,9 @@ pub struct Tokenizer<'a> {
     eom: Option<u32>,
     unk: Option<u32>,
     eog: heapless::Vec<u32, 32>,
+    /// Pruned LM head: a bit per id; ids whose bit is clear are never produced (see
+    /// [`Tokenizer::set_allowed`]).
+    allowed: Option<&'a [u64]>,
 }
 
 /// Where encoded ids go; counts past the end so the error can say how many are needed.
@@ -746,6 +749,7 @@ impl<'a> Tokenizer<'a> {
             eom,
             unk,
             eog,
+            allowed: None,
         })
     }
 
@@ -832,13 +836,34 @@ impl<'a> Tokenizer<'a> {
     }
     /// Id of the token whose text is exactly `text`.
     pub fn token_id(&self, text: &[u8]) -> Option<u32> {
-        self.find(text, &[])
+        let key_of = |id: u32| self.token_text(id);
+        self.lookup.find(text, &[], key_of, |_| true)
     }
 
     #[inline]
     pub(crate) fn find(&self, a: &[u8], b: &[u8]) -> Option<u32> {
         let key_of = |id: u32| self.token_text(id);
-        self.lookup.find(a, b, key_of, |_| true)
+        self.lookup.find(a, b, key_of, |id| self.is_allowed(id))
+    }
+
+    /// Restrict encoding to the ids whose bit is set in `mask` (bit `id % 64` of word
+    /// `id / 64`), as a pruned LM head needs: a token the head cannot predict must never
+    /// be produced, so merges stop before it and the text falls back to smaller pieces
+    /// (byte tokens in the end, which the head must keep). `None` lifts the restriction.
+    /// Special tokens matched by text are not filtered: the head keeps them all.
+    pub fn set_allowed(&mut self, mask: Option<&'a [u64]>) {
+        self.allowed = mask;
+    }
+
+    /// Whether `id` may be produced under [`Self::set_allowed`].
+    #[inline]
+    pub fn is_allowed(&self, id: u32) -> bool {
+        match self.allowed {
+            None => true,
+            Some(m) => m
+                .get(id as usize / 64)
+                .is_some_and(|w| w >> (id % 64) & 1 == 1),
+        }
     }
 
     #[inline]

@@ -1,0 +1,227 @@
+//! `pinch head-select`, `--head` and `pinch recut` end to end: the head file's format
+//! and guarantees, and a recut file giving the same logits as the original model run
+//! with the same pruned head.
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use pinch_runtime_min::gguf::Gguf;
+use pinch_runtime_min::head;
+use pinch_runtime_min::model::{
+    Config, KvType, Loader, Logits, Math, Session, SessionOptions, Weights,
+};
+use pinch_runtime_min::platform::MemPlatform;
+use pinch_runtime_min::tokenizer::Tokenizer;
+use pinch_runtime_min::Arena;
+
+fn pinch(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pinch"))
+        .args(args)
+        .output()
+        .expect("run pinch")
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn path(rel: &str) -> String {
+    repo().join(rel).to_string_lossy().into_owned()
+}
+
+fn ok(o: &Output) {
+    assert!(
+        o.status.success(),
+        "pinch failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("pinch-head-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+/// head-select on a tiny model: header, order, multiple of 16, forced tokens kept.
+fn select(model: &str, rows: usize) -> (String, Vec<u32>) {
+    let o = pinch(&[
+        "head-select",
+        "-m",
+        model,
+        "--corpus",
+        &path("tests/data/corpus"),
+        "--rows",
+        &rows.to_string(),
+    ]);
+    ok(&o);
+    let text = String::from_utf8(o.stdout).unwrap();
+    let mut lines = text.lines();
+    let header = lines.next().unwrap();
+    let ids: Vec<u32> = lines.map(|l| l.parse().unwrap()).collect();
+    assert!(
+        header.starts_with("pinch-head v1 n_vocab="),
+        "header {header:?}"
+    );
+    assert!(header.ends_with(&format!(" rows={}", ids.len())));
+    assert!(ids.windows(2).all(|w| w[0] < w[1]));
+    assert_eq!(ids.len() % 16, 0);
+    assert!(ids.len() >= rows);
+    (text, ids)
+}
+
+#[test]
+fn head_select_keeps_byte_and_control_tokens() {
+    let model = path("tests/data/tiny/tiny-llama-Q4_K_M.gguf");
+    let (_, ids) = select(&model, 40);
+    let bytes = std::fs::read(&model).unwrap();
+    let g = Gguf::parse(&bytes, bytes.len() as u64).unwrap();
+    let mut region = vec![0u64; 8 << 20];
+    let mut arena = Arena::new(pinch_kernels::blocks::bytes_of_mut(&mut region[..]));
+    let tok = Tokenizer::from_gguf(&g, &mut arena).unwrap();
+    let forced: Vec<u32> = (0..tok.n_vocab())
+        .filter(|&i| head::must_keep(&tok, i))
+        .collect();
+    assert!(!forced.is_empty());
+    for f in forced {
+        assert!(ids.binary_search(&f).is_ok(), "forced id {f} missing");
+    }
+}
+
+#[test]
+fn run_with_head_file_and_bad_head_file() {
+    let model = path("tests/data/tiny/tiny-llama-Q4_K_M.gguf");
+    let (text, _) = select(&model, 64);
+    let h = tmp("tiny.ids");
+    std::fs::write(&h, &text).unwrap();
+    let o = pinch(&[
+        "run",
+        "-m",
+        &model,
+        "-p",
+        "hello",
+        "-n",
+        "4",
+        "--temp",
+        "0",
+        "--head",
+        h.to_str().unwrap(),
+    ]);
+    ok(&o);
+    let bad = tmp("bad.ids");
+    std::fs::write(&bad, "pinch-head v1 n_vocab=7 rows=1\n3\n").unwrap();
+    let o = pinch(&[
+        "run",
+        "-m",
+        &model,
+        "-p",
+        "hi",
+        "-n",
+        "1",
+        "--head",
+        bad.to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("vocabulary of 7"));
+}
+
+fn logits(bytes: &[u8], tokens: &[u32], prune_with: Option<&[u32]>) -> Vec<f32> {
+    let g = Gguf::parse(bytes, bytes.len() as u64).unwrap();
+    let cfg = Config::from_gguf(&g).unwrap();
+    let mut region = vec![0u64; (bytes.len() * 2 + (64 << 20)) / 8];
+    let mut arena = Arena::new(pinch_kernels::blocks::bytes_of_mut(&mut region[..]));
+    let plat = MemPlatform {
+        bytes,
+        cpu: Default::default(),
+    };
+    let mut w: Weights = Loader {
+        platform: &plat,
+        file: &(),
+        gguf: &g,
+        arena: &mut arena,
+    }
+    .load(&cfg)
+    .unwrap();
+    if let Some(ids) = prune_with {
+        assert!(w.head_ids.is_none());
+        w.output = head::prune(&w.output, ids, &mut arena).unwrap();
+        w.head_ids = Some(Box::leak(ids.to_vec().into_boxed_slice()));
+    } else {
+        assert!(w.head_ids.is_some(), "the recut file has no head ids");
+    }
+    let opts = SessionOptions {
+        n_ctx: 32,
+        n_batch: 3,
+        kv: KvType::F32,
+        math: Math::Fast,
+        threads: 1,
+        head_group: 2,
+        attn_skip: false,
+        cpu: plat.cpu,
+    };
+    let mut s = Session::new(cfg, &w, &mut arena, opts).unwrap();
+    let mut all = Vec::new();
+    s.eval(&plat, tokens, Logits::All, &mut |_, l| {
+        all.extend_from_slice(l)
+    })
+    .unwrap();
+    all
+}
+
+fn recut_round_trip(model: &str, rows: usize) {
+    let (text, ids) = select(model, rows);
+    let h = tmp(&format!("{rows}.ids"));
+    std::fs::write(&h, &text).unwrap();
+    let o = pinch(&["recut", "-m", model, "--head", h.to_str().unwrap()]);
+    ok(&o);
+    let orig = std::fs::read(model).unwrap();
+    let recut = o.stdout;
+    let g = Gguf::parse(&recut, recut.len() as u64).unwrap();
+    let out = g.tensor("output.weight").unwrap();
+    assert_eq!(out.dims[1] as usize, ids.len());
+    let stored: Vec<u32> = {
+        let a = g.get_array(head::KEY_IDS).unwrap();
+        (0..a.len()).map(|i| a.u32_at(i).unwrap()).collect()
+    };
+    assert_eq!(stored, ids);
+    let tokens = [1, 4, 8, 15, 16, 23, 42];
+    let a = logits(&orig, &tokens, Some(&ids));
+    let b = logits(&recut, &tokens, None);
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(x.to_bits(), y.to_bits(), "{x} vs {y}");
+    }
+    assert!(a.iter().any(|v| v.is_finite()));
+    // pinch loads the recut file directly.
+    let o = pinch(&[
+        "run",
+        "-m",
+        &tmp_write("recut.gguf", &recut),
+        "-p",
+        "hello",
+        "-n",
+        "3",
+        "--temp",
+        "0",
+    ]);
+    ok(&o);
+}
+
+fn tmp_write(name: &str, bytes: &[u8]) -> String {
+    let p = tmp(name);
+    std::fs::write(&p, bytes).unwrap();
+    p.to_string_lossy().into_owned()
+}
+
+#[test]
+fn recut_untied_model_gives_same_logits_as_pruned_head() {
+    recut_round_trip(&path("tests/data/tiny/tiny-llama-Q4_K_M.gguf"), 48);
+}
+
+#[test]
+fn recut_tied_model_gets_explicit_output() {
+    let model = path("tests/data/tiny/tiny-gemma3-Q8_0.gguf");
+    let bytes = std::fs::read(&model).unwrap();
+    let g = Gguf::parse(&bytes, bytes.len() as u64).unwrap();
+    assert!(g.tensor("output.weight").is_none(), "fixture is not tied");
+    recut_round_trip(&model, 48);
+}

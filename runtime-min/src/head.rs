@@ -1,0 +1,317 @@
+//! Pruned LM heads: which vocabulary rows to keep, the `head.ids` file, and the pruned
+//! output matrix.
+//!
+//! The LM head is the largest matrix of a small model (Gemma 3 270M: 262,144 rows).
+//! Most rows are tokens a user never sees, so keeping only the most used ones saves
+//! memory and time per token. Three rules keep the result honest:
+//! - every special/control token and every byte token (`<0xXX>` for SentencePiece, the
+//!   256 single-byte tokens for byte-level BPE) is kept, so any text can still be
+//!   encoded with kept tokens only ([`crate::tokenizer::Tokenizer::set_allowed`]);
+//! - the row count is padded to a multiple of [`ROW_MULTIPLE`] with the next most used
+//!   ids, so the head runs on the interleaved fast kernel;
+//! - ids outside the head get logit -inf, so they are never sampled and never scored.
+//!
+//! `head.ids` format (text, UTF-8, LF): a header line
+//! `pinch-head v1 n_vocab=<N> rows=<K>`, then K lines each holding one decimal id,
+//! strictly increasing, each below N. Lines starting with `#` and blank lines are
+//! ignored.
+//!
+//! Recut GGUF files (`pinch recut`) store the ids in metadata: [`KEY_IDS`] (array of
+//! u32, strictly increasing; `output.weight` row j is id `ids[j]`) and [`KEY_N_VOCAB`]
+//! (u32, the vocabulary size the ids index).
+use core::fmt::Write;
+
+use crate::arena::Arena;
+use crate::gguf::{Gguf, ValueType};
+use crate::model::{ModelError, Tensor};
+use crate::tokenizer::{attr, Tokenizer, VocabKind};
+
+/// GGUF key: the vocabulary id of each `output.weight` row (array of u32, increasing).
+pub const KEY_IDS: &str = "pinch.head.ids";
+/// GGUF key: the full vocabulary size the ids index (u32).
+pub const KEY_N_VOCAB: &str = "pinch.head.n_vocab";
+/// Rows of the interleaved fast kernels; the pruned head is padded to a multiple.
+pub const ROW_MULTIPLE: usize = 16;
+
+/// Why a head could not be read or built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeadError {
+    /// The first line is not `pinch-head v1 n_vocab=N rows=K`.
+    BadHeader,
+    /// The file was made for a vocabulary of `file` ids, the model has `model`.
+    VocabMismatch { file: usize, model: usize },
+    /// Line `line` is not a decimal id.
+    BadId { line: usize },
+    /// Id `id` (line `line`) is not below the vocabulary size or not above the previous.
+    OutOfOrder { line: usize, id: u32 },
+    /// The header promised `expected` ids, the file holds `found`.
+    CountMismatch { expected: usize, found: usize },
+    /// The output buffer holds fewer ids than the file.
+    TooMany,
+}
+
+impl core::fmt::Display for HeadError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            HeadError::BadHeader => write!(
+                f,
+                "head file: the first line must be 'pinch-head v1 n_vocab=N rows=K'"
+            ),
+            HeadError::VocabMismatch { file, model } => write!(
+                f,
+                "head file was made for a vocabulary of {file} tokens, the model has {model}"
+            ),
+            HeadError::BadId { line } => write!(f, "head file line {line}: not a token id"),
+            HeadError::OutOfOrder { line, id } => write!(
+                f,
+                "head file line {line}: id {id} is out of range or not above the previous id"
+            ),
+            HeadError::CountMismatch { expected, found } => write!(
+                f,
+                "head file: header says {expected} rows but the file lists {found}"
+            ),
+            HeadError::TooMany => write!(f, "head file lists more ids than the vocabulary"),
+        }
+    }
+}
+
+/// Parse a `head.ids` text for a vocabulary of `n_vocab`; ids go to `out`, their count
+/// is returned.
+pub fn parse_ids(text: &str, n_vocab: usize, out: &mut [u32]) -> Result<usize, HeadError> {
+    let mut lines = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| (i + 1, l.trim()))
+        .filter(|(_, l)| !l.is_empty() && !l.starts_with('#'));
+    let (_, header) = lines.next().ok_or(HeadError::BadHeader)?;
+    let mut words = header.split_ascii_whitespace();
+    if words.next() != Some("pinch-head") || words.next() != Some("v1") {
+        return Err(HeadError::BadHeader);
+    }
+    let mut field = |name: &str| -> Result<usize, HeadError> {
+        words
+            .next()
+            .and_then(|w| w.strip_prefix(name))
+            .and_then(|v| v.parse().ok())
+            .ok_or(HeadError::BadHeader)
+    };
+    let file_vocab = field("n_vocab=")?;
+    let rows = field("rows=")?;
+    if file_vocab != n_vocab {
+        return Err(HeadError::VocabMismatch {
+            file: file_vocab,
+            model: n_vocab,
+        });
+    }
+    let mut n = 0usize;
+    let mut prev: Option<u32> = None;
+    for (line, l) in lines {
+        let id: u32 = l.parse().map_err(|_| HeadError::BadId { line })?;
+        if id as usize >= n_vocab || prev.is_some_and(|p| id <= p) {
+            return Err(HeadError::OutOfOrder { line, id });
+        }
+        *out.get_mut(n).ok_or(HeadError::TooMany)? = id;
+        prev = Some(id);
+        n += 1;
+    }
+    if n != rows {
+        return Err(HeadError::CountMismatch {
+            expected: rows,
+            found: n,
+        });
+    }
+    Ok(n)
+}
+
+/// Write `ids` (increasing) as a `head.ids` text.
+pub fn write_ids(out: &mut dyn Write, n_vocab: usize, ids: &[u32]) -> core::fmt::Result {
+    writeln!(out, "pinch-head v1 n_vocab={n_vocab} rows={}", ids.len())?;
+    for id in ids {
+        writeln!(out, "{id}")?;
+    }
+    Ok(())
+}
+
+/// Whether `id` must stay in any head: without it some text could not be encoded, or
+/// a control token (BOS, end of turn ...) could not be predicted.
+pub fn must_keep(tok: &Tokenizer<'_>, id: u32) -> bool {
+    let a = tok.token_attr(id);
+    if a & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN | attr::BYTE) != 0 {
+        return true;
+    }
+    if tok.is_eog(id) || Some(id) == tok.bos() || Some(id) == tok.eos() {
+        return true;
+    }
+    // Byte-level BPE has no BYTE attribute: its byte tokens are the single GPT-2
+    // characters that stand for one byte.
+    tok.kind() == VocabKind::Bpe && tok.token_bytes(id).len() == 1 && a & attr::UNUSED == 0
+}
+
+/// Choose the head: every [`must_keep`] id, then the most used ids of `counts` (ties:
+/// lower id first) until `rows`, padded up to a multiple of [`ROW_MULTIPLE`] (or the
+/// vocabulary). `order` is scratch of `counts.len()` ids. The kept ids are written to
+/// `out` (increasing) and their count returned.
+pub fn select(
+    tok: &Tokenizer<'_>,
+    counts: &[u32],
+    rows: usize,
+    order: &mut [u32],
+    out: &mut [u32],
+) -> usize {
+    let nv = counts.len().min(order.len()).min(out.len());
+    let order = &mut order[..nv];
+    for (i, o) in order.iter_mut().enumerate() {
+        *o = i as u32;
+    }
+    // Forced ids first (so they never fall off), then by use.
+    order.sort_unstable_by(|&a, &b| {
+        let (fa, fb) = (must_keep(tok, a), must_keep(tok, b));
+        fb.cmp(&fa)
+            .then(counts[b as usize].cmp(&counts[a as usize]))
+            .then(a.cmp(&b))
+    });
+    let forced = order.iter().take_while(|&&i| must_keep(tok, i)).count();
+    let mut k = rows.max(forced);
+    k = k.div_ceil(ROW_MULTIPLE) * ROW_MULTIPLE;
+    let k = k.min(nv);
+    let out = &mut out[..k];
+    out.copy_from_slice(&order[..k]);
+    out.sort_unstable();
+    k
+}
+
+/// A bit mask over the vocabulary with the bits of `ids` set (for
+/// [`Tokenizer::set_allowed`]).
+pub fn mask<'a>(
+    ids: &[u32],
+    n_vocab: usize,
+    arena: &mut Arena<'a>,
+) -> Result<&'a [u64], ModelError> {
+    let m: &'a mut [u64] = arena.slice("head", n_vocab.div_ceil(64))?;
+    for &id in ids {
+        if let Some(w) = m.get_mut(id as usize / 64) {
+            *w |= 1 << (id % 64);
+        }
+    }
+    Ok(m)
+}
+
+/// Copy the rows `ids` of `full` (in its own quant type) into the arena.
+pub fn prune<'a>(
+    full: &Tensor<'_>,
+    ids: &[u32],
+    arena: &mut Arena<'a>,
+) -> Result<Tensor<'a>, ModelError> {
+    let rb = full.row_bytes();
+    let data: &'a mut [u8] = arena.bytes("head", rb * ids.len())?;
+    for (j, &id) in ids.iter().enumerate() {
+        if id as usize >= full.rows {
+            return Err(ModelError::BadToken {
+                id,
+                n_vocab: full.rows,
+            });
+        }
+        data[j * rb..(j + 1) * rb].copy_from_slice(full.row(id as usize));
+    }
+    Ok(Tensor {
+        ty: full.ty,
+        cols: full.cols,
+        rows: ids.len(),
+        data,
+    })
+}
+
+/// The head ids stored in a recut file ([`KEY_IDS`]), copied into the arena; `None` for
+/// an ordinary file.
+pub fn ids_from_gguf<'a>(
+    g: &Gguf<'_>,
+    n_vocab: usize,
+    arena: &mut Arena<'a>,
+) -> Result<Option<&'a [u32]>, ModelError> {
+    let Some(arr) = g.get_array(KEY_IDS) else {
+        return Ok(None);
+    };
+    let bad = ModelError::BadShape("pinch.head.ids must be increasing u32 ids below n_vocab");
+    if arr.elem != ValueType::U32 || arr.is_empty() {
+        return Err(bad);
+    }
+    if g.get_u32(KEY_N_VOCAB)
+        .is_some_and(|n| n as usize != n_vocab)
+    {
+        return Err(ModelError::BadShape(
+            "pinch.head.n_vocab differs from the model's vocabulary",
+        ));
+    }
+    let ids: &'a mut [u32] = arena.slice("head", arr.len())?;
+    let mut prev: Option<u32> = None;
+    for (i, slot) in ids.iter_mut().enumerate() {
+        let id = arr.u32_at(i).ok_or(bad.clone())?;
+        if id as usize >= n_vocab || prev.is_some_and(|p| id <= p) {
+            return Err(bad);
+        }
+        *slot = id;
+        prev = Some(id);
+    }
+    Ok(Some(ids))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Buf {
+        b: [u8; 256],
+        n: usize,
+    }
+    impl Write for Buf {
+        fn write_str(&mut self, s: &str) -> core::fmt::Result {
+            let end = self.n + s.len();
+            self.b.get_mut(self.n..end).ok_or(core::fmt::Error)?;
+            self.b[self.n..end].copy_from_slice(s.as_bytes());
+            self.n = end;
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn ids_file_round_trips() {
+        let mut b = Buf { b: [0; 256], n: 0 };
+        write_ids(&mut b, 100, &[0, 3, 99]).unwrap();
+        let text = core::str::from_utf8(&b.b[..b.n]).unwrap();
+        assert!(text.starts_with("pinch-head v1 n_vocab=100 rows=3\n"));
+        let mut out = [0u32; 8];
+        assert_eq!(parse_ids(text, 100, &mut out), Ok(3));
+        assert_eq!(&out[..3], &[0, 3, 99]);
+    }
+
+    #[test]
+    fn ids_file_errors_name_the_problem() {
+        let mut out = [0u32; 8];
+        assert_eq!(
+            parse_ids("pinch-head v1 n_vocab=10 rows=1\n3\n", 12, &mut out),
+            Err(HeadError::VocabMismatch {
+                file: 10,
+                model: 12
+            })
+        );
+        assert_eq!(
+            parse_ids("pinch-head v1 n_vocab=10 rows=2\n3\n3\n", 10, &mut out),
+            Err(HeadError::OutOfOrder { line: 3, id: 3 })
+        );
+        assert_eq!(
+            parse_ids("pinch-head v1 n_vocab=10 rows=2\n3\nx\n", 10, &mut out),
+            Err(HeadError::BadId { line: 3 })
+        );
+        assert_eq!(
+            parse_ids("pinch-head v1 n_vocab=10 rows=2\n3\n", 10, &mut out),
+            Err(HeadError::CountMismatch {
+                expected: 2,
+                found: 1
+            })
+        );
+        assert_eq!(
+            parse_ids("hello\n", 10, &mut out),
+            Err(HeadError::BadHeader)
+        );
+    }
+}
