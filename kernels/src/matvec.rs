@@ -4,6 +4,11 @@
 //! format the weight type pairs with, then calls [`matvec_rows`] on row ranges (one per
 //! worker). [`matmul_rows`] does the same for several activation rows (prompt tokens) so
 //! a weight row is read once and reused while it is in cache.
+//!
+//! Both go first to [`crate::arch::matmul_rows`], which picks the ISA once per call and
+//! runs tiled row x token loops (Q8_0, Q5_0 and the K-quants on AVX2/AVX-512 VNNI and
+//! NEON/dotprod); other types, and CPUs without those, loop over [`vec_dot`] per (row,
+//! token). Both paths give the scalar reference's bits for every (row, token).
 use core::ops::Range;
 
 use crate::quant::*;

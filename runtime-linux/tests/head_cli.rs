@@ -225,3 +225,29 @@ fn recut_tied_model_gets_explicit_output() {
     assert!(g.tensor("output.weight").is_none(), "fixture is not tied");
     recut_round_trip(&model, 48);
 }
+
+/// ppl with a pruned head: bits per byte stay finite and the share of the full
+/// tokenization outside the head is reported.
+#[test]
+fn ppl_with_pruned_head_is_finite_and_reports_outside_tokens() {
+    let model = path("tests/data/tiny/tiny-llama-Q4_K_M.gguf");
+    let text = tmp_write(
+        "ppl.txt",
+        "The quick brown fox jumps over the lazy dog. Zebras quietly vex jumping wizards.\n"
+            .repeat(4)
+            .as_bytes(),
+    );
+    let (ids, _) = select(&model, 16);
+    let h = tmp_write("ppl.ids", ids.as_bytes());
+    let o = pinch(&[
+        "ppl", "-m", &model, "-f", &text, "-c", "32", "--json", "--head", &h,
+    ]);
+    ok(&o);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("outside the head"), "{err}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let line = out.lines().rev().find(|l| l.starts_with('{')).unwrap();
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    let bpb = v["bpb"].as_f64().unwrap();
+    assert!(bpb.is_finite() && bpb > 0.0, "bpb {bpb}");
+}

@@ -46,6 +46,8 @@ pub struct Opts<'s> {
     pub bench_p: heapless::Vec<usize, 8>,
     pub bench_t: heapless::Vec<usize, 8>,
     pub bench_reps: usize,
+    /// bench: tokens already in the cache before each test (`-d`).
+    pub bench_depth: usize,
     pub verbose: bool,
     /// Attention skips keys whose weight is below 1e-4 of the best (`--no-attn-skip`).
     pub attn_skip: bool,
@@ -117,6 +119,7 @@ flags (llama.cpp names):
   --profile               print the share of time per kind of operation
   -sys, --system TEXT     system prompt for chat
   -r, --repetitions N     bench repetitions (default 3)
+  -d, --n-depth N         bench: tokens already in the context before each test
   --host ADDR --port N    serve: listen address (default 127.0.0.1:8080)
   --queue N               serve: requests that may wait for the running one (default 4)
   --head FILE             pruned LM head from a head.ids file (head-select's output)
@@ -178,6 +181,7 @@ impl<'s> Opts<'s> {
             bench_p: heapless::Vec::from_slice(&[64, 512]).unwrap_or_default(),
             bench_t: heapless::Vec::new(),
             bench_reps: 3,
+            bench_depth: 0,
             verbose: false,
             attn_skip: true,
             profile: false,
@@ -251,6 +255,7 @@ impl<'s> Opts<'s> {
                 "--repeat-last-n" => o.sampler.repeat_last_n = num!(),
                 "-s" | "--seed" => o.sampler.seed = num!(),
                 "-r" | "--repetitions" => o.bench_reps = num!(),
+                "-d" | "--n-depth" => o.bench_depth = num!(),
                 "--budget" => {
                     let v = val()?;
                     o.budget = Some(parse_size(v).ok_or(CliError::BadValue { flag, value: v })?);

@@ -289,3 +289,40 @@ fn gemma3_pruned_head_logits_equal_full_head_on_kept_ids() {
     let (full, pruned) = logits_pair(&b, &[2, 818, 5279, 529, 7001, 563], &ids, Math::Fast);
     check_pruned(&full, &pruned, &ids, nv);
 }
+
+/// `load_with_head` (rows read one by one for an untied output, copied from the
+/// embedding for a tied one) builds the same matrix as pruning the full one.
+#[test]
+fn load_with_head_matches_pruning_the_full_output() {
+    for name in ["tiny-llama-Q4_K_M.gguf", "tiny-gemma3-Q8_0.gguf"] {
+        let b = std::fs::read(root().join("tests/data/tiny").join(name)).unwrap();
+        let g = Gguf::parse(&b, b.len() as u64).unwrap();
+        let cfg = Config::from_gguf(&g).unwrap();
+        let ids: &'static [u32] = Box::leak(some_ids(cfg.n_vocab).into_boxed_slice());
+        let mut r = region(b.len() * 3 + (16 << 20));
+        let mut arena = Arena::new(pinch_kernels::blocks::bytes_of_mut(&mut r[..]));
+        let plat = MemPlatform {
+            bytes: &b,
+            cpu: host_cpu(),
+        };
+        let mut loader = Loader {
+            platform: &plat,
+            file: &(),
+            gguf: &g,
+            arena: &mut arena,
+        };
+        let full = loader.load(&cfg).unwrap();
+        let pruned = loader.load_with_head(&cfg, Some(ids)).unwrap();
+        assert_eq!(pruned.head_ids, Some(ids));
+        assert_eq!(pruned.output.rows, ids.len());
+        assert_eq!(pruned.output.ty, full.output.ty);
+        for (j, &id) in ids.iter().enumerate() {
+            assert_eq!(
+                pruned.output.row(j),
+                full.output.row(id as usize),
+                "{name} row {id}"
+            );
+        }
+        assert_eq!(pruned.token_embd.rows, cfg.n_vocab);
+    }
+}

@@ -7,7 +7,9 @@
 //! - [`test`]: `test`, the one test command CI runs (lint, native, qemu, no_std, device).
 //! - [`size`]: `size` reports the device binary size.
 //! - [`run`]: `run -- <pinch args>` builds the host binary and runs it on the test model.
+//! - [`bench`]: `bench [--vs-llama-cpp] [--qemu]`, the speed and memory targets.
 //! - [`util`]: running commands, finding the workspace and the target directory.
+mod bench;
 mod device;
 mod fetch;
 mod run;
@@ -23,7 +25,7 @@ const USAGE: &str = "usage: cargo xtask <command>
   test [--keep-going]               the one test command (what CI runs)
   size                              build the tv binary and report its size
   run -- <pinch args>               build the host binary and run `pinch run` on the test model
-  bench                             (not yet)";
+  bench [--vs-llama-cpp] [--qemu]   speed and memory targets (issue #4) on Gemma 3 270M";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -34,10 +36,7 @@ fn main() -> ExitCode {
         Some("test") => test::main(rest),
         Some("size") => size::main(rest),
         Some("run") => run::main(rest),
-        Some("bench") => {
-            eprintln!("xtask bench: not yet");
-            return ExitCode::from(2);
-        }
+        Some("bench") => bench::main(rest),
         Some("help" | "--help" | "-h") => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;

@@ -21,7 +21,15 @@
 //!   wraps, exactly as in llama.cpp's own x86 kernel.
 //! - Q5_0 keeps its quants unsigned (0..32): `maddubs(u, a) - 16 * sum(a)`, exact for any
 //!   activation byte; `16 * sum(a)` is computed once per activation block and tile.
-//! - K-quants: as in [`super::x86_kquant`] (unsigned quants, exact).
+//! - K-quants: as in [`super::x86_kquant`] (unsigned quants, exact); the per-block
+//!   scale/minimum terms are split into a weight part (once per block and tile) and a
+//!   token part (Q4_K/Q6_K: one `madd` over the activation's `bsums`).
+//! - With AVX-512 VNNI (`CpuFeatures::avx512vnni`), Q8_0/Q5_0 use `vpdpbusd` for the same
+//!   integers, and the 32 vector registers keep a 4 x 4 tile's accumulators unspilled.
+//!
+//! Tiles are 4 rows x 4 tokens (Q8_0/Q5_0) or 1 row x 8 tokens (K-quants); for one token
+//! the 4 rows are read as 4 interleaved streams, which needs the software prefetch of
+//! `PF_TILES` (below) to stream at memory speed.
 #![allow(unsafe_code)]
 
 use core::arch::x86_64::*;
@@ -41,15 +49,13 @@ use crate::{CpuFeatures, GgmlType};
 const R: usize = 4;
 /// Activation rows (tokens) per tile.
 const T: usize = 4;
-/// Fewest tokens for which several weight rows are walked side by side. With one token
-/// the product is bound by memory bandwidth, and one sequential stream per worker lets
-/// the hardware prefetcher run ahead better than `R` interleaved ones (measured: the
-/// 262144 x 640 Q8_0 output matrix took twice as long with 4 rows at a time).
-const MULTI_ROW_MIN_TOK: usize = 1;
-/// How many tiles ahead the prefetch runs (beyond the next one).
-const PF_TILES: usize = 4;
-/// Whether a tile prefetches the weight rows of the tile after it.
-const PREFETCH: bool = true;
+/// How many tiles ahead of the current one a tile prefetches its weight rows (about
+/// 14 KB for Q8_0 rows of 640). Measured on the 262144 x 640 Q8_0 output matrix
+/// (one token, 4 x 1 tiles, AMD EPYC): without prefetching, 4 interleaved row streams
+/// ran at a quarter of one sequential stream's speed (the hardware prefetcher does not
+/// follow them, nor across 4 KiB pages); prefetching 2 tiles ahead made them equal,
+/// 3-7 tiles ahead gave ~1.8x the one-row kernel, 13-17 tiles ahead was slower again.
+const PF_TILES: usize = 5;
 
 /// Row-range product of `ty` on AVX2, or `false` (nothing written) when this file has no
 /// kernel for it or the shapes are not whole, matching blocks.
@@ -187,10 +193,11 @@ unsafe fn lanes_tile<B: Lanes8, const VNNI: bool, const RR: usize, const TT: usi
     prefetch: *const u8,
 ) -> [[f32; TT]; RR] {
     let mut acc = [[_mm256_setzero_ps(); TT]; RR];
-    // Bytes of the next tile's rows to prefetch per block step (two lines).
+    // Bytes of the prefetched tile's rows to fetch per block step (two or three lines),
+    // so that the whole tile is requested over the `nb` steps.
     let pf_step = RR * core::mem::size_of::<B>();
     for k in 0..nb {
-        if PREFETCH && !prefetch.is_null() {
+        if !prefetch.is_null() {
             let p = prefetch.wrapping_add(k * pf_step);
             // A prefetch never faults, even past the end of the weights.
             _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
@@ -278,9 +285,9 @@ unsafe fn lanes_body<B: Lanes8, const VNNI: bool>(
     let nr = job.rows.len();
     let mut i = 0;
     while i < nr {
-        if i + R <= nr && n_tok >= MULTI_ROW_MIN_TOK {
+        if i + R <= nr {
             let ws: [&[B]; R] = core::array::from_fn(|j| row(start + i + j));
-            let next = w.as_ptr().wrapping_add((start + i + R + PF_TILES * R) * rb);
+            let next = w.as_ptr().wrapping_add((start + i + PF_TILES * R) * rb);
             let mut t = 0;
             while t + T <= n_tok {
                 let res =

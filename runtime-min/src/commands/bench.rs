@@ -53,7 +53,7 @@ pub fn bench<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> 
             let _ = tests.push((o.n_predict, false));
         }
         for (n, is_pp) in tests {
-            if n > n_ctx {
+            if n + o.bench_depth > n_ctx {
                 let _ = writeln!(
                     Out::stderr(p),
                     "pinch bench: skipping {n} tokens: larger than -c {n_ctx}"
@@ -67,11 +67,18 @@ pub fn bench<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> 
             ctx.sess.eval(p, &toks[..1], Logits::Last, &mut |_, _| {})?;
             for rep in tps.iter_mut().take(r) {
                 ctx.sess.reset();
+                // `-d N`: the test starts after N tokens already in the cache (speed
+                // deep into a long answer), as llama-bench's depth.
+                let d = o.bench_depth;
+                if d > 0 {
+                    ctx.sess.eval(p, &toks[..d], Logits::None, &mut |_, _| {})?;
+                }
                 let t0 = p.now_ns();
                 if is_pp {
-                    ctx.sess.eval(p, &toks[..n], Logits::Last, &mut |_, _| {})?;
+                    ctx.sess
+                        .eval(p, &toks[d..d + n], Logits::Last, &mut |_, _| {})?;
                 } else {
-                    for i in 0..n {
+                    for i in d..d + n {
                         ctx.sess
                             .eval(p, &toks[i..i + 1], Logits::Last, &mut |_, _| {})?;
                     }
@@ -80,17 +87,23 @@ pub fn bench<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> 
             }
             let (m, sd) = mean_sd(&tps[..r]);
             let test = if is_pp { "pp" } else { "tg" };
+            let mut label = heapless::String::<24>::new();
+            let _ = write!(label, "{test}{n}");
+            if o.bench_depth > 0 {
+                let _ = write!(label, " @ d{}", o.bench_depth);
+            }
             let _ = writeln!(
                 out,
-                "| {} | {} | {t} | {test}{n} | {m:.2} ± {sd:.2} |",
+                "| {} | {} | {t} | {label} | {m:.2} ± {sd:.2} |",
                 ctx.cfg.arch.name(),
                 Mib(size)
             );
             out.flush();
             let _ = write!(
                 json,
-                "{}{{\"test\":\"{test}{n}\",\"threads\":{t},\"tps\":{m:.3},\"sd\":{sd:.3}}}",
-                if first { "" } else { "," }
+                "{}{{\"test\":\"{test}{n}\",\"threads\":{t},\"tps\":{m:.3},\"sd\":{sd:.3},\"depth\":{}}}",
+                if first { "" } else { "," },
+                o.bench_depth
             );
             first = false;
         }

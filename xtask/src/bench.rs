@@ -1,0 +1,246 @@
+//! `cargo xtask bench [--vs-llama-cpp] [--qemu]`: the speed and memory targets of issue #4
+//! on Gemma 3 270M Q4_K_M, each printed next to its target.
+//!
+//! - x86 table: `pinch bench` tg128 and pp512 at 1 and 2 threads; with `--vs-llama-cpp`
+//!   llama.cpp (llama-cpp-python 0.3.36 from PyPI, built once into `.cache/`) is timed
+//!   alternately with pinch on the same token ids, and medians and ratios are quoted.
+//! - memory: peak RSS of `pinch run -c 512 -n 128` (target <= 270 MiB).
+//! - long answers: tg32 at depth 1000 over tg32 at depth 0 (target >= 0.8).
+//! - `--qemu`: guest instructions per generated and per prompt token under
+//!   `qemu-aarch64 -cpu max` and `-cpu cortex-a53`, with the counter plugin in
+//!   `tools/qemu-insn` (difference of two lengths, as the llama.cpp anchors were made).
+use crate::device::{self, Device};
+use crate::fetch;
+use crate::util::{output, root, run, Result};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// llama.cpp's figures on this machine (shared/anchors/perf-llamacpp.md, idle-VM run).
+const LLAMA_TG: [(usize, f64); 2] = [(1, 48.26), (2, 66.96)];
+const LLAMA_PP512: [(usize, f64); 2] = [(1, 351.45), (2, 677.48)];
+
+pub fn main(args: &[String]) -> Result<()> {
+    let vs = args.iter().any(|a| a == "--vs-llama-cpp");
+    let qemu = args.iter().any(|a| a == "--qemu");
+    let reps: usize = 3;
+    let model = fetch::ensure("gemma3-270m")?;
+    let pinch = device::build(Device::Host)?;
+    let llama = if vs { Some(llama_cpp_site()?) } else { None };
+
+    println!("\n## x86: Gemma 3 270M Q4_K_M (medians of {reps} alternating runs)\n");
+    println!("| test | threads | pinch t/s | llama.cpp t/s | ratio | target |");
+    println!("| --- | ---: | ---: | ---: | ---: | --- |");
+    for t in [1usize, 2] {
+        for (test, pp, tg) in [("tg128", 0usize, 128usize), ("pp512", 512, 0)] {
+            let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+            for _ in 0..reps {
+                ours.push(pinch_bench(&pinch, &model, t, pp, tg, 0)?);
+                if let Some(site) = &llama {
+                    theirs.push(llama_bench(site, &model, t, pp, tg)?);
+                }
+            }
+            let anchor = if tg > 0 { LLAMA_TG } else { LLAMA_PP512 };
+            let anchor = anchor.iter().find(|a| a.0 == t).map_or(0.0, |a| a.1);
+            let (them, source) = if theirs.is_empty() {
+                (anchor, " (anchor)")
+            } else {
+                (median(&mut theirs), "")
+            };
+            let us = median(&mut ours);
+            let target = if tg > 0 {
+                "ratio >= 1.3"
+            } else {
+                "ratio >= 1.0"
+            };
+            println!(
+                "| {test} | {t} | {us:.1} | {them:.1}{source} | {:.2} | {target} |",
+                us / them
+            );
+        }
+    }
+
+    let rss = peak_rss(&pinch, &model)?;
+    println!("\n| memory | measured | target |\n| --- | ---: | --- |");
+    println!(
+        "| peak RSS, run -c 512 -n 128 -t 2 | {:.1} MiB | <= 270 MiB |",
+        rss as f64 / (1u64 << 20) as f64
+    );
+
+    let d0 = pinch_bench(&pinch, &model, 1, 0, 32, 0)?;
+    let d1000 = pinch_bench(&pinch, &model, 1, 0, 32, 1000)?;
+    println!("\n| long answers (t=1) | tok/s | ratio | target |\n| --- | ---: | ---: | --- |");
+    println!("| tg32 at position 0 | {d0:.1} | | |");
+    println!(
+        "| tg32 at position 1000 | {d1000:.1} | {:.2} | >= 0.80 |",
+        d1000 / d0
+    );
+
+    if qemu {
+        qemu_table(&model)?;
+    }
+    Ok(())
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// The number after `"key":` in a JSON line (enough for pinch's flat summaries).
+fn field(json: &str, key: &str) -> Option<f64> {
+    let at = json.find(&format!("\"{key}\":"))? + key.len() + 3;
+    let rest = &json[at..];
+    let end = rest.find([',', '}']).unwrap_or(rest.len());
+    rest[..end].trim().parse().ok()
+}
+
+fn pinch_bench(
+    pinch: &Path,
+    model: &Path,
+    t: usize,
+    pp: usize,
+    tg: usize,
+    depth: usize,
+) -> Result<f64> {
+    let out = output(Command::new(pinch).args(["bench", "-m"]).arg(model).args([
+        "-p",
+        &pp.to_string(),
+        "-n",
+        &tg.to_string(),
+        "-t",
+        &t.to_string(),
+        "-r",
+        "1",
+        "-d",
+        &depth.to_string(),
+        "-c",
+        &(pp.max(tg) + depth + 8).to_string(),
+        "--json",
+    ]))?;
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .ok_or("pinch bench printed no JSON")?;
+    field(line, "tps").ok_or_else(|| format!("no tps in {line}"))
+}
+
+fn peak_rss(pinch: &Path, model: &Path) -> Result<u64> {
+    let out = output(Command::new(pinch).args(["run", "-m"]).arg(model).args([
+        "-p",
+        "The capital of France is",
+        "-c",
+        "512",
+        "-n",
+        "128",
+        "-t",
+        "2",
+        "--temp",
+        "0",
+        "--ignore-eos",
+        "--json",
+    ]))?;
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .ok_or("pinch run printed no JSON")?;
+    field(line, "peak_rss")
+        .map(|v| v as u64)
+        .ok_or_else(|| format!("no peak_rss in {line}"))
+}
+
+/// llama-cpp-python installed into `.cache/llama-cpp-python` (built from PyPI's sdist
+/// the first time: several minutes).
+fn llama_cpp_site() -> Result<PathBuf> {
+    let site = root().join(".cache/llama-cpp-python");
+    if !site.join("llama_cpp").is_dir() {
+        eprintln!(
+            "building llama-cpp-python 0.3.36 into {} (first use only)",
+            site.display()
+        );
+        run(Command::new("python3")
+            .args(["-m", "pip", "install", "--target"])
+            .arg(&site)
+            .arg("llama-cpp-python==0.3.36"))?;
+    }
+    Ok(site)
+}
+
+fn llama_bench(site: &Path, model: &Path, t: usize, pp: usize, tg: usize) -> Result<f64> {
+    let out = output(
+        Command::new("python3")
+            .arg(root().join("tools/llamacpp_bench.py"))
+            .arg(site)
+            .arg(model)
+            .args([t.to_string(), pp.to_string(), tg.to_string()]),
+    )?;
+    let key = if tg > 0 { "tg_tps" } else { "pp_tps" };
+    field(out.trim(), key).ok_or_else(|| format!("no {key} in {out}"))
+}
+
+/// Instructions per token under qemu-aarch64 for both CPU models.
+fn qemu_table(model: &Path) -> Result<()> {
+    let bin = device::build(Device::Tv)?;
+    let plugin = root().join("target/libinsn.so");
+    run(Command::new("gcc")
+        .args(["-O2", "-shared", "-fPIC", "-o"])
+        .arg(&plugin)
+        .arg(root().join("tools/qemu-insn/insn.c")))?;
+    let long = "The history of computing is longer than the history of computing hardware and modern computing technology and includes the history of methods intended for pen and paper or for chalk and slate, with or without the aid of tables. Digital computing is intimately tied to the representation of numbers.";
+    println!("\n## aarch64 under qemu: instructions per token (single thread)\n");
+    println!("| cpu | generated token | target | prompt token | target |\n| --- | ---: | --- | ---: | --- |");
+    for (cpu, tg_target, pp_target) in [
+        ("max", "<= 100 M", "<= 70 M"),
+        ("cortex-a53", "<= 150 M", "<= 100 M"),
+    ] {
+        let count = |prompt: &str, n: usize| -> Result<(u64, usize)> {
+            let out_file = root().join(format!("target/insn-{cpu}.txt"));
+            let _ = std::fs::remove_file(&out_file);
+            let stdout = output(
+                Command::new("qemu-aarch64")
+                    .args(["-cpu", cpu, "-plugin"])
+                    .arg(format!("{},out={}", plugin.display(), out_file.display()))
+                    .arg(&bin)
+                    .args(["run", "-m"])
+                    .arg(model)
+                    .args([
+                        "-p",
+                        prompt,
+                        "-n",
+                        &n.to_string(),
+                        "-t",
+                        "1",
+                        "-c",
+                        "512",
+                        "--temp",
+                        "0",
+                        "--ignore-eos",
+                        "--json",
+                    ]),
+            )?;
+            let text = std::fs::read_to_string(&out_file)
+                .map_err(|e| format!("{}: {e}", out_file.display()))?;
+            let insns = text
+                .lines()
+                .rev()
+                .find_map(|l| l.strip_prefix("insns: "))
+                .and_then(|v| v.trim().parse().ok())
+                .ok_or("no insns line")?;
+            let line = stdout
+                .lines()
+                .rev()
+                .find(|l| l.starts_with('{'))
+                .ok_or("no JSON")?;
+            Ok((insns, field(line, "prompt_tokens").unwrap_or(0.0) as usize))
+        };
+        let (g8, _) = count("The capital of France is", 8)?;
+        let (g24, _) = count("The capital of France is", 24)?;
+        let (p_long, n_long) = count(long, 1)?;
+        let (p_short, n_short) = count("Hello", 1)?;
+        let per_gen = (g24 - g8) as f64 / 16.0 / 1e6;
+        let per_prompt = (p_long - p_short) as f64 / (n_long - n_short) as f64 / 1e6;
+        println!("| {cpu} | {per_gen:.1} M | {tg_target} | {per_prompt:.1} M | {pp_target} |");
+    }
+    Ok(())
+}
