@@ -267,3 +267,36 @@ fn q8_0_zero_activation_block_contributes_nothing() {
     quantize_activation(fmt, &x, &mut a).unwrap();
     check(GgmlType::Q8_0, &w, rows, &a, arb, "zero block");
 }
+
+/// A degenerate input block (amax so small that `127 / amax` overflows) can quantize to
+/// scale 0 with quants of -128, the one activation byte on which the Q8_0 sign trick
+/// (and the NEON i16 pair step) are not exact. Its lanes are multiplied by 0, so the
+/// result must still have the reference's bits.
+#[test]
+fn q8_0_minus_128_activations_under_a_zero_scale_do_not_change_bits() {
+    let mut rng = Rng(0x128);
+    let (rows, nb, n_tok) = (9, 3, 5);
+    let w = weights(&mut rng, GgmlType::Q8_0, rows, nb * 32);
+    let (mut a, arb) = acts(&mut rng, GgmlType::Q8_0, n_tok, nb * 32);
+    for t in 0..n_tok {
+        let blk = &mut a[t * arb + 34..t * arb + 68];
+        blk[..2].copy_from_slice(&[0, 0]);
+        for (j, q) in blk[2..].iter_mut().enumerate() {
+            *q = if j % 3 == 0 {
+                0x80
+            } else {
+                (rng.next() as u8).max(0x81)
+            };
+        }
+    }
+    // The quantizer really does produce such a block.
+    let fmt = GgmlType::Q8_0.act_format().unwrap();
+    let mut q = vec![0u8; 34];
+    quantize_activation(fmt, &[-1e-45f32; 32], &mut q).unwrap();
+    assert_eq!(&q[..2], &[0, 0], "scale of a subnormal block");
+    assert!(
+        q[2..].iter().all(|&b| b == 0x80),
+        "quants of a subnormal block: {q:?}"
+    );
+    check(GgmlType::Q8_0, &w, rows, &a, arb, "-128 under zero scale");
+}

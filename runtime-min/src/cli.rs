@@ -49,8 +49,9 @@ pub struct Opts<'s> {
     /// bench: tokens already in the cache before each test (`-d`).
     pub bench_depth: usize,
     pub verbose: bool,
-    /// Attention skips keys whose weight is below 1e-4 of the best (`--no-attn-skip`).
-    pub attn_skip: bool,
+    /// Attention skips keys whose weight is below 1e-4 of the best. `None`: the
+    /// command's default (on, except for `ppl`, which measures the exact model).
+    pub attn_skip: Option<bool>,
     /// Print where the time went (per kind of operation) at the end.
     pub profile: bool,
     /// serve: address, port (0: any free port) and how many requests may wait.
@@ -113,7 +114,9 @@ flags (llama.cpp names):
   --budget SIZE           memory cap, e.g. 700M or 1.2G: the plan must fit under it
   --cache-type-k f16|f32  KV cache type (default f16)
   --reference             f32 oracle arithmetic (slow; for checking)
-  --no-attn-skip          attend to every key (default skips keys with weight < 1e-4 of the best)
+  --attn-skip, --no-attn-skip
+                          skip keys whose attention weight is < 1e-4 of the best
+                          (default: on; off for ppl, which measures the exact model)
   --ignore-eos            do not stop at end-of-generation tokens
   --json                  print one JSON summary line at the end
   --profile               print the share of time per kind of operation
@@ -183,7 +186,7 @@ impl<'s> Opts<'s> {
             bench_reps: 3,
             bench_depth: 0,
             verbose: false,
-            attn_skip: true,
+            attn_skip: None,
             profile: false,
             host: "127.0.0.1",
             port: 8080,
@@ -270,7 +273,8 @@ impl<'s> Opts<'s> {
                 }
                 "-sys" | "--system" => o.system = Some(val()?),
                 "--reference" => o.math = Math::Reference,
-                "--no-attn-skip" => o.attn_skip = false,
+                "--no-attn-skip" => o.attn_skip = Some(false),
+                "--attn-skip" => o.attn_skip = Some(true),
                 "--profile" => o.profile = true,
                 "--ignore-eos" => o.ignore_eos = true,
                 "--json" => o.json = true,

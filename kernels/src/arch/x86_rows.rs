@@ -503,6 +503,11 @@ unsafe fn kquant_tile<B: KRow, const TT: usize>(
 /// The tiled loop over a [`Job`] for one K-quant format.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn kquant_job<B: KRow + Pod>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) -> bool {
+    kquant_body::<B>(job, w, acts, out)
+}
+
+#[inline(always)]
+unsafe fn kquant_body<B: KRow + Pod>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) -> bool {
     let nb = job.row_bytes / core::mem::size_of::<B>();
     if nb * core::mem::size_of::<B>() != job.row_bytes
         || nb * core::mem::size_of::<BlockQ8K>() != job.act_row_bytes

@@ -175,7 +175,7 @@ pub fn session_options<P: Platform>(p: &P, o: &Opts, cfg: &Config) -> SessionOpt
         math: o.math,
         threads,
         head_group: 1,
-        attn_skip: o.attn_skip,
+        attn_skip: o.attn_skip.unwrap_or(o.command != Command::Ppl),
         cpu: p.cpu(),
     }
 }

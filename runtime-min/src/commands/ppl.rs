@@ -131,8 +131,9 @@ pub fn ppl<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
     if o.json {
         let _ = writeln!(
             out,
-            "{{\"command\":\"ppl\",\"ppl\":{ppl:.6},\"ppl_tokens\":{count},\"n_chunks\":{n_chunks},\"n_ctx\":{n_ctx},\"bpb\":{bpb:.6},\"bits\":{bits:.3},\"bytes\":{},\"scored\":{scored},\"nll_nats\":{nll_all:.6},\"tokens\":{n},\"seconds\":{:.3},\"peak_rss\":{}}}",
+            "{{\"command\":\"ppl\",\"ppl\":{ppl:.6},\"ppl_tokens\":{count},\"n_chunks\":{n_chunks},\"n_ctx\":{n_ctx},\"bpb\":{bpb:.6},\"bits\":{bits:.3},\"bytes\":{},\"scored\":{scored},\"nll_nats\":{nll_all:.6},\"tokens\":{n},\"attn_skip\":{},\"seconds\":{:.3},\"peak_rss\":{}}}",
             text.len(),
+            ctx.sess.opts.attn_skip,
             secs(t0, t2),
             p.peak_rss().unwrap_or(0)
         );
