@@ -404,14 +404,14 @@ generic_krow!(q5_k::BlockQ5K);
 impl KRow for q4_k::BlockQ4K {
     #[inline(always)]
     unsafe fn weight_part(&self, y0: &BlockQ8K) -> WPart {
-        let (sc, mn) = q4_k::scales_mins_k4(&self.scales);
+        let (sc, mn) = q4_k::scales_mins_k4_packed(&self.scales);
         // Group g has the scale of sub-block g / 2: each scale twice.
-        let sc = vmovl_u8(vld1_u8(sc.as_ptr()));
+        let sc = vmovl_u8(vcreate_u8(sc));
         let sc2 = [
             vreinterpretq_s16_u16(vzip1q_u16(sc, sc)),
             vreinterpretq_s16_u16(vzip2q_u16(sc, sc)),
         ];
-        let mn = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(mn.as_ptr())));
+        let mn = vreinterpretq_s16_u16(vmovl_u8(vcreate_u8(mn)));
         let d = h2f(self.d);
         let dmin = h2f(self.dmin);
         let mut w = WPart {

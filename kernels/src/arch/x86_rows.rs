@@ -409,17 +409,15 @@ generic_krow!(q5_k::BlockQ5K);
 impl KRow for q4_k::BlockQ4K {
     #[inline(always)]
     unsafe fn weight_part(&self, y0: &BlockQ8K) -> WPart {
-        let (sc, mn) = q4_k::scales_mins_k4(&self.scales);
+        let (sc, mn) = q4_k::scales_mins_k4_packed(&self.scales);
+        let mn = _mm_cvtsi64_si128(mn as i64);
         let mut w = WPart {
             // Both groups of a 32-weight chunk have the chunk's sub-block scale.
-            sv: core::array::from_fn(|c| _mm256_set1_epi16(sc[c] as i16)),
+            sv: core::array::from_fn(|c| _mm256_set1_epi16((sc >> (8 * c)) as u8 as i16)),
             d: crate::f16::read_f16(self.d),
             dmin: crate::f16::read_f16(self.dmin),
             // mn[g / 2] for g = 0..16 as i16.
-            extra: _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(
-                _mm_loadl_epi64(mn.as_ptr() as *const __m128i),
-                _mm_loadl_epi64(mn.as_ptr() as *const __m128i),
-            )),
+            extra: _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn, mn)),
             first: (0.0, 0, 0.0, 0),
         };
         w.first = self.token_part(&w, y0);

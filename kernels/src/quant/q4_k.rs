@@ -66,6 +66,29 @@ pub fn scales_mins_k4(q: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
     (sc, mn)
 }
 
+/// [`scales_mins_k4`] with word operations instead of a branch per sub-block (what the
+/// SIMD kernels call once per block): the 12 bytes as three little-endian words, the
+/// low 6 bits of bytes 0..8 and the nibbles of bytes 8..12 masked out per byte, the two
+/// spare top bits of bytes 0..8 shifted into place. Returns the eight scales and the
+/// eight minimums packed as little-endian `u64`s (byte `j` = sub-block `j`).
+#[inline]
+pub fn scales_mins_k4_packed(q: &[u8; 12]) -> (u64, u64) {
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const LOW2: u32 = 0x0303_0303;
+    let w0 = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
+    let w1 = u32::from_le_bytes([q[4], q[5], q[6], q[7]]);
+    let w2 = u32::from_le_bytes([q[8], q[9], q[10], q[11]]);
+    let sc_lo = w0 & LOW6;
+    let sc_hi = (w2 & LOW4) | (((w0 >> 6) & LOW2) << 4);
+    let mn_lo = w1 & LOW6;
+    let mn_hi = ((w2 >> 4) & LOW4) | (((w1 >> 6) & LOW2) << 4);
+    (
+        sc_lo as u64 | (sc_hi as u64) << 32,
+        mn_lo as u64 | (mn_hi as u64) << 32,
+    )
+}
+
 impl BlockQ4K {
     /// The 256 4-bit quants in weight order.
     #[inline]
@@ -154,5 +177,28 @@ mod tests {
         q[5] = 0b0100_0000 | 33;
         assert_eq!(scale_min_k4(5, &q), (0x7 | (0b11 << 4), 0xA | (0b01 << 4)));
         assert_eq!(scale_min_k4(1, &q), (17, 33));
+    }
+
+    #[test]
+    fn packed_scales_and_mins_equal_the_per_sub_block_unpacking() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..1000 {
+            let mut q = [0u8; 12];
+            for b in q.iter_mut() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *b = x as u8;
+            }
+            let (sc, mn) = scales_mins_k4_packed(&q);
+            for j in 0..8 {
+                let (s, m) = scale_min_k4(j, &q);
+                assert_eq!(
+                    ((sc >> (8 * j)) as u8, (mn >> (8 * j)) as u8),
+                    (s, m),
+                    "{q:?} j={j}"
+                );
+            }
+        }
     }
 }
