@@ -123,6 +123,29 @@ mod tests {
     use std::vec::Vec;
 
     #[test]
+    fn vectorized_softmax_equals_the_scalar_one_bit_for_bit() {
+        let mut rng = Rng(0xfeed);
+        for n in [1usize, 5, 16, 17, 40, 64, 100, 1000] {
+            for spread in [0.5f32, 4.0, 30.0, 120.0] {
+                let x: Vec<f32> = (0..n).map(|_| rng.f32() * spread).collect();
+                for skip in [f32::NEG_INFINITY, -9.21034] {
+                    let mut a = x.clone();
+                    let mut b = x.clone();
+                    crate::ops::softmax_skip(&mut a, skip);
+                    for f in feats() {
+                        b.copy_from_slice(&x);
+                        crate::ops::softmax_skip_on(&f, &mut b, skip);
+                        assert!(
+                            a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()),
+                            "n={n} spread={spread} {f:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn simd_attention_loops_equal_the_scalar_reference_bit_for_bit() {
         let mut rng = Rng(0x1234_5678);
         for n in [1usize, 3, 17, 63, 64, 65, 128, 255, 256, 1023] {

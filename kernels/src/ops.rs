@@ -121,6 +121,11 @@ pub fn softmax(x: &mut [f32]) {
 /// [`softmax`] where entries below `max + log_ratio` get weight exactly 0 without
 /// computing their exp (attention skips them; `log_ratio = -inf` skips nothing).
 pub fn softmax_skip(x: &mut [f32], log_ratio: f32) {
+    softmax_skip_on(&crate::CpuFeatures::SCALAR, x, log_ratio)
+}
+
+/// [`softmax_skip`] with the exponentials vectorized where `feat` allows (same bits).
+pub fn softmax_skip_on(feat: &crate::CpuFeatures, x: &mut [f32], log_ratio: f32) {
     let mut max = f32::NEG_INFINITY;
     for v in x.iter() {
         if *v > max {
@@ -131,6 +136,16 @@ pub fn softmax_skip(x: &mut [f32], log_ratio: f32) {
     let mut sum = 0.0f64;
     for chunk in x.chunks_mut(16) {
         let mut e = [0.0f32; 16];
+        #[cfg(target_arch = "x86_64")]
+        if feat.avx2
+            && chunk.iter().all(|v| *v >= floor)
+            && crate::arch::x86_attn::exp16_minus(chunk, max, &mut e)
+        {
+            chunk.copy_from_slice(&e);
+            sum += crate::quant::float::hsum16(e) as f64;
+            continue;
+        }
+        let _ = feat;
         for (ei, v) in e.iter_mut().zip(chunk.iter_mut()) {
             *ei = if *v < floor { 0.0 } else { expf_ggml(*v - max) };
             *v = *ei;

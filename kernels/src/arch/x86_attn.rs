@@ -92,3 +92,59 @@ unsafe fn fma_row_avx2(v: KvRow, w: f32, acc: &mut [f32]) {
         *a = fmaf(scalar_at(&v, j), w, *a);
     }
 }
+
+/// `out[i] = ops::expf_ggml(x[i] - max)` for a chunk of exactly 16 values, or `false`
+/// (with `out` unspecified) when the chunk is shorter or a lane's power of two falls
+/// outside the normal range, where `ldexpf` rounding needs the scalar path. Same
+/// operations in the same order as the scalar, with hardware FMA.
+pub fn exp16_minus(x: &[f32], max: f32, out: &mut [f32; 16]) -> bool {
+    if x.len() != 16 {
+        return false;
+    }
+    let (lo, hi) = out.split_at_mut(8);
+    // SAFETY: callers check `CpuFeatures::avx2` (which includes FMA); each call reads 8
+    // floats of `x` (16 long, checked) and writes 8 into a half of `out`.
+    unsafe { exp8_avx2(&x[..8], max, lo) && exp8_avx2(&x[8..], max, hi) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn exp8_avx2(x: &[f32], max: f32, out: &mut [f32]) -> bool {
+    let c = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));
+    let v = _mm256_sub_ps(_mm256_loadu_ps(x[..8].as_ptr()), _mm256_set1_ps(max));
+    let r = c(0x4b40_0000);
+    let z = _mm256_fmadd_ps(v, c(0x3fb8_aa3b), r);
+    let n = _mm256_sub_ps(z, r);
+    // Normal range of 2^n only: -126 <= n <= 127 (the scalar path handles the rest).
+    let ok = _mm256_and_ps(
+        _mm256_cmp_ps::<_CMP_GE_OQ>(n, _mm256_set1_ps(-126.0)),
+        _mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_set1_ps(127.0)),
+    );
+    if _mm256_movemask_ps(ok) != 0xff {
+        return false;
+    }
+    let neg_n = _mm256_sub_ps(_mm256_setzero_ps(), n);
+    let b = _mm256_fmadd_ps(
+        neg_n,
+        c(0x35bf_be8e),
+        _mm256_fmadd_ps(neg_n, c(0x3f31_7200), v),
+    );
+    let u = _mm256_mul_ps(b, b);
+    let j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(
+            _mm256_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+            u,
+            _mm256_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+        ),
+        u,
+        _mm256_fmadd_ps(c(0x3f7f_fff6), b, _mm256_set1_ps(1.0)),
+    );
+    // 2^n as a float built from its exponent bits; j * 2^n is exact for normal results
+    // (j is within [0.7, 1.5]), and results below 2^-126 are excluded above.
+    let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+        _mm256_cvtps_epi32(n),
+        _mm256_set1_epi32(127),
+    ));
+    let res = _mm256_mul_ps(j, _mm256_castsi256_ps(e));
+    _mm256_storeu_ps(out[..8].as_mut_ptr(), res);
+    true
+}

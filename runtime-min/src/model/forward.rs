@@ -745,7 +745,8 @@ impl Attend<'_, '_> {
             for (j, v) in sc.iter_mut().enumerate() {
                 *v = attn::dot(&self.cpu, self.k.row(first + j, off, hd), qh) * self.kq_scale;
             }
-            ops::softmax_skip(
+            ops::softmax_skip_on(
+                &self.cpu,
                 sc,
                 if self.skip {
                     SKIP_LOG_RATIO
