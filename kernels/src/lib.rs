@@ -15,6 +15,7 @@
 //! - [`matvec`]: row-range matrix-vector and matrix-matrix products, dispatched by
 //!   [`GgmlType`] and a run-time [`CpuFeatures`] value, ready to be split across workers.
 //! - [`ops`]: norms, rope, softmax, activations.
+//! - [`repack`]: row-interleaved weight layouts and the products over them.
 //!
 //! CPU features are values handed in by the platform, never assumed at build time, so a
 //! Cortex-A53 or Apple A7 never meets an illegal instruction.
@@ -30,6 +31,7 @@ pub mod ggml_type;
 pub mod matvec;
 pub mod ops;
 pub mod quant;
+pub mod repack;
 
 pub use cpu::CpuFeatures;
 pub use ggml_type::{ActFormat, GgmlType};

@@ -137,13 +137,24 @@ pub fn softmax_skip_on(feat: &crate::CpuFeatures, x: &mut [f32], log_ratio: f32)
     for chunk in x.chunks_mut(16) {
         let mut e = [0.0f32; 16];
         #[cfg(target_arch = "x86_64")]
-        if feat.avx2
-            && chunk.iter().all(|v| *v >= floor)
-            && crate::arch::x86_attn::exp16_minus(chunk, max, &mut e)
-        {
-            chunk.copy_from_slice(&e);
-            sum += crate::quant::float::hsum16(e) as f64;
-            continue;
+        if feat.avx2 {
+            // Entries below the floor are exponentiated at the floor (in range) and
+            // lanes past the end at the max, then both get 0 as in the scalar loop.
+            let xs: [f32; 16] = core::array::from_fn(|i| match chunk.get(i) {
+                Some(v) if *v < floor => floor,
+                Some(v) => *v,
+                None => max,
+            });
+            if crate::arch::x86_attn::exp16_minus(&xs, max, &mut e) {
+                for (i, ei) in e.iter_mut().enumerate() {
+                    if chunk.get(i).is_none_or(|v| *v < floor) {
+                        *ei = 0.0;
+                    }
+                }
+                chunk.copy_from_slice(&e[..chunk.len()]);
+                sum += crate::quant::float::hsum16(e) as f64;
+                continue;
+            }
         }
         let _ = feat;
         for (ei, v) in e.iter_mut().zip(chunk.iter_mut()) {

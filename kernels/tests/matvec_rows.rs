@@ -7,64 +7,10 @@
 //! f32 values, so Q8_0 quants lie in -127..=127 (the range on which the Q8_0 sign trick
 //! is exact); the edge tests pin down the extremes: -128 weights, ±127 activations
 //! (the i16 pair sums closest to saturation) and the degenerate all-zero block.
+mod common;
+use common::{feature_sets, Rng};
 use pinch_kernels::matvec::{matmul_rows, matvec_rows, quantize_activation, vec_dot_scalar};
-use pinch_kernels::{CpuFeatures, GgmlType};
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn f32(&mut self) -> f32 {
-        ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-}
-
-fn feature_sets() -> Vec<CpuFeatures> {
-    #[allow(unused_mut)]
-    let mut v = vec![CpuFeatures::SCALAR];
-    #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-        {
-            v.push(CpuFeatures {
-                avx2: true,
-                ..CpuFeatures::SCALAR
-            });
-            if is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx512bw")
-                && is_x86_feature_detected!("avx512vl")
-                && is_x86_feature_detected!("avx512vnni")
-            {
-                v.push(CpuFeatures {
-                    avx2: true,
-                    avx512vnni: true,
-                    ..CpuFeatures::SCALAR
-                });
-            }
-        }
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        v.push(CpuFeatures {
-            neon: true,
-            ..CpuFeatures::SCALAR
-        });
-        if std::arch::is_aarch64_feature_detected!("dotprod") {
-            v.push(CpuFeatures {
-                neon: true,
-                dotprod: true,
-                ..CpuFeatures::SCALAR
-            });
-        }
-    }
-    v
-}
+use pinch_kernels::GgmlType;
 
 /// Random blocks with plausible f16 scales in the places each format keeps them.
 fn weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {

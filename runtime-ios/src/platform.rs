@@ -184,6 +184,23 @@ impl Platform for IosPlatform {
         self.pool.run(n, f);
     }
 
+    fn io_thread(&self) -> bool {
+        true
+    }
+
+    fn overlap(&self, io: &mut (dyn FnMut() + Send), work: &mut dyn FnMut()) {
+        // One scoped reader thread per weight pass (see the Linux platform).
+        std::thread::scope(|s| {
+            let reader = s.spawn(io);
+            work();
+            let _ = reader.join();
+        });
+    }
+
+    fn yield_now(&self) {
+        std::thread::yield_now();
+    }
+
     fn cpu(&self) -> CpuFeatures {
         self.cpu
     }

@@ -175,6 +175,29 @@ fn aligned_window(bounce: &mut Vec<u8>, len: usize) -> &mut [u8] {
 impl LinuxFile {
     /// Uncached read of `buf.len()` bytes at `offset` through the aligned bounce buffer.
     fn read_direct(&self, direct: &File, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+        let align = DIRECT_ALIGN as u64;
+        if offset.is_multiple_of(align)
+            && (buf.len() as u64).is_multiple_of(align)
+            && buf.as_ptr().align_offset(DIRECT_ALIGN) == 0
+        {
+            // Aligned on every count (the streamer's zones): straight into `buf`. A read
+            // that stops short of a block boundary has reached the end of the file.
+            let mut done = 0;
+            while done < buf.len() {
+                match direct.read_at(&mut buf[done..], offset + done as u64) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        done += n;
+                        if !n.is_multiple_of(DIRECT_ALIGN) {
+                            break;
+                        }
+                    }
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            return Ok(done);
+        }
         let mut bounce = self.bounce.lock().unwrap_or_else(|e| e.into_inner());
         let mut done = 0usize;
         while done < buf.len() {
@@ -258,6 +281,29 @@ impl Platform for LinuxPlatform {
         })
     }
 
+    fn file_stamp(&self, file: &LinuxFile) -> Option<u64> {
+        let m = file.buffered.metadata().ok()?.modified().ok()?;
+        let d = m.duration_since(std::time::UNIX_EPOCH).ok()?;
+        Some(d.as_nanos() as u64)
+    }
+
+    fn write_file(&self, path: &str, parts: &[&[u8]]) -> Result<(), PlatformError> {
+        let err = |e: std::io::Error| PlatformError::Write { code: os_code(&e) };
+        let tmp = format!("{path}.tmp{}", std::process::id());
+        let write = || -> std::io::Result<()> {
+            let mut f = File::create(&tmp)?;
+            for p in parts {
+                f.write_all(p)?;
+            }
+            f.sync_all()?;
+            std::fs::rename(&tmp, path)
+        };
+        write().map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            err(e)
+        })
+    }
+
     fn map<'f>(&self, _file: &'f LinuxFile, _offset: u64, _len: usize) -> Option<&'f [u8]> {
         // mmap needs libc; the engine reads into its arena instead until it is worth it.
         None
@@ -294,6 +340,39 @@ impl Platform for LinuxPlatform {
         proc_kb("/proc/self/status", "VmRSS:")
     }
 
+    fn discard(&self, mem: &mut [u8]) -> u64 {
+        const PAGE: usize = 4096;
+        const MADV_DONTNEED: i32 = 4;
+        extern "C" {
+            fn madvise(addr: *mut core::ffi::c_void, len: usize, advice: i32) -> i32;
+        }
+        let skip = mem.as_ptr().align_offset(PAGE);
+        if skip >= mem.len() {
+            return 0;
+        }
+        let len = (mem.len() - skip) / PAGE * PAGE;
+        if len == 0 {
+            return 0;
+        }
+        let pages = &mut mem[skip..skip + len];
+        // SAFETY: `pages` is a page-aligned, whole-page range of memory this call holds
+        // exclusively (`&mut`), inside the arena region's private anonymous mapping;
+        // MADV_DONTNEED there only makes the pages read back as zeros, a valid value
+        // for the `u8`s the slice covers.
+        let rc = unsafe { madvise(pages.as_mut_ptr().cast(), len, MADV_DONTNEED) };
+        if rc == 0 {
+            len as u64
+        } else {
+            0
+        }
+    }
+
+    fn storage_read_bytes(&self) -> Option<u64> {
+        let text = std::fs::read_to_string("/proc/self/io").ok()?;
+        let line = text.lines().find(|l| l.starts_with("read_bytes:"))?;
+        line["read_bytes:".len()..].trim().parse().ok()
+    }
+
     fn peak_rss(&self) -> Option<u64> {
         proc_kb("/proc/self/status", "VmHWM:")
     }
@@ -304,6 +383,24 @@ impl Platform for LinuxPlatform {
 
     fn parallel(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
         self.pool.run(n, f);
+    }
+
+    fn io_thread(&self) -> bool {
+        true
+    }
+
+    fn overlap(&self, io: &mut (dyn FnMut() + Send), work: &mut dyn FnMut()) {
+        // One scoped thread per weight pass: its cost (tens of microseconds) is nothing
+        // next to a pass that reads from flash, and the compute pool stays untouched.
+        std::thread::scope(|s| {
+            let reader = s.spawn(io);
+            work();
+            let _ = reader.join();
+        });
+    }
+
+    fn yield_now(&self) {
+        std::thread::yield_now();
     }
 
     fn cpu(&self) -> CpuFeatures {
@@ -598,6 +695,39 @@ mod tests {
             Ok("max") => assert!(f.dotprod && f.fp16 && f.i8mm, "{f:?}"),
             _ => {}
         }
+    }
+
+    #[test]
+    fn write_file_replaces_the_whole_file_and_changes_the_stamp() {
+        let p = platform();
+        let (path, _) = scratch("write-file", 10);
+        let ps = path.to_str().unwrap();
+        let f = p.open(ps).unwrap();
+        let before = p.file_stamp(&f).expect("stamp on linux");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        p.write_file(ps, &[b"abc", b"", b"defg"]).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"abcdefg");
+        let g = p.open(ps).unwrap();
+        assert_ne!(p.file_stamp(&g), Some(before));
+        let bad = p.write_file("/nonexistent-dir/x", &[b"a"]);
+        assert!(matches!(bad, Err(PlatformError::Write { .. })), "{bad:?}");
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn discarded_pages_read_back_as_zeros_and_leave_rss() {
+        let p = platform();
+        let region = p.region(64 << 20).unwrap();
+        let before = p.rss().unwrap();
+        region.fill(7);
+        let touched = p.rss().unwrap();
+        assert!(touched >= before + (60 << 20), "{before} -> {touched}");
+        let freed = p.discard(&mut region[100..]);
+        assert!(freed >= (64 << 20) - 8192, "{freed}");
+        let after = p.rss().unwrap();
+        assert!(after + (60 << 20) <= touched, "{touched} -> {after}");
+        assert_eq!(region[99], 7);
+        assert!(region[8192..].iter().all(|&b| b == 0));
     }
 
     #[test]

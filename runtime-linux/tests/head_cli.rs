@@ -10,6 +10,7 @@ use pinch_runtime_min::model::{
     Config, KvType, Loader, Logits, Math, Session, SessionOptions, Weights,
 };
 use pinch_runtime_min::platform::MemPlatform;
+use pinch_runtime_min::platform::Platform;
 use pinch_runtime_min::tokenizer::Tokenizer;
 use pinch_runtime_min::Arena;
 
@@ -158,7 +159,9 @@ fn logits(bytes: &[u8], tokens: &[u32], prune_with: Option<&[u32]>) -> Vec<f32> 
         attn_skip: false,
         cpu: plat.cpu,
     };
+    let read = |off: u64, buf: &mut [u8], d: bool| plat.read_at(&(), off, buf, d);
     let mut s = Session::new(cfg, &w, &mut arena, opts).unwrap();
+    s.set_reader(&read);
     let mut all = Vec::new();
     s.eval(&plat, tokens, Logits::All, &mut |_, l| {
         all.extend_from_slice(l)
@@ -250,4 +253,63 @@ fn ppl_with_pruned_head_is_finite_and_reports_outside_tokens() {
     let v: serde_json::Value = serde_json::from_str(line).unwrap();
     let bpb = v["bpb"].as_f64().unwrap();
     assert!(bpb.is_finite() && bpb > 0.0, "bpb {bpb}");
+}
+
+/// `-o FILE` writes exactly what stdout would get (head-select and recut); `-o -` is
+/// stdout; an unwritable path is an error naming it.
+#[test]
+fn output_flag_writes_the_same_bytes_as_stdout() {
+    let model = path("tests/data/tiny/tiny-gemma3-Q8_0.gguf");
+    let (text, _) = select(&model, 32);
+    let ids_file = tmp("o.ids");
+    let base = [
+        "head-select",
+        "-m",
+        &model,
+        "--corpus",
+        &path("tests/data/corpus"),
+        "--rows",
+        "32",
+    ];
+    let o = pinch(&[&base[..], &["-o", ids_file.to_str().unwrap()]].concat());
+    ok(&o);
+    assert!(o.stdout.is_empty());
+    assert_eq!(std::fs::read_to_string(&ids_file).unwrap(), text);
+    let o = pinch(&[&base[..], &["-o", "-"]].concat());
+    ok(&o);
+    assert_eq!(String::from_utf8(o.stdout).unwrap(), text);
+
+    let h = ids_file.to_str().unwrap();
+    let o = pinch(&["recut", "-m", &model, "--head", h]);
+    ok(&o);
+    let streamed = o.stdout;
+    let out = tmp("o.gguf");
+    let o = pinch(&[
+        "recut",
+        "-m",
+        &model,
+        "--head",
+        h,
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    ok(&o);
+    assert!(o.stdout.is_empty());
+    assert!(
+        std::fs::read(&out).unwrap() == streamed,
+        "recut -o differs from stdout"
+    );
+
+    let o = pinch(&[
+        "recut",
+        "-m",
+        &model,
+        "--head",
+        h,
+        "-o",
+        "/nonexistent-dir/x.gguf",
+    ]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("/nonexistent-dir/x.gguf"), "{err}");
 }

@@ -82,8 +82,20 @@ impl<'r> Arena<'r> {
     /// `n` zeroed bytes aligned to 64 (a cache line, enough for every SIMD load), charged
     /// to `account`.
     pub fn bytes(&mut self, account: &'static str, n: usize) -> Result<&'r mut [u8], ArenaError> {
+        self.bytes_aligned(account, n, 64)
+    }
+
+    /// `n` zeroed bytes starting at a multiple of `align` (a power of two): direct reads
+    /// need page-aligned buffers. The padding is charged to `account` too.
+    pub fn bytes_aligned(
+        &mut self,
+        account: &'static str,
+        n: usize,
+        align: usize,
+    ) -> Result<&'r mut [u8], ArenaError> {
         let addr = self.rest.as_ptr() as usize;
-        let pad = (64 - addr % 64) % 64;
+        let align = align.max(1);
+        let pad = (align - addr % align) % align;
         let total = n.checked_add(pad).ok_or(ArenaError::Overflow { account })?;
         if total > self.rest.len() {
             return Err(ArenaError::Exhausted {

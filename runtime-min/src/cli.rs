@@ -64,6 +64,21 @@ pub struct Opts<'s> {
     pub head_rows: usize,
     /// Comma-separated text files or directories holding a `files.txt` list.
     pub corpus: &'s str,
+    /// Memory guard floor in bytes (`--guard`; `None`: the default 180 MiB, 0: off).
+    pub guard: Option<u64>,
+    /// The storage's sequential read bandwidth in bytes per second (`--read-bw`, as
+    /// measured by `pinch bench --storage FILE`), for the plan's speed ceiling.
+    pub read_bw: Option<u64>,
+    /// Compare every streamed tensor with the file (`--verify-stream`).
+    pub verify_stream: bool,
+    /// bench: measure the read bandwidth of this file instead of a model (`--storage`).
+    pub storage: Option<&'s str>,
+    /// Directory of repacked-weight caches (`--repack-cache`, see `crate::repack_cache`).
+    pub repack_cache: Option<&'s str>,
+    /// Keep Q8_0 matrices in the file's row order (`--no-repack`; for comparisons).
+    pub no_repack: bool,
+    /// head-select / recut: write the result to this file (`-o`; `None` or `-`: stdout).
+    pub output: Option<&'s str>,
 }
 
 /// A command line pinch cannot act on.
@@ -97,10 +112,11 @@ commands:
   ppl       perplexity and bits per byte of a text file: pinch ppl -m M -f text.txt -c 512
   tokenize  print token ids/pieces: pinch tokenize -m M -p TEXT [--ids] [--no-bos] [--no-parse-special]
   bench     tokens/s table:      pinch bench -m M -p 64,512 -n 128 -t 1,2 -r 3
+            storage read speed:  pinch bench --storage FILE (prints the --read-bw to pass)
   inspect   describe a GGUF file: pinch inspect model.gguf
   serve     HTTP server (OpenAI and llama-server APIs, web page): pinch serve -m M --port 8080
-  head-select  rows of a pruned LM head:  pinch head-select -m M --corpus DIR --rows N > head.ids
-  recut     GGUF with a pruned head:      pinch recut -m M --head head.ids > M2.gguf
+  head-select  rows of a pruned LM head:  pinch head-select -m M --corpus DIR --rows N -o head.ids
+  recut     GGUF with a pruned head:      pinch recut -m M --head head.ids -o M2.gguf
 
 flags (llama.cpp names):
   -m, --model FILE        GGUF model
@@ -112,6 +128,13 @@ flags (llama.cpp names):
   -b, --batch-size N      prompt tokens per weight pass (default 64)
   --temp X --top-k N --top-p X --min-p X --repeat-penalty X --repeat-last-n N --seed N
   --budget SIZE           memory cap, e.g. 700M or 1.2G: the plan must fit under it
+  --guard SIZE            stop generating when available memory falls under SIZE
+                          (default 180M; 0 = off); checked once per token
+  --read-bw RATE          storage read speed in bytes/s (K/M/G = 1e3/1e6/1e9), e.g.
+                          278M, as `pinch bench --storage FILE` measures it: the plan
+                          prints the speed ceiling it implies for streamed weights
+  --verify-stream         compare every streamed tensor with the file
+  --storage FILE          bench: sequential read speed of FILE (direct and buffered)
   --cache-type-k f16|f32  KV cache type (default f16)
   --reference             f32 oracle arithmetic (slow; for checking)
   --attn-skip, --no-attn-skip
@@ -129,7 +152,33 @@ flags (llama.cpp names):
   --head-rows N           pruned LM head of N rows chosen from --corpus at load time
   --corpus LIST           comma-separated text files, or directories with a files.txt
                           list (default tests/data/corpus)
+  -o, --output FILE       head-select, recut: write FILE (atomically) instead of stdout
+  --repack-cache DIR      Q8_0 matrices are repacked at load (row-interleaved, the faster
+                          kernel layout); keep them in DIR/<model>.pinch-repack: the first
+                          run writes it, later runs read it; rebuilt when the model changes
+  --no-repack             keep Q8_0 matrices in the file's row order
 ";
+
+/// Parse a rate in bytes per second: `278M`, `1.5G`, `900k`, `123456`, optionally
+/// followed by `B/s`, `B` or `/s`. K/M/G are powers of 1000 here (as storage speeds are
+/// quoted): `278M` is 278e6 B/s. Zero is refused (a rate of nothing plans nothing).
+pub fn parse_rate(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let s = s.strip_suffix("/s").unwrap_or(s);
+    let s = s.strip_suffix('B').unwrap_or(s);
+    let (num, mult) = match s.as_bytes().last()? {
+        b'k' | b'K' => (&s[..s.len() - 1], 1e3),
+        b'm' | b'M' => (&s[..s.len() - 1], 1e6),
+        b'g' | b'G' => (&s[..s.len() - 1], 1e9),
+        _ => (s, 1.0),
+    };
+    let v: f64 = num.parse().ok()?;
+    let r = v * mult;
+    if !(r.is_finite() && r >= 1.0 && r < u64::MAX as f64) {
+        return None;
+    }
+    Some(r as u64)
+}
 
 /// Parse `700M`, `1.5G`, `64K`, `123456` (bytes; K/M/G are powers of 1024).
 pub fn parse_size(s: &str) -> Option<u64> {
@@ -194,6 +243,13 @@ impl<'s> Opts<'s> {
             head: None,
             head_rows: 0,
             corpus: "tests/data/corpus",
+            guard: None,
+            read_bw: None,
+            verify_stream: false,
+            storage: None,
+            repack_cache: None,
+            no_repack: false,
+            output: None,
         }
     }
 
@@ -288,6 +344,19 @@ impl<'s> Opts<'s> {
                 "--head" => o.head = Some(val()?),
                 "--head-rows" | "--rows" => o.head_rows = num!(),
                 "--corpus" => o.corpus = val()?,
+                "--guard" => {
+                    let v = val()?;
+                    o.guard = Some(parse_size(v).ok_or(CliError::BadValue { flag, value: v })?);
+                }
+                "--read-bw" => {
+                    let v = val()?;
+                    o.read_bw = Some(parse_rate(v).ok_or(CliError::BadValue { flag, value: v })?);
+                }
+                "--verify-stream" => o.verify_stream = true,
+                "--storage" => o.storage = Some(val()?),
+                "--repack-cache" => o.repack_cache = Some(val()?),
+                "--no-repack" => o.no_repack = true,
+                "-o" | "--output" => o.output = Some(val()?),
                 "-h" | "--help" => o.command = Command::Help,
                 other
                     if !other.starts_with('-')
@@ -359,6 +428,87 @@ mod tests {
         assert_eq!(parse_size("700MiB"), Some(700 << 20));
         assert_eq!(parse_size("-1M"), None);
         assert_eq!(parse_size("M"), None);
+    }
+
+    #[test]
+    fn rates_are_decimal_bytes_per_second() {
+        assert_eq!(parse_rate("278M"), Some(278_000_000));
+        assert_eq!(parse_rate("278MB/s"), Some(278_000_000));
+        assert_eq!(parse_rate("1.5G"), Some(1_500_000_000));
+        assert_eq!(parse_rate("900k"), Some(900_000));
+        assert_eq!(parse_rate("123456"), Some(123_456));
+        assert_eq!(parse_rate(" 2g/s "), Some(2_000_000_000));
+        for bad in ["", "M", "0", "0M", "-5M", "fast", "1e30G", "nan", "inf"] {
+            assert_eq!(parse_rate(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn repack_cache_and_output_flags() {
+        let o = Opts::parse(&["run", "-m", "m.gguf", "--repack-cache", "/tmp/c"]).unwrap();
+        assert_eq!(
+            (o.repack_cache, o.output, o.no_repack),
+            (Some("/tmp/c"), None, false)
+        );
+        assert!(
+            Opts::parse(&["bench", "-m", "m", "--no-repack"])
+                .unwrap()
+                .no_repack
+        );
+        let o = Opts::parse(&["recut", "-m", "m", "--head", "h", "-o", "x.gguf"]).unwrap();
+        assert_eq!(o.output, Some("x.gguf"));
+        let o = Opts::parse(&["head-select", "-m", "m", "--output", "-"]).unwrap();
+        assert_eq!(o.output, Some("-"));
+        assert_eq!(
+            Opts::parse(&["run", "--repack-cache"]).unwrap_err(),
+            CliError::MissingValue("--repack-cache")
+        );
+    }
+
+    #[test]
+    fn guard_read_bw_verify_stream_and_storage_flags() {
+        let o = Opts::parse(&["run", "-m", "x.gguf"]).unwrap();
+        assert_eq!((o.guard, o.read_bw, o.verify_stream), (None, None, false));
+        let o = Opts::parse(&[
+            "run",
+            "--guard",
+            "180M",
+            "--read-bw",
+            "278M",
+            "--verify-stream",
+        ])
+        .unwrap();
+        assert_eq!(o.guard, Some(180 << 20));
+        assert_eq!(o.read_bw, Some(278_000_000));
+        assert!(o.verify_stream);
+        assert_eq!(
+            Opts::parse(&["run", "--guard", "0"]).unwrap().guard,
+            Some(0)
+        );
+        assert_eq!(
+            Opts::parse(&["run", "--guard", "lots"]).unwrap_err(),
+            CliError::BadValue {
+                flag: "--guard",
+                value: "lots"
+            }
+        );
+        assert_eq!(
+            Opts::parse(&["run", "--read-bw", "0"]).unwrap_err(),
+            CliError::BadValue {
+                flag: "--read-bw",
+                value: "0"
+            }
+        );
+        let o = Opts::parse(&["bench", "--storage", "/dev/x", "-r", "2"]).unwrap();
+        assert_eq!(o.command, Command::Bench);
+        assert_eq!(
+            (o.storage, o.model, o.bench_reps),
+            (Some("/dev/x"), None, 2)
+        );
+        assert_eq!(
+            Opts::parse(&["bench", "--storage"]).unwrap_err(),
+            CliError::MissingValue("--storage")
+        );
     }
 
     #[test]

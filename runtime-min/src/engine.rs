@@ -9,6 +9,7 @@ use crate::arena::Arena;
 use crate::commands::out::Mib;
 use crate::gguf::Gguf;
 use crate::model::{Config, Session, SessionOptions};
+use crate::residency::{self, NoPlan, ResidencyPlan, STREAM_ZONES};
 
 /// Memory the process needs outside the arena: code, stacks, libc, worker threads.
 pub const PROCESS_OVERHEAD: u64 = 8 << 20;
@@ -18,12 +19,18 @@ pub const PROCESS_OVERHEAD: u64 = 8 << 20;
 pub struct Plan {
     pub header: u64,
     pub tokenizer: u64,
+    /// Resident weights, stream zones and the embedding-row cache.
     pub weights: u64,
     pub kv_and_scratch: u64,
     pub overhead: u64,
     pub budget: Option<u64>,
-    /// Weight bytes read from storage per generated token (0 when all resident).
-    pub streamed_per_token: u64,
+    /// What is resident and what is streamed.
+    pub res: ResidencyPlan,
+    /// Whether some plan fits the budget (when false, `weights` is the least any plan
+    /// needs: everything streamed).
+    pub possible: bool,
+    /// Storage read bandwidth in bytes per second (`--read-bw`), for the ceiling.
+    pub read_bw: Option<u64>,
 }
 
 impl Plan {
@@ -31,15 +38,20 @@ impl Plan {
         self.header + self.tokenizer + self.weights + self.kv_and_scratch + self.overhead
     }
     pub fn fits(&self) -> bool {
-        self.budget.is_none_or(|b| self.total() <= b)
+        self.possible && self.budget.is_none_or(|b| self.total() <= b)
     }
     /// Bytes the arena region must hold.
     pub fn arena_bytes(&self) -> u64 {
         self.total() - self.overhead
     }
+    /// Weight bytes read from storage per generated token.
+    pub fn streamed_per_token(&self) -> u64 {
+        self.res.streamed_per_pass
+    }
 
     /// Print the plan as a small table.
     pub fn print(&self, w: &mut dyn Write, cfg: &Config, s: &SessionOptions) -> core::fmt::Result {
+        let r = &self.res;
         writeln!(
             w,
             "plan: {} x {} layers, n_embd {}, vocab {}, ctx {}, batch {}, {} threads",
@@ -51,7 +63,61 @@ impl Plan {
             s.n_batch,
             s.threads
         )?;
-        writeln!(w, "  weights (resident)      {:>12}", Mib(self.weights))?;
+        let streamed = r.streamed_layers();
+        if streamed == 0 {
+            writeln!(
+                w,
+                "  layers: all {} resident           {:>12}",
+                r.n_layer,
+                Mib(r.layer_bytes)
+            )?;
+        } else {
+            writeln!(
+                w,
+                "  layers: {} resident, {} streamed  {:>12} resident",
+                r.resident_layers,
+                streamed,
+                Mib(r.layer_bytes)
+            )?;
+        }
+        let head_streamed = r.head_rows - r.head_resident_rows;
+        if head_streamed == 0 {
+            writeln!(
+                w,
+                "  LM head: {} rows resident       {:>12}",
+                r.head_rows,
+                Mib(r.head_bytes)
+            )?;
+        } else {
+            writeln!(
+                w,
+                "  LM head: {} of {} rows resident {:>12}, the rest streamed in {} chunks of {} rows",
+                r.head_resident_rows,
+                r.head_rows,
+                Mib(r.head_bytes),
+                r.head_chunks(),
+                r.head_chunk_rows
+            )?;
+        }
+        if r.embd_cache_bytes > 0 {
+            writeln!(
+                w,
+                "  input embeddings: rows read on demand, cache {:.1} KiB",
+                r.embd_cache_bytes as f64 / 1024.0
+            )?;
+        } else {
+            writeln!(w, "  input embeddings: rows of the resident tied head")?;
+        }
+        writeln!(w, "  norms and biases        {:>12}", Mib(r.vector_bytes))?;
+        if r.streams() {
+            writeln!(
+                w,
+                "  stream zones            {:>12}  ({} x {})",
+                Mib(r.zone_total()),
+                STREAM_ZONES,
+                Mib(r.zone_bytes)
+            )?;
+        }
         writeln!(
             w,
             "  kv cache + scratch      {:>12}",
@@ -73,21 +139,29 @@ impl Plan {
             )?,
             None => writeln!(w, "  (no --budget)")?,
         }
-        writeln!(
-            w,
-            "  read from storage per token: {} (all weights resident)",
-            Mib(self.streamed_per_token)
-        )
+        let per = self.streamed_per_token();
+        if per == 0 {
+            return writeln!(w, "  read from storage per token: 0 (all weights resident)");
+        }
+        write!(w, "  read from storage per token: {}", Mib(per))?;
+        match self.read_bw {
+            Some(bw) => writeln!(
+                w,
+                "; at {:.0} MB/s (--read-bw) the ceiling is {:.2} tok/s",
+                bw as f64 / 1e6,
+                bw as f64 / per as f64
+            ),
+            None => writeln!(
+                w,
+                "; ceiling = read bandwidth / this (measure it: pinch bench --storage FILE, then --read-bw)"
+            ),
+        }
     }
 }
 
-/// Bytes of the tensors a dense model loads (tied output counted once), with the
-/// arena's 64-byte alignment per tensor.
-pub fn weight_bytes(g: &Gguf) -> u64 {
-    g.tensors().map(|t| t.bytes + 64).sum()
-}
-
-/// Compute the plan for a model and session options.
+/// Compute the plan for a model and session options: everything resident if it fits
+/// `budget`, else the residency plan that streams the least.
+#[allow(clippy::too_many_arguments)]
 pub fn plan(
     g: &Gguf,
     cfg: &Config,
@@ -95,15 +169,29 @@ pub fn plan(
     header: u64,
     tokenizer: u64,
     budget: Option<u64>,
+    pruned_rows: Option<usize>,
+    read_bw: Option<u64>,
 ) -> Plan {
+    // A pruned head (at load, or a recut file's) adds its id list and logits scratch.
+    let head_k = pruned_rows.or_else(|| g.get_array(crate::head::KEY_IDS).map(|a| a.len()));
+    let kv_and_scratch = Session::bytes_needed(cfg, s) as u64
+        + head_k.map_or(0, |k| (k * s.head_group.max(1) * 4 + k * 4 + 128) as u64);
+    let fixed = header + tokenizer + kv_and_scratch + PROCESS_OVERHEAD;
+    let weight_budget = budget.map(|b| b.saturating_sub(fixed));
+    let (res, possible, weights) = match residency::plan(g, cfg, weight_budget, pruned_rows) {
+        Ok(r) => (r, true, r.bytes()),
+        Err(NoPlan { min_bytes }) => (ResidencyPlan::default(), false, min_bytes),
+    };
     Plan {
         header,
         tokenizer,
-        weights: weight_bytes(g),
-        kv_and_scratch: Session::bytes_needed(cfg, s) as u64,
+        weights,
+        kv_and_scratch,
         overhead: PROCESS_OVERHEAD,
         budget,
-        streamed_per_token: 0,
+        res,
+        possible,
+        read_bw,
     }
 }
 
@@ -113,16 +201,26 @@ pub fn max_ctx_that_fits(
     g: &Gguf,
     cfg: &Config,
     s: &SessionOptions,
-    header: u64,
-    tokenizer: u64,
-    budget: u64,
+    p: &Plan,
+    pruned_rows: Option<usize>,
 ) -> Option<usize> {
     let mut best = None;
     let mut n = 256;
     while n <= s.n_ctx {
         let mut t = *s;
         t.n_ctx = n;
-        if plan(g, cfg, &t, header, tokenizer, Some(budget)).fits() {
+        if plan(
+            g,
+            cfg,
+            &t,
+            p.header,
+            p.tokenizer,
+            p.budget,
+            pruned_rows,
+            None,
+        )
+        .fits()
+        {
             best = Some(n);
         } else {
             break;
@@ -132,7 +230,7 @@ pub fn max_ctx_that_fits(
     best
 }
 
-/// A budget that the plan exceeds.
+/// A budget that no plan fits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OverBudget {
     pub needed: u64,
@@ -144,16 +242,13 @@ impl core::fmt::Display for OverBudget {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         write!(
             f,
-            "the model needs {} but --budget is {}",
+            "the model needs at least {} (every weight streamed) but --budget is {}",
             Mib(self.needed),
             Mib(self.given)
         )?;
         match self.max_ctx {
             Some(c) => write!(f, "; it would fit with -c {c}"),
-            None => write!(
-                f,
-                "; a smaller context does not help (weight streaming is not available yet)"
-            ),
+            None => write!(f, "; a smaller context does not help"),
         }
     }
 }
@@ -164,12 +259,13 @@ pub fn check_budget(
     g: &Gguf,
     cfg: &Config,
     s: &SessionOptions,
+    pruned_rows: Option<usize>,
 ) -> Result<(), OverBudget> {
     match p.budget {
         Some(b) if !p.fits() => Err(OverBudget {
             needed: p.total(),
             given: b,
-            max_ctx: max_ctx_that_fits(g, cfg, s, p.header, p.tokenizer, b),
+            max_ctx: max_ctx_that_fits(g, cfg, s, p, pruned_rows),
         }),
         _ => Ok(()),
     }

@@ -218,6 +218,7 @@ pub fn prune<'a>(
         cols: full.cols,
         rows: ids.len(),
         data,
+        layout: pinch_kernels::repack::Layout::Plain,
     })
 }
 

@@ -18,6 +18,8 @@ pub enum PlatformError {
     Unsupported(&'static str),
     /// A socket operation failed (OS error code if any).
     Net { code: i32 },
+    /// Writing a file failed (OS error code if any).
+    Write { code: i32 },
 }
 
 impl core::fmt::Display for PlatformError {
@@ -32,6 +34,7 @@ impl core::fmt::Display for PlatformError {
             }
             PlatformError::Unsupported(what) => write!(f, "not supported here: {what}"),
             PlatformError::Net { code } => write!(f, "socket error (os error {code})"),
+            PlatformError::Write { code } => write!(f, "cannot write file (os error {code})"),
         }
     }
 }
@@ -76,14 +79,49 @@ pub trait Platform: Sync {
     /// holds the file in memory.
     fn map<'f>(&self, file: &'f Self::File, offset: u64, len: usize) -> Option<&'f [u8]>;
 
+    /// A stamp that changes when the file's contents may have changed (Linux: the
+    /// modification time in nanoseconds), if the platform knows one.
+    fn file_stamp(&self, file: &Self::File) -> Option<u64> {
+        let _ = file;
+        None
+    }
+    /// Write `parts`, one after another, as the whole new contents of `path`. Atomic: the
+    /// bytes go to a temporary file beside `path` that is renamed over it at the end, so
+    /// a reader never sees a half-written file.
+    fn write_file(&self, path: &str, parts: &[&[u8]]) -> Result<(), PlatformError> {
+        let _ = (path, parts);
+        Err(PlatformError::Unsupported("writing files"))
+    }
+
     /// The one memory region the arena is carved from. Called once per engine.
     fn region(&self, bytes: usize) -> Result<&'static mut [u8], PlatformError>;
     /// Memory the OS could still give us (Linux: MemAvailable), if known.
     fn available_memory(&self) -> Option<u64>;
+    /// Give memory the platform holds for speed only (caches, spare buffers) back to the
+    /// OS, when the memory guard finds available memory under its floor; returns the
+    /// bytes given back, if known. The default gives back nothing. On Linux that is the
+    /// honest answer with std alone: the model file's clean page cache already counts
+    /// in `MemAvailable` (dropping it would not raise the figure the guard reads), and
+    /// the arena's pages are the engine's to release, not the platform's.
+    fn release_cache(&self) -> u64 {
+        0
+    }
+    /// Return the whole pages inside `mem` to the OS (their contents become zeros, and
+    /// they cost no memory until written again); returns the bytes returned. Default:
+    /// nothing is returned.
+    fn discard(&self, mem: &mut [u8]) -> u64 {
+        let _ = mem;
+        0
+    }
     /// Current resident set size, if known.
     fn rss(&self) -> Option<u64>;
     /// Peak resident set size (VmHWM), if known.
     fn peak_rss(&self) -> Option<u64>;
+    /// Bytes this process has caused to be fetched from storage so far, as the OS counts
+    /// them (Linux: `read_bytes` of /proc/self/io), if known.
+    fn storage_read_bytes(&self) -> Option<u64> {
+        None
+    }
 
     /// Number of workers `parallel` runs on.
     fn workers(&self) -> usize;
@@ -91,6 +129,22 @@ pub trait Platform: Sync {
     fn parallel(&self, n: usize, f: &(dyn Fn(usize) + Sync));
     /// CPU features the kernels may use.
     fn cpu(&self) -> CpuFeatures;
+
+    /// Whether [`Platform::overlap`] runs its `io` closure on a thread of its own. When
+    /// it does not, the engine reads streamed weights itself, just before use.
+    fn io_thread(&self) -> bool {
+        false
+    }
+    /// Run `io` on a background I/O thread while the calling thread runs `work`; return
+    /// when both have finished. Only called when [`Platform::io_thread`] is true; the
+    /// two closures coordinate through shared state, so neither may wait for the other
+    /// to *start*.
+    fn overlap(&self, io: &mut (dyn FnMut() + Send), work: &mut dyn FnMut()) {
+        work();
+        io();
+    }
+    /// Let another thread run (a compute thread waiting for streamed bytes).
+    fn yield_now(&self) {}
 
     /// Monotonic time in nanoseconds.
     fn now_ns(&self) -> u64;

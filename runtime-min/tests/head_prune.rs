@@ -10,6 +10,7 @@ use pinch_runtime_min::gguf::Gguf;
 use pinch_runtime_min::head;
 use pinch_runtime_min::model::{Config, Loader, Logits, Math, Session, SessionOptions};
 use pinch_runtime_min::platform::MemPlatform;
+use pinch_runtime_min::platform::Platform;
 use pinch_runtime_min::tokenizer::Tokenizer;
 use pinch_runtime_min::Arena;
 
@@ -229,7 +230,9 @@ fn run_all<'a>(
     opts: SessionOptions,
     tokens: &[u32],
 ) -> Vec<f32> {
+    let read = |off: u64, buf: &mut [u8], d: bool| plat.read_at(&(), off, buf, d);
     let mut s = Session::new(cfg, w, arena, opts).unwrap();
+    s.set_reader(&read);
     let mut all = Vec::new();
     s.eval(plat, tokens, Logits::All, &mut |_, l| {
         all.extend_from_slice(l)

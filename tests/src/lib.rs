@@ -5,10 +5,12 @@ use std::path::{Path, PathBuf};
 use pinch_kernels::CpuFeatures;
 use pinch_runtime_min::arena::Arena;
 use pinch_runtime_min::gguf::Gguf;
+use pinch_runtime_min::model::stream::StreamStats;
 use pinch_runtime_min::model::{
     Config, KvType, Loader, Logits, Math, ModelError, Session, SessionOptions,
 };
-use pinch_runtime_min::platform::MemPlatform;
+use pinch_runtime_min::platform::{MemPlatform, Platform};
+use pinch_runtime_min::residency::{self, ResidencyPlan};
 
 /// Directory of the repo's test data.
 pub fn data_dir() -> PathBuf {
@@ -49,24 +51,65 @@ pub fn run_logits(
     tokens: &[u32],
     spec: RunSpec,
 ) -> Result<(Config, Vec<Vec<f32>>), ModelError> {
+    run_logits_streamed(gguf_bytes, tokens, spec, None).map(|(c, rows, _)| (c, rows))
+}
+
+/// What [`run_logits_streamed`] returns: config, logits rows, plan and stream stats.
+pub type StreamedRun = (Config, Vec<Vec<f32>>, (ResidencyPlan, StreamStats));
+
+/// [`run_logits`] with the weights planned into `weight_budget` bytes (what does not fit
+/// is streamed from the in-memory "file"; `threaded`: by a reader thread, else by the
+/// compute thread); also returns the plan and what streaming read.
+pub fn run_logits_streamed(
+    gguf_bytes: &[u8],
+    tokens: &[u32],
+    spec: RunSpec,
+    weight_budget: Option<u64>,
+) -> Result<StreamedRun, ModelError> {
+    let plat = MemPlatform {
+        bytes: gguf_bytes,
+        cpu: host_cpu(),
+    };
+    run_on(&plat, gguf_bytes, tokens, spec, weight_budget)
+}
+
+/// [`run_logits_streamed`] with a reader thread.
+pub fn run_logits_threaded(
+    gguf_bytes: &[u8],
+    tokens: &[u32],
+    spec: RunSpec,
+    weight_budget: Option<u64>,
+) -> Result<StreamedRun, ModelError> {
+    let plat = ThreadedMem(MemPlatform {
+        bytes: gguf_bytes,
+        cpu: host_cpu(),
+    });
+    run_on(&plat, gguf_bytes, tokens, spec, weight_budget)
+}
+
+fn run_on<P: Platform<File = ()>>(
+    plat: &P,
+    gguf_bytes: &[u8],
+    tokens: &[u32],
+    spec: RunSpec,
+    weight_budget: Option<u64>,
+) -> Result<StreamedRun, ModelError> {
     let g = Gguf::parse(gguf_bytes, gguf_bytes.len() as u64)
         .map_err(|_| ModelError::BadShape("gguf parse"))?;
     let cfg = Config::from_gguf(&g)?;
     let mut region = vec![0u64; (gguf_bytes.len() * 2 + (64 << 20)) / 8];
     let region = pinch_kernels::blocks::bytes_of_mut(&mut region[..]);
     let mut arena = Arena::new(region);
-    let plat = MemPlatform {
-        bytes: gguf_bytes,
-        cpu: host_cpu(),
-    };
     let weights = {
         let mut loader = Loader {
-            platform: &plat,
+            platform: plat,
             file: &(),
             gguf: &g,
             arena: &mut arena,
         };
-        loader.load(&cfg)?
+        let plan = residency::plan(&g, &cfg, weight_budget, None)
+            .map_err(|_| ModelError::BadShape("no residency plan fits"))?;
+        loader.load_planned(&cfg, None, &plan)?
     };
     let opts = SessionOptions {
         n_ctx: 256,
@@ -76,19 +119,21 @@ pub fn run_logits(
         threads: spec.threads,
         head_group: 4,
         attn_skip: spec.attn_skip,
-        cpu: plat.cpu,
+        cpu: plat.cpu(),
     };
+    let read = |off: u64, buf: &mut [u8], d: bool| plat.read_at(&(), off, buf, d);
     let mut sess = Session::new(cfg, &weights, &mut arena, opts)?;
+    sess.set_reader(&read);
     let mut rows = vec![Vec::new(); tokens.len()];
     let mut start = 0;
     while start < tokens.len() {
         let end = (start + spec.batch.max(1)).min(tokens.len());
-        sess.eval(&plat, &tokens[start..end], Logits::All, &mut |i, l| {
+        sess.eval(plat, &tokens[start..end], Logits::All, &mut |i, l| {
             rows[start + i] = l.to_vec()
         })?;
         start = end;
     }
-    Ok((cfg, rows))
+    Ok((cfg, rows, (weights.plan, sess.stream)))
 }
 
 /// Read a raw little-endian f32 file as rows of `n`.
@@ -182,4 +227,163 @@ pub fn gemma_model() -> Option<PathBuf> {
         "{} is missing: run `cargo xtask fetch-model gemma3-270m`",
         p.display()
     );
+}
+
+/// A copy of the GGUF `src` with `n_layer` transformer blocks: block `il` is a copy of
+/// the source's block `il % n_src` (renamed), everything else unchanged and
+/// `{arch}.block_count` set to `n_layer`. The output is garbage text, but a
+/// deterministic model as large as wanted, built from a real fixture's layouts.
+pub fn scale_layers(src: &[u8], n_layer: usize) -> Vec<u8> {
+    use pinch_runtime_min::gguf::{CountSink, GgufWriter, Sink, SliceSink, Value};
+    let g = Gguf::parse(src, src.len() as u64).expect("source parses");
+    let arch = g.get_str("general.architecture").expect("architecture");
+    let bc_key = format!("{arch}.block_count");
+    let n_src = g.get_u32(&bc_key).expect("block_count") as usize;
+    let layer_of = |name: &str| -> Option<(usize, String)> {
+        let rest = name.strip_prefix("blk.")?;
+        let (n, tail) = rest.split_once('.')?;
+        Some((n.parse().ok()?, tail.to_string()))
+    };
+    let others: Vec<_> = g.tensors().filter(|t| layer_of(t.name).is_none()).collect();
+    let mut layered: Vec<(String, pinch_runtime_min::gguf::TensorInfo)> = Vec::new();
+    for il in 0..n_layer {
+        for t in g.tensors() {
+            if let Some((n, tail)) = layer_of(t.name) {
+                if n == il % n_src {
+                    layered.push((format!("blk.{il}.{tail}"), t));
+                }
+            }
+        }
+    }
+    let n_kv = g.keys().count() as u64;
+    let n_tensors = (others.len() + layered.len()) as u64;
+    #[allow(clippy::too_many_arguments)]
+    fn emit<S: Sink>(
+        sink: S,
+        g: &Gguf,
+        src: &[u8],
+        bc_key: &str,
+        n_layer: usize,
+        others: &[pinch_runtime_min::gguf::TensorInfo],
+        layered: &[(String, pinch_runtime_min::gguf::TensorInfo)],
+        n_kv: u64,
+        n_tensors: u64,
+    ) -> S {
+        let mut w = GgufWriter::new(sink, n_tensors, n_kv).ok().unwrap();
+        for (k, v) in g.kv() {
+            if k == bc_key {
+                w.kv(k, Value::U32(n_layer as u32)).ok().unwrap();
+            } else {
+                w.kv(k, v).ok().unwrap();
+            }
+        }
+        for t in others {
+            w.copy_tensor_info(t).ok().unwrap();
+        }
+        for (name, t) in layered {
+            w.tensor_info(name, t.ty, t.shape()).ok().unwrap();
+        }
+        let all = others.iter().chain(layered.iter().map(|(_, t)| t));
+        for t in all {
+            let data = &src[t.offset as usize..(t.offset + t.bytes) as usize];
+            w.tensor_data(data).ok().unwrap();
+        }
+        w.finish().ok().unwrap()
+    }
+    let count = emit(
+        CountSink { bytes: 0 },
+        &g,
+        src,
+        &bc_key,
+        n_layer,
+        &others,
+        &layered,
+        n_kv,
+        n_tensors,
+    );
+    let mut buf = vec![0u8; count.bytes as usize];
+    let n = {
+        let sink = emit(
+            SliceSink::new(&mut buf),
+            &g,
+            src,
+            &bc_key,
+            n_layer,
+            &others,
+            &layered,
+            n_kv,
+            n_tensors,
+        );
+        sink.written().len()
+    };
+    buf.truncate(n);
+    buf
+}
+
+/// [`MemPlatform`] with an I/O thread: `overlap` runs the reader on a scoped thread,
+/// so the streaming engine's threaded path runs in tests too.
+pub struct ThreadedMem<'b>(pub MemPlatform<'b>);
+
+impl Platform for ThreadedMem<'_> {
+    type File = ();
+    fn open(&self, path: &str) -> Result<(), pinch_runtime_min::platform::PlatformError> {
+        self.0.open(path)
+    }
+    fn file_size(&self, f: &()) -> u64 {
+        self.0.file_size(f)
+    }
+    fn read_at(
+        &self,
+        f: &(),
+        offset: u64,
+        buf: &mut [u8],
+        direct: bool,
+    ) -> Result<usize, pinch_runtime_min::platform::PlatformError> {
+        self.0.read_at(f, offset, buf, direct)
+    }
+    fn map<'f>(&self, _f: &'f (), _o: u64, _l: usize) -> Option<&'f [u8]> {
+        None
+    }
+    fn region(
+        &self,
+        bytes: usize,
+    ) -> Result<&'static mut [u8], pinch_runtime_min::platform::PlatformError> {
+        self.0.region(bytes)
+    }
+    fn available_memory(&self) -> Option<u64> {
+        None
+    }
+    fn rss(&self) -> Option<u64> {
+        None
+    }
+    fn peak_rss(&self) -> Option<u64> {
+        None
+    }
+    fn workers(&self) -> usize {
+        1
+    }
+    fn parallel(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+        self.0.parallel(n, f)
+    }
+    fn cpu(&self) -> CpuFeatures {
+        self.0.cpu
+    }
+    fn now_ns(&self) -> u64 {
+        0
+    }
+    fn stdout(&self, _b: &[u8]) {}
+    fn stderr(&self, _b: &[u8]) {}
+    fn io_thread(&self) -> bool {
+        true
+    }
+    fn overlap(&self, io: &mut (dyn FnMut() + Send), work: &mut dyn FnMut()) {
+        std::thread::scope(|s| {
+            let h = s.spawn(io);
+            work();
+            h.join().expect("reader thread");
+        });
+    }
+    fn yield_now(&self) {
+        std::thread::yield_now();
+    }
 }

@@ -9,6 +9,9 @@
 //! - `--qemu`: guest instructions per generated and per prompt token under
 //!   `qemu-aarch64 -cpu max` and `-cpu cortex-a53`, with the counter plugin in
 //!   `tools/qemu-insn` (difference of two lengths, as the llama.cpp anchors were made).
+//! - `--stream`: weight streaming (issue #5) at budgets of 100 %, 60 % and 40 % of the
+//!   all-resident need: tokens/s, bytes read per token (the OS's count and the plan's),
+//!   the plan's ceiling at the storage speed `pinch bench --storage` measured, peak RSS.
 use crate::device::{self, Device};
 use crate::fetch;
 use crate::util::{output, root, run, Result};
@@ -25,6 +28,9 @@ pub fn main(args: &[String]) -> Result<()> {
     let reps: usize = 3;
     let model = fetch::ensure("gemma3-270m")?;
     let pinch = device::build(Device::Host)?;
+    if args.iter().any(|a| a == "--stream") {
+        return stream_table(&pinch, &model);
+    }
     let llama = if vs { Some(llama_cpp_site()?) } else { None };
 
     println!("\n## x86: Gemma 3 270M Q4_K_M (medians of {reps} alternating runs)\n");
@@ -77,6 +83,87 @@ pub fn main(args: &[String]) -> Result<()> {
 
     if qemu {
         qemu_table(&model)?;
+    }
+    Ok(())
+}
+
+/// Weight streaming at 100 / 60 / 40 % of the resident need (generation, -c 1024, t=2).
+fn stream_table(pinch: &Path, model: &Path) -> Result<()> {
+    let storage = output(
+        Command::new(pinch)
+            .args(["bench", "--storage"])
+            .arg(model)
+            .args(["-r", "2", "--json"]),
+    )?;
+    let line = storage
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .ok_or("pinch bench --storage printed no JSON")?;
+    let bw = field(line, "read_bw").ok_or("no read_bw")? as u64;
+    let plan = Command::new(pinch)
+        .args(["run", "-m"])
+        .arg(model)
+        .args(["-c", "1024", "-n", "0", "-p", "x", "-v"])
+        .output()
+        .map_err(|e| format!("{}: {e}", pinch.display()))?;
+    let text = String::from_utf8_lossy(&plan.stderr);
+    let total = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("total"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<f64>().ok())
+        .ok_or_else(|| format!("no plan total in {text}"))?;
+    // The plan prints MiB to one decimal: round up so 100 % really holds everything.
+    let need = ((total + 0.1) * (1u64 << 20) as f64) as u64;
+    println!(
+        "\n## Weight streaming: Gemma 3 270M, -c 1024, -t 2, 32 generated tokens; storage {:.0} MB/s (direct reads, pinch bench --storage)\n",
+        bw as f64 / 1e6
+    );
+    println!("| budget | of resident need | tok/s | read/token (OS) | read/token (plan) | plan ceiling tok/s | peak RSS |");
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let mib = |b: f64| b / (1u64 << 20) as f64;
+    for pct in [100u64, 60, 40] {
+        let budget = need * pct / 100;
+        let out = output(Command::new(pinch).args(["run", "-m"]).arg(model).args([
+            "-c",
+            "1024",
+            "-p",
+            "The capital of France is",
+            "-n",
+            "32",
+            "--temp",
+            "0",
+            "--ignore-eos",
+            "-t",
+            "2",
+            "--json",
+            "--budget",
+            &budget.to_string(),
+            "--read-bw",
+            &bw.to_string(),
+        ]))?;
+        let line = out
+            .lines()
+            .rev()
+            .find(|l| l.starts_with('{'))
+            .ok_or("pinch run printed no JSON")?;
+        let f = |k: &str| field(line, k).unwrap_or(0.0);
+        let passes = f("stream_passes").max(1.0);
+        let plan = f("stream_plan_per_token");
+        let ceiling = if plan > 0.0 {
+            format!("{:.2}", bw as f64 / plan)
+        } else {
+            "(all resident)".to_string()
+        };
+        println!(
+            "| {:.1} MiB | {pct} % | {:.2} | {:.1} MiB | {:.1} MiB | {ceiling} | {:.1} MiB |",
+            mib(budget as f64),
+            f("gen_tps"),
+            mib(f("os_read_bytes") / passes),
+            mib(plan),
+            mib(f("peak_rss"))
+        );
     }
     Ok(())
 }

@@ -184,7 +184,7 @@ fn test_host() -> Result<Outcome> {
 }
 
 /// The slow checks, on a release build: Gemma 3 270M's perplexity and bits per byte
-/// against llama.cpp's, and the 60 s server load test.
+/// against llama.cpp's, Gemma streamed under a budget, and the 60 s server load test.
 fn test_slow() -> Result<Outcome> {
     if std::env::var_os("PINCH_SKIP_MODEL_TESTS").is_some_and(|v| v == "1") {
         return Ok(Outcome::Skipped("PINCH_SKIP_MODEL_TESTS=1"));
@@ -199,6 +199,16 @@ fn test_slow() -> Result<Outcome> {
         "--",
         "--ignored",
     ]))?;
+    counts.add(run_tests(&mut cargo([
+        "test",
+        "--release",
+        "-p",
+        "pinch-linux",
+        "--test",
+        "stream_cli",
+        "--",
+        "--ignored",
+    ]))?);
     counts.add(run_tests(&mut cargo([
         "test",
         "--release",

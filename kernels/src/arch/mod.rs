@@ -15,13 +15,21 @@ pub mod neon_kquant;
 #[cfg(target_arch = "aarch64")]
 pub mod neon_legacy;
 #[cfg(target_arch = "aarch64")]
+pub mod neon_repack;
+#[cfg(target_arch = "aarch64")]
 pub mod neon_rows;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_attn;
 #[cfg(target_arch = "x86_64")]
+mod x86_gemm;
+#[cfg(target_arch = "x86_64")]
+mod x86_gemm_lanes;
+#[cfg(target_arch = "x86_64")]
 pub mod x86_kquant;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_legacy;
+#[cfg(target_arch = "x86_64")]
+pub mod x86_repack;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_rows;
 
@@ -77,6 +85,34 @@ pub fn matmul_rows(
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         let _ = (ty, feat, w, row_bytes, rows, acts, act_row_bytes, out);
+        false
+    }
+}
+
+/// Row-range product over a repacked tensor (`crate::repack::matmul_rows`; `w` holds all
+/// of its rows) on the best ISA path `feat` allows; `false` (nothing written) when there
+/// is none here.
+#[inline]
+pub fn repack_matmul_rows(
+    layout: crate::repack::Layout,
+    feat: &CpuFeatures,
+    w: &[u8],
+    row_bytes: usize,
+    rows: Range<usize>,
+    acts: &[u8],
+    out: &mut [f32],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        x86_repack::matmul(layout, feat, w, row_bytes, rows, acts, out)
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        neon_repack::matmul(layout, feat, w, row_bytes, rows, acts, out)
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        let _ = (layout, feat, w, row_bytes, rows, acts, out);
         false
     }
 }

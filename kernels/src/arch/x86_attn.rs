@@ -3,7 +3,7 @@
 #![allow(unsafe_code)]
 use core::arch::x86_64::*;
 
-use crate::attn::KvRow;
+use crate::attn::{KvRow, KvRows};
 use crate::quant::float::hsum16;
 
 /// Dot product; `None` if lengths differ.
@@ -147,4 +147,272 @@ unsafe fn exp8_avx2(x: &[f32], max: f32, out: &mut [f32]) -> bool {
     let res = _mm256_mul_ps(j, _mm256_castsi256_ps(e));
     _mm256_storeu_ps(out[..8].as_mut_ptr(), res);
     true
+}
+
+/// A stored key/value element: f32 or f16 bits.
+trait Elem: Copy {
+    /// Eight values from `p` widened to f32.
+    unsafe fn load8(p: *const Self) -> __m256;
+    /// One value widened to f32.
+    unsafe fn load1(p: *const Self) -> f32;
+}
+
+impl Elem for f32 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const f32) -> __m256 {
+        _mm256_loadu_ps(p)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load1(p: *const f32) -> f32 {
+        *p
+    }
+}
+
+impl Elem for u16 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const u16) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load1(p: *const u16) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(*p as i32)))
+    }
+}
+
+/// Raw views of up to four query (or weight) slices and their outputs.
+type Ptrs<const N: usize> = ([*const f32; N], [*mut f32; N]);
+
+fn ptrs(ins: &[&[f32]], outs: &mut [&mut [f32]]) -> Ptrs<4> {
+    let i = core::array::from_fn(|g| ins.get(g).map_or(core::ptr::null(), |s| s.as_ptr()));
+    let mut o = [core::ptr::null_mut(); 4];
+    for (p, s) in o.iter_mut().zip(outs.iter_mut()) {
+        *p = s.as_mut_ptr();
+    }
+    (i, o)
+}
+
+/// `crate::attn::dots` for 1 to 4 queries; `false` if the shapes do not fit.
+pub fn dots(k: &KvRows, qs: &[&[f32]], outs: &mut [&mut [f32]]) -> bool {
+    let g = qs.len();
+    if !(1..=4).contains(&g)
+        || outs.len() != g
+        || qs.iter().any(|q| q.len() != k.row_len())
+        || outs.iter().any(|o| o.len() < k.rows())
+    {
+        return false;
+    }
+    let (qp, op) = ptrs(qs, outs);
+    let (s, len, n) = (k.stride(), k.row_len(), k.rows());
+    // SAFETY: callers check `CpuFeatures::avx2` (with FMA and F16C). `KvRows::new`
+    // checked that `n` rows of `len` values at stride `s` lie inside the data; each of
+    // the first `g` query pointers has `len` values and each output at least `n`
+    // (checked above); the kernels touch only the first `g` pointers.
+    unsafe {
+        match k.data() {
+            KvRow::F32(d) => dots_g(d.as_ptr(), s, len, n, g, qp, op),
+            KvRow::F16(d) => dots_g(d.as_ptr(), s, len, n, g, qp, op),
+        }
+    }
+    true
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dots_g<E: Elem>(
+    k: *const E,
+    s: usize,
+    len: usize,
+    n: usize,
+    g: usize,
+    qp: [*const f32; 4],
+    op: [*mut f32; 4],
+) {
+    match g {
+        1 => dots_avx2::<E, 1, 8>(k, s, len, n, qp, op),
+        2 => dots_avx2::<E, 2, 4>(k, s, len, n, qp, op),
+        3 => dots_avx2::<E, 3, 2>(k, s, len, n, qp, op),
+        _ => dots_avx2::<E, 4, 2>(k, s, len, n, qp, op),
+    }
+}
+
+/// `dot_avx2` of every row with `G` queries: each 8-value slice of a row is loaded
+/// once for all queries. The reference's eight accumulators (`acc[r]`: values
+/// `64 b + 8 r ..` of every block `b`) are independent chains, so they are run `R` at a
+/// time (`G * R` chains in flight) and combined exactly as `dot_avx2` does.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dots_avx2<E: Elem, const G: usize, const R: usize>(
+    k: *const E,
+    s: usize,
+    len: usize,
+    n: usize,
+    qp: [*const f32; 4],
+    op: [*mut f32; 4],
+) {
+    const ORD: [usize; 8] = [0, 4, 2, 6, 1, 5, 3, 7];
+    let np = len / 64 * 64;
+    for j in 0..n {
+        let kp = k.add(j * s);
+        let mut part = [[_mm256_setzero_ps(); 8]; G];
+        let mut r0 = 0;
+        while r0 < 8 {
+            let mut acc = [[_mm256_setzero_ps(); R]; G];
+            let mut base = 0;
+            while base < np {
+                for (rr, r) in ORD[r0..r0 + R].iter().enumerate() {
+                    let i = base + 8 * r;
+                    let kv = E::load8(kp.add(i));
+                    for (a, q) in acc.iter_mut().zip(qp) {
+                        a[rr] = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q.add(i)), a[rr]);
+                    }
+                }
+                base += 64;
+            }
+            for (p, a) in part.iter_mut().zip(&acc) {
+                for (rr, r) in ORD[r0..r0 + R].iter().enumerate() {
+                    p[*r] = a[rr];
+                }
+            }
+            r0 += R;
+        }
+        for ((p, q), o) in part.iter().zip(qp).zip(op) {
+            let lo = _mm256_add_ps(_mm256_add_ps(p[0], p[4]), _mm256_add_ps(p[2], p[6]));
+            let hi = _mm256_add_ps(_mm256_add_ps(p[1], p[5]), _mm256_add_ps(p[3], p[7]));
+            let mut v = hsum16_vec(lo, hi);
+            for i in np..len {
+                v = fmaf(E::load1(kp.add(i)), *q.add(i), v);
+            }
+            *o.add(j) = v;
+        }
+    }
+}
+
+/// `hsum16` of lanes `lo` (0-7) and `hi` (8-15) with the same additions in registers.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum16_vec(lo: __m256, hi: __m256) -> f32 {
+    let t8 = _mm256_add_ps(lo, hi);
+    let t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps::<1>(t8));
+    // x0 = t4[0] + t4[2], x1 = t4[1] + t4[3]; then x0 + x1.
+    let x = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+    _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps::<1>(x, x)))
+}
+
+/// `crate::attn::weighted_sum` for 1 to 4 queries; `false` if the shapes do not fit or
+/// an output is not finite (the caller then takes the scalar path).
+///
+/// Rows are read for every query once any query weighs them, so a row that weighs
+/// zero for one query still meets it, where the reference skips it. That adds exactly
+/// nothing (`fma(v, 0, acc) == acc`: the lane sums start at +0 and never become -0)
+/// unless `v` is an infinity or NaN, and then the query's output is NaN: finite outputs
+/// are exactly the reference's.
+pub fn weighted_sum(v: &KvRows, ws: &[&[f32]], outs: &mut [&mut [f32]]) -> bool {
+    let g = ws.len();
+    let (len, n) = (v.row_len(), v.rows());
+    if !(1..=4).contains(&g)
+        || outs.len() != g
+        || ws.iter().any(|w| w.len() < n)
+        || outs.iter().any(|o| o.len() != len)
+    {
+        return false;
+    }
+    let (wp, op) = ptrs(ws, outs);
+    let s = v.stride();
+    // SAFETY: as in `dots`: the rows lie inside the data (`KvRows::new`), the first `g`
+    // weight pointers have at least `n` values and the outputs `len` (checked above).
+    let done = unsafe {
+        match v.data() {
+            KvRow::F32(d) => wsum_g(d.as_ptr(), s, len, n, g, wp, op),
+            KvRow::F16(d) => wsum_g(d.as_ptr(), s, len, n, g, wp, op),
+        }
+    };
+    crate::attn::weighted_sum_cols(v, ws, outs, done);
+    outs.iter().all(|o| o.iter().all(|x| x.is_finite()))
+}
+
+/// How far ahead (in rows) `wsum_avx2` prefetches value rows: two rows of a lane
+/// (further ahead, the prefetched lines evict each other: a lane's rows often share
+/// L1 sets).
+const PREFETCH_ROWS: usize = 32;
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn wsum_g<E: Elem>(
+    v: *const E,
+    s: usize,
+    len: usize,
+    n: usize,
+    g: usize,
+    wp: [*const f32; 4],
+    op: [*mut f32; 4],
+) -> usize {
+    match g {
+        1 => wsum_avx2::<E, 1, 4>(v, s, len, n, wp, op),
+        2 => wsum_avx2::<E, 2, 4>(v, s, len, n, wp, op),
+        3 => wsum_avx2::<E, 3, 2>(v, s, len, n, wp, op),
+        _ => wsum_avx2::<E, 4, 2>(v, s, len, n, wp, op),
+    }
+}
+
+/// Columns in blocks of `8 NB`: for each lane `l`, the rows `l, l + 16, ...` are
+/// accumulated in registers for all `G` queries (one load and widening per row), then
+/// the 16 lanes are reduced with `hsum16`'s tree, column-wise. Returns the number of
+/// columns done.
+#[allow(clippy::needless_range_loop)] // `b` picks the column block of `r[i][b]`
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn wsum_avx2<E: Elem, const G: usize, const NB: usize>(
+    v: *const E,
+    s: usize,
+    len: usize,
+    n: usize,
+    wp: [*const f32; 4],
+    op: [*mut f32; 4],
+) -> usize {
+    let bw = 8 * NB;
+    let nb = len / bw * bw;
+    let mut d0 = 0;
+    while d0 < nb {
+        let mut red = [[[_mm256_setzero_ps(); NB]; 16]; G];
+        for l in 0..16 {
+            let mut acc = [[_mm256_setzero_ps(); NB]; G];
+            let mut j = l;
+            while j < n {
+                // Skip the row when every weight is +-0 (sign bit shifted out).
+                let any = wp[..G].iter().fold(0u32, |a, w| {
+                    // Volatile keeps this integer read apart from the broadcast
+                    // below, which then loads straight into a vector register.
+                    a | (core::ptr::read_volatile(w.add(j) as *const u32) << 1)
+                });
+                if any != 0 {
+                    let p = v.add(j * s + d0);
+                    // The rows of a lane lie 16 strides apart: fetch a few ahead.
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_ROWS * s) as *const i8);
+                    let x: [__m256; NB] = core::array::from_fn(|b| E::load8(p.add(8 * b)));
+                    for (a, w) in acc.iter_mut().zip(wp) {
+                        let wb = _mm256_broadcast_ss(&*w.add(j));
+                        for (ab, xb) in a.iter_mut().zip(&x) {
+                            *ab = _mm256_fmadd_ps(*xb, wb, *ab);
+                        }
+                    }
+                }
+                j += 16;
+            }
+            for (r, a) in red.iter_mut().zip(&acc) {
+                r[l] = *a;
+            }
+        }
+        for (r, o) in red.iter().zip(op) {
+            for b in 0..NB {
+                let t8: [__m256; 8] = core::array::from_fn(|i| _mm256_add_ps(r[i][b], r[i + 8][b]));
+                let t4: [__m256; 4] = core::array::from_fn(|i| _mm256_add_ps(t8[i], t8[i + 4]));
+                let sum = _mm256_add_ps(_mm256_add_ps(t4[0], t4[2]), _mm256_add_ps(t4[1], t4[3]));
+                _mm256_storeu_ps(o.add(d0 + 8 * b), sum);
+            }
+        }
+        d0 += bw;
+    }
+    nb
 }

@@ -27,9 +27,11 @@
 //! - With AVX-512 VNNI (`CpuFeatures::avx512vnni`), Q8_0/Q5_0 use `vpdpbusd` for the same
 //!   integers, and the 32 vector registers keep a 4 x 4 tile's accumulators unspilled.
 //!
-//! Tiles are 4 rows x 4 tokens (Q8_0/Q5_0) or 1 row x 8 tokens (K-quants); for one token
-//! the 4 rows are read as 4 interleaved streams, which needs the software prefetch of
-//! `PF_TILES` (below) to stream at memory speed.
+//! Tiles are 4 rows x 4 tokens (Q8_0/Q5_0; two or more tokens go to the row x token
+//! tiles of [`super::x86_gemm_lanes`] unless a row has more than 128 blocks) or 1 row x
+//! 8 tokens (K-quants; Q4_K and Q6_K with two or more tokens go to the row x token tiles
+//! of [`super::x86_gemm`]); for one token the 4 rows are read as 4 interleaved streams,
+//! which needs the software prefetch of `PF_TILES` (below) to stream at memory speed.
 #![allow(unsafe_code)]
 
 use core::arch::x86_64::*;
@@ -57,6 +59,10 @@ const T: usize = 4;
 /// 3-7 tiles ahead gave ~1.8x the one-row kernel, 13-17 tiles ahead was slower again.
 const PF_TILES: usize = 5;
 
+/// Tokens from which Q4_K/Q6_K products go to the row x token tiles of
+/// [`super::x86_gemm`] (fewer go to `kquant_job` below).
+const GEMM_MIN_TOK: usize = 2;
+
 /// Row-range product of `ty` on AVX2, or `false` (nothing written) when this file has no
 /// kernel for it or the shapes are not whole, matching blocks.
 ///
@@ -78,6 +84,12 @@ pub fn matmul(
     let Some(job) = Job::new(w, row_bytes, rows, acts, act_row_bytes, out.len()) else {
         return false;
     };
+    if job.n_tok >= GEMM_MIN_TOK && super::x86_gemm::matmul(ty, feat, &job, w, acts, out) {
+        return true;
+    }
+    if job.n_tok >= GEMM_MIN_TOK && super::x86_gemm_lanes::matmul(ty, feat, &job, w, acts, out) {
+        return true;
+    }
     // SAFETY (all arms): `feat.avx2` promises AVX2 with FMA and F16C (see
     // `CpuFeatures::avx2`); `Job::new` checked that every row and activation slice the
     // kernels index lies inside `w`, `acts` and `out`.

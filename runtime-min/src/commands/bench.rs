@@ -1,9 +1,12 @@
-//! `pinch bench`: prompt-processing and generation tokens/s, llama-bench style.
+//! `pinch bench`: prompt-processing and generation tokens/s, llama-bench style; and
+//! `pinch bench --storage FILE`: the storage's sequential read speed, for `--read-bw`.
 use core::fmt::Write;
 
-use super::out::{Mib, Out};
+use super::out::{json_str, print_peak_rss, Mib, Out};
 use super::{secs, AppError, Ctx};
-use crate::model::Logits;
+use crate::arena::Arena;
+use crate::cli::Opts;
+use crate::model::{Logits, ModelError};
 use crate::platform::Platform;
 
 /// Mean and sample standard deviation.
@@ -35,8 +38,22 @@ pub fn bench<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> 
     };
     let reps = o.bench_reps.max(1);
     let mut out = Out::stdout(p);
-    let _ = writeln!(out, "| model | size | threads | test | t/s |");
-    let _ = writeln!(out, "| --- | ---: | ---: | ---: | ---: |");
+    // Streaming: each generated token reads this much; the storage speed sets a ceiling.
+    let per_token = ctx.plan.streamed_per_token();
+    let ceiling = ctx
+        .plan
+        .read_bw
+        .map(|bw| bw as f64 / per_token.max(1) as f64);
+    if per_token > 0 {
+        let _ = writeln!(
+            out,
+            "| model | size | threads | test | t/s | read/token | plan ceiling t/s |"
+        );
+        let _ = writeln!(out, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    } else {
+        let _ = writeln!(out, "| model | size | threads | test | t/s |");
+        let _ = writeln!(out, "| --- | ---: | ---: | ---: | ---: |");
+    }
     let size = ctx.plan.weights;
     let mut json = heapless::String::<2048>::new();
     let _ = json.push_str("{\"command\":\"bench\",\"results\":[");
@@ -92,12 +109,24 @@ pub fn bench<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> 
             if o.bench_depth > 0 {
                 let _ = write!(label, " @ d{}", o.bench_depth);
             }
-            let _ = writeln!(
+            let _ = write!(
                 out,
                 "| {} | {} | {t} | {label} | {m:.2} ± {sd:.2} |",
                 ctx.cfg.arch.name(),
                 Mib(size)
             );
+            if per_token > 0 {
+                let _ = write!(out, " {} |", Mib(per_token));
+                match ceiling {
+                    Some(c) => {
+                        let _ = write!(out, " {c:.2} |");
+                    }
+                    None => {
+                        let _ = write!(out, " (give --read-bw) |");
+                    }
+                }
+            }
+            let _ = writeln!(out);
             out.flush();
             let _ = write!(
                 json,
@@ -109,7 +138,120 @@ pub fn bench<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> 
         }
     }
     if o.json {
-        let _ = writeln!(out, "{json}],\"peak_rss\":{}}}", p.peak_rss().unwrap_or(0));
+        let _ = writeln!(
+            out,
+            "{json}],\"stream_plan_per_token\":{per_token},\"ceiling_tps\":{:.3},\"stream_bytes\":{},\"stream_passes\":{},\"peak_rss\":{}}}",
+            ceiling.unwrap_or(0.0),
+            ctx.sess.stream.bytes,
+            ctx.sess.stream.passes,
+            p.peak_rss().unwrap_or(0)
+        );
     }
+    drop(out);
+    print_peak_rss(p);
+    Ok(())
+}
+
+/// Bytes per read of the storage benchmark (as large as the stream engine's reads).
+pub const STORAGE_CHUNK: usize = 4 << 20;
+/// The storage benchmark reads at most this much of the file.
+pub const STORAGE_MAX: u64 = 1 << 30;
+/// Alignment of the read buffer (direct I/O needs the logical block size).
+const ALIGN: usize = 4096;
+
+/// Read the first `len` bytes of `file` in `buf`-sized chunks; the seconds it took.
+fn read_pass<P: Platform>(
+    p: &P,
+    file: &P::File,
+    buf: &mut [u8],
+    len: u64,
+    direct: bool,
+) -> Result<f64, AppError> {
+    let t0 = p.now_ns();
+    let mut off = 0u64;
+    while off < len {
+        let want = buf.len().min((len - off) as usize);
+        let n = p
+            .read_at(file, off, &mut buf[..want], direct)
+            .map_err(|e| AppError::Model(ModelError::Platform(e)))?;
+        if n == 0 {
+            return Err(AppError::Model(ModelError::ShortRead { offset: off }));
+        }
+        off += n as u64;
+    }
+    Ok(secs(t0, p.now_ns()))
+}
+
+/// `pinch bench --storage FILE`: sequential read speed of FILE (its first
+/// [`STORAGE_MAX`] bytes at most) in [`STORAGE_CHUNK`] reads into an aligned buffer
+/// carved from the arena: uncached (direct) reads, which is what streamed weights cost,
+/// then buffered reads, first and again (the second from the page cache when it holds
+/// the file). Prints the `--read-bw` value to pass to later runs. Needs no model.
+pub fn storage<P: Platform>(p: &P, o: &Opts, region: &mut [u8]) -> Result<(), AppError> {
+    let path = o
+        .storage
+        .ok_or(AppError::Usage("give the file to read with --storage FILE"))?;
+    let file = p.open(path).map_err(AppError::Open)?;
+    let len = p.file_size(&file).min(STORAGE_MAX);
+    if len == 0 {
+        return Err(AppError::Usage("the --storage file is empty"));
+    }
+    let mut arena = Arena::new(region);
+    let raw = arena.bytes("storage bench", STORAGE_CHUNK + ALIGN)?;
+    let skip = (ALIGN - raw.as_ptr() as usize % ALIGN) % ALIGN;
+    let buf = &mut raw[skip..skip + STORAGE_CHUNK];
+    let reps = o.bench_reps.clamp(1, 32);
+    let mbps = |s: f64| len as f64 / s.max(1e-9) / 1e6;
+    let mut direct = [0.0f64; 32];
+    for d in direct.iter_mut().take(reps) {
+        *d = mbps(read_pass(p, &file, buf, len, true)?);
+    }
+    let first = mbps(read_pass(p, &file, buf, len, false)?);
+    let mut again = [0.0f64; 32];
+    for a in again.iter_mut().take(reps) {
+        *a = mbps(read_pass(p, &file, buf, len, false)?);
+    }
+    let (dm, dsd) = mean_sd(&direct[..reps]);
+    let (am, asd) = mean_sd(&again[..reps]);
+    let rate = dm.max(0.001);
+    let mut out = Out::stdout(p);
+    if o.json {
+        let _ = write!(out, "{{\"command\":\"bench-storage\",\"file\":");
+        let _ = json_str(&mut out, path);
+        let _ = writeln!(
+            out,
+            ",\"bytes\":{len},\"chunk\":{STORAGE_CHUNK},\"reps\":{reps},\"direct_mbps\":{dm:.3},\"direct_sd\":{dsd:.3},\"buffered_first_mbps\":{first:.3},\"buffered_again_mbps\":{am:.3},\"buffered_again_sd\":{asd:.3},\"read_bw\":{},\"peak_rss\":{}}}",
+            (rate * 1e6) as u64,
+            p.peak_rss().unwrap_or(0)
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "storage: {path}: {} read in {} MiB chunks, {reps} time(s) each",
+            Mib(len),
+            STORAGE_CHUNK >> 20
+        );
+        let _ = writeln!(out, "| read | MB/s |");
+        let _ = writeln!(out, "| --- | ---: |");
+        let _ = writeln!(out, "| direct (uncached) | {dm:.1} ± {dsd:.1} |");
+        let _ = writeln!(out, "| buffered, first pass | {first:.1} |");
+        let _ = writeln!(out, "| buffered, again | {am:.1} ± {asd:.1} |");
+        let _ = write!(out, "streamed weights are read uncached: pass --read-bw ");
+        if rate >= 1.0 {
+            let _ = write!(out, "{}M", rate as u64);
+        } else {
+            let _ = write!(out, "{}", ((rate * 1e6) as u64).max(1));
+        }
+        let _ = writeln!(out, " to plan with this speed");
+        if dm > 0.8 * am {
+            let _ = writeln!(
+                out,
+                "note: direct reads ran at page-cache speed; this file system may not allow \
+                 uncached reads (tmpfs does not), so the figure may not be the device's"
+            );
+        }
+    }
+    drop(out);
+    print_peak_rss(p);
     Ok(())
 }

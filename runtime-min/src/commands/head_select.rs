@@ -194,7 +194,8 @@ pub fn set_mask<'a>(
     Ok(())
 }
 
-/// `pinch head-select -m M --corpus LIST --rows N`: print a `head.ids` file to stdout.
+/// `pinch head-select -m M --corpus LIST --rows N [-o FILE]`: write a `head.ids` file
+/// (atomically) or print it to stdout (no `-o`, or `-o -`).
 pub fn head_select<P: Platform>(p: &P, o: &Opts, region: &mut [u8]) -> Result<(), AppError> {
     let path = o.model.ok_or(AppError::NoModel)?;
     if o.head_rows == 0 {
@@ -207,10 +208,58 @@ pub fn head_select<P: Platform>(p: &P, o: &Opts, region: &mut [u8]) -> Result<()
     let g = read_header(p, &file, &mut arena)?;
     let tok = Tokenizer::from_gguf(&g, &mut arena)?;
     let ids = select_from_corpus(p, &tok, &mut arena, o.corpus, o.head_rows)?;
-    let mut out = Out::stdout(p);
-    let _ = head::write_ids(&mut out, tok.n_vocab() as usize, ids);
-    out.flush();
-    Ok(())
+    let nv = tok.n_vocab() as usize;
+    match o.output {
+        Some(file) if file != "-" => {
+            let mut count = TextBuf { buf: &mut [], n: 0 };
+            let _ = head::write_ids(&mut count, nv, ids);
+            let buf = arena.bytes("head file", count.n)?;
+            let mut text = TextBuf { buf, n: 0 };
+            let _ = head::write_ids(&mut text, nv, ids);
+            p.write_file(file, &[&text.buf[..text.n]])
+                .map_err(|e| AppError::Output(file_name(file), e))
+        }
+        _ => {
+            let mut out = Out::stdout(p);
+            let _ = head::write_ids(&mut out, nv, ids);
+            out.flush();
+            Ok(())
+        }
+    }
+}
+
+/// `core::fmt::Write` into a buffer; with an empty buffer it only counts (`n`).
+pub(crate) struct TextBuf<'b> {
+    pub(crate) buf: &'b mut [u8],
+    pub(crate) n: usize,
+}
+
+impl core::fmt::Write for TextBuf<'_> {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        let end = self.n + s.len();
+        if let Some(dst) = self.buf.get_mut(self.n..end) {
+            dst.copy_from_slice(s.as_bytes());
+        } else if !self.buf.is_empty() {
+            return Err(core::fmt::Error);
+        }
+        self.n = end;
+        Ok(())
+    }
+}
+
+/// A file name for an error message: the path, or its last 76 bytes after "..."
+/// when it is longer (the end names the file).
+pub(crate) fn file_name(path: &str) -> heapless::String<80> {
+    let mut s = heapless::String::new();
+    let mut start = path.len().saturating_sub(76);
+    while !path.is_char_boundary(start) {
+        start += 1;
+    }
+    if start > 0 {
+        let _ = s.push_str("...");
+    }
+    let _ = s.push_str(&path[start..]);
+    s
 }
 
 /// For `ppl` with a pruned head: print how many tokens of the text's full tokenization

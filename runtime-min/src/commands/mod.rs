@@ -34,8 +34,15 @@ pub enum AppError {
     Budget(OverBudget),
     Usage(&'static str),
     Chat(crate::chat::ChatError),
-    PromptTooLong { tokens: usize, n_ctx: usize },
+    PromptTooLong {
+        tokens: usize,
+        n_ctx: usize,
+    },
     Head(crate::head::HeadError),
+    /// The memory guard stopped the generation.
+    Stopped(crate::guard::GuardStop),
+    /// Writing an output file (`-o`) failed.
+    Output(heapless::String<80>, PlatformError),
 }
 
 impl From<ModelError> for AppError {
@@ -68,6 +75,8 @@ impl core::fmt::Display for AppError {
             AppError::Usage(s) => write!(f, "{s}"),
             AppError::Chat(e) => write!(f, "{e}"),
             AppError::Head(e) => write!(f, "{e}"),
+            AppError::Stopped(e) => write!(f, "{e}"),
+            AppError::Output(file, e) => write!(f, "{file}: {e}"),
             AppError::PromptTooLong { tokens, n_ctx } => write!(
                 f,
                 "the prompt has {tokens} tokens but the context holds {n_ctx}: shorten it or raise -c"
@@ -87,7 +96,7 @@ pub fn main<P: Platform>(p: &P, args: &[&str], region: &mut [u8]) -> i32 {
             return 2;
         }
     };
-    let path = o.model.unwrap_or("");
+    let path = o.model.or(o.storage).unwrap_or("");
     let res = match o.command {
         Command::Help => {
             let _ = Out::stdout(p).write_str(USAGE);
@@ -95,6 +104,7 @@ pub fn main<P: Platform>(p: &P, args: &[&str], region: &mut [u8]) -> i32 {
         }
         Command::HeadSelect => head_select::head_select(p, &o, region),
         Command::Recut => recut::recut(p, &o, region),
+        Command::Bench if o.storage.is_some() => bench::storage(p, &o, region),
         _ => with_model(p, &o, region, &mut |ctx| match ctx.o.command {
             Command::Run => run::run(ctx),
             Command::Chat => run::chat(ctx),
@@ -107,6 +117,10 @@ pub fn main<P: Platform>(p: &P, args: &[&str], region: &mut [u8]) -> i32 {
     };
     match res {
         Ok(()) => 0,
+        Err(e @ AppError::Stopped(_)) => {
+            let _ = writeln!(err, "pinch: {e}");
+            1
+        }
         Err(e) => {
             let _ = writeln!(err, "pinch: {path}: {e}");
             1
@@ -205,30 +219,50 @@ fn with_model<P: Platform>(
         sopts.n_batch = sopts.n_ctx;
         sopts.head_group = 16;
     }
-    let plan = engine::plan(&g, &cfg, &sopts, header, tok_bytes, o.budget);
+    let requested = head_select::requested_ids(p, o, &tok, &mut arena)?;
+    let pruned = requested.map(|h| h.len());
+    let plan = engine::plan(
+        &g, &cfg, &sopts, header, tok_bytes, o.budget, pruned, o.read_bw,
+    );
     let mut err = Out::stderr(p);
     if o.verbose || o.budget.is_some() {
         let _ = plan.print(&mut err, &cfg, &sopts);
     }
     drop(err);
-    engine::check_budget(&plan, &g, &cfg, &sopts).map_err(AppError::Budget)?;
-    let requested = head_select::requested_ids(p, o, &tok, &mut arena)?;
-    let weights: Weights = {
+    engine::check_budget(&plan, &g, &cfg, &sopts, pruned).map_err(AppError::Budget)?;
+    let rp = crate::repack_cache::Repacking::new(
+        p,
+        &file,
+        &g,
+        path,
+        o.repack_cache,
+        // The row-interleaved layout pays for one token at a time; `ppl` computes the
+        // head for 16 positions at once, where the plain layout's tiles are faster.
+        o.math == crate::model::Math::Fast && !o.no_repack && sopts.head_group == 1,
+        &mut arena,
+    )?;
+    let mut weights: Weights = {
         let mut loader = Loader {
-            platform: p,
+            platform: &rp,
             file: &file,
             gguf: &g,
             arena: &mut arena,
         };
-        loader.load_with_head(&cfg, requested)?
+        loader.load_planned(&cfg, requested, &plan.res)?
     };
+    crate::repack_cache::apply(&rp, &g, &mut weights, &mut arena)?;
     if let Some(ids) = weights.head_ids {
         if o.command == Command::Ppl {
             head_select::report_outside(p, o, &tok, ids, &mut arena)?;
         }
         head_select::set_mask(ids, cfg.n_vocab, &mut tok, &mut arena)?;
     }
-    let sess = Session::new(cfg, &weights, &mut arena, sopts)?;
+    let read = |off: u64, buf: &mut [u8], direct: bool| p.read_at(&file, off, buf, direct);
+    let mut sess = Session::new(cfg, &weights, &mut arena, sopts)?;
+    sess.set_reader(&read);
+    if o.verify_stream {
+        sess.set_verify(arena.bytes("stream verify", crate::model::stream::VERIFY_CHUNK)?);
+    }
     let mut ctx = Ctx {
         p,
         o,

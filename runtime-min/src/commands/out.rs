@@ -87,3 +87,12 @@ impl core::fmt::Display for Mib {
         write!(f, "{:.1} MiB", self.0 as f64 / (1u64 << 20) as f64)
     }
 }
+
+/// The line every command that loads a model ends with on stderr: `peak RSS 266.2 MiB`
+/// (the OS's high-water mark of resident memory, VmHWM on Linux), when known.
+pub fn print_peak_rss<P: Platform>(p: &P) {
+    if let Some(r) = p.peak_rss() {
+        use core::fmt::Write;
+        let _ = writeln!(Out::stderr(p), "peak RSS {}", Mib(r));
+    }
+}

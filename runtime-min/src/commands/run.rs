@@ -4,6 +4,7 @@ use core::fmt::Write;
 use super::out::{json_str, Mib, Out};
 use super::{secs, AppError, Ctx};
 use crate::chat::{ChatMessage, ChatTemplate};
+use crate::guard::{GuardStop, MemoryGuard};
 use crate::model::Logits;
 use crate::platform::Platform;
 use crate::sampler::Sampler;
@@ -69,6 +70,12 @@ pub struct GenStats {
     pub gen_tokens: usize,
     pub prompt_s: f64,
     pub gen_s: f64,
+    /// The memory guard ended the generation early.
+    pub stopped: Option<GuardStop>,
+    /// What weight streaming read during the generation (after the prompt).
+    pub stream: crate::model::stream::StreamStats,
+    /// Bytes the OS fetched from storage for this process during the generation.
+    pub os_read_bytes: Option<u64>,
 }
 
 impl GenStats {
@@ -89,10 +96,13 @@ impl GenStats {
 }
 
 /// Evaluate `prompt` and generate up to `n` tokens, calling `emit` with each token's id
-/// and text bytes. Stops at an end-of-generation token unless `ignore_eos`.
+/// and text bytes. Stops at an end-of-generation token unless `ignore_eos`, and when
+/// `guard` finds available memory under its floor (before the prompt and before each
+/// token's pass; `GenStats::stopped` says so).
 pub fn generate<P: Platform>(
     ctx: &mut Ctx<'_, '_, '_, P>,
     sampler: &mut Sampler,
+    guard: &mut MemoryGuard,
     prompt: &[u32],
     n: usize,
     emit: &mut dyn FnMut(u32, &[u8]),
@@ -107,6 +117,12 @@ pub fn generate<P: Platform>(
     }
     let mut next = 0u32;
     let t0 = p.now_ns();
+    // What the engine can spare: KV pages past the positions in use.
+    if let Err(s) = guard.watch(p, &mut || ctx.sess.give_back(p)) {
+        st.prompt_tokens = 0;
+        st.stopped = Some(s);
+        return Ok(st);
+    }
     if !prompt.is_empty() {
         ctx.sess.eval(p, prompt, Logits::Last, &mut |_, l| {
             next = sampler.sample(l)
@@ -114,6 +130,8 @@ pub fn generate<P: Platform>(
     }
     let t1 = p.now_ns();
     st.prompt_s = secs(t0, t1);
+    let s0 = ctx.sess.stream;
+    let io0 = p.storage_read_bytes();
     for _ in 0..n {
         if ctx.tok.is_eog(next) && !ctx.o.ignore_eos {
             break;
@@ -124,13 +142,48 @@ pub fn generate<P: Platform>(
         if ctx.sess.n_past >= ctx.sess.opts.n_ctx {
             break;
         }
+        if let Err(s) = guard.watch(p, &mut || ctx.sess.give_back(p)) {
+            st.stopped = Some(s);
+            break;
+        }
         let cur = next;
         ctx.sess.eval(p, &[cur], Logits::Last, &mut |_, l| {
             next = sampler.sample(l)
         })?;
     }
     st.gen_s = secs(t1, p.now_ns());
+    st.stream = ctx.sess.stream.since(&s0);
+    st.os_read_bytes = io0
+        .zip(p.storage_read_bytes())
+        .map(|(a, b)| b.saturating_sub(a));
     Ok(st)
+}
+
+/// One line on what streaming read per generated token, against the plan.
+pub fn print_stream<P: Platform>(p: &P, st: &GenStats, plan_per_token: u64) {
+    let s = &st.stream;
+    if s.passes == 0 {
+        return;
+    }
+    let per = s.bytes / s.passes;
+    let mut err = Out::stderr(p);
+    if let Some(os) = st.os_read_bytes {
+        let _ = write!(
+            err,
+            "storage reads counted by the OS: {} per generated token; ",
+            Mib(os / s.passes)
+        );
+    }
+    let _ = writeln!(
+        err,
+        "streamed: {} per generated token (plan {}, {:+.1} %), {:.0} MB/s, waiting {:.0} % of the generation time{}",
+        Mib(per),
+        Mib(plan_per_token),
+        (per as f64 / plan_per_token.max(1) as f64 - 1.0) * 100.0,
+        s.bytes as f64 / st.gen_s.max(1e-9) / 1e6,
+        s.wait_ns as f64 / 1e9 / st.gen_s.max(1e-9) * 100.0,
+        if s.verified > 0 { "; every unit verified against the file" } else { "" }
+    );
 }
 
 fn print_stats<P: Platform>(p: &P, st: &GenStats) {
@@ -207,6 +260,7 @@ pub fn run<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
     let gen_text = ctx.arena.bytes("generated text", text_cap)?;
     let mut gen_len = 0usize;
     let mut sampler = Sampler::new(o.sampler);
+    let mut guard = MemoryGuard::from_opt(o.guard);
     let p = ctx.p;
     let mut out = Out::stdout(p);
     out.bytes(text.as_bytes());
@@ -215,6 +269,7 @@ pub fn run<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
     let st = generate(
         ctx,
         &mut sampler,
+        &mut guard,
         &toks[..n],
         o.n_predict,
         &mut |_, bytes| {
@@ -235,6 +290,7 @@ pub fn run<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
     });
     drop(out);
     print_stats(p, &st);
+    print_stream(p, &st, ctx.plan.streamed_per_token());
     if o.profile {
         print_profile(p, &ctx.sess.profile);
     }
@@ -242,20 +298,39 @@ pub fn run<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
         let mut w = Out::stdout(p);
         let _ = write!(
             w,
-            "\n{{\"command\":\"run\",\"prompt_tokens\":{},\"gen_tokens\":{},\"prompt_tps\":{:.3},\"gen_tps\":{:.3},\"peak_rss\":{},\"text\":",
+            "\n{{\"command\":\"run\",\"prompt_tokens\":{},\"gen_tokens\":{},\"prompt_tps\":{:.3},\"gen_tps\":{:.3},\"peak_rss\":{},\"stream_bytes\":{},\"stream_passes\":{},\"stream_plan_per_token\":{},\"stream_verified\":{},\"os_read_bytes\":{},\"stopped\":",
             st.prompt_tokens,
             st.gen_tokens,
             st.prompt_tps(),
             st.gen_tps(),
-            p.peak_rss().unwrap_or(0)
+            p.peak_rss().unwrap_or(0),
+            st.stream.bytes,
+            st.stream.passes,
+            ctx.plan.streamed_per_token(),
+            st.stream.verified,
+            st.os_read_bytes.unwrap_or(0)
         );
+        match st.stopped {
+            Some(s) => {
+                let mut m = heapless::String::<128>::new();
+                let _ = write!(m, "{s}");
+                let _ = json_str(&mut w, &m);
+            }
+            None => {
+                let _ = w.write_str("null");
+            }
+        }
+        let _ = w.write_str(",\"text\":");
         let _ = json_str(
             &mut w,
             core::str::from_utf8(&gen_text[..gen_len]).unwrap_or(""),
         );
         let _ = writeln!(w, "}}");
     }
-    Ok(())
+    match st.stopped {
+        Some(s) => Err(AppError::Stopped(s)),
+        None => Ok(()),
+    }
 }
 
 /// `pinch chat`: read lines, answer with the model's chat template, keep the history
@@ -272,6 +347,7 @@ pub fn chat<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
     let toks = ctx.arena.slice::<u32>("tokens", n_ctx)?;
     let template = ChatTemplate::from_gguf(ctx.g).map_err(AppError::Chat)?;
     let mut sampler = Sampler::new(o.sampler);
+    let mut guard = MemoryGuard::from_opt(o.guard);
     let mut first = true;
     let mut err = Out::stderr(p);
     let _ = writeln!(
@@ -332,6 +408,7 @@ pub fn chat<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
         let st = generate(
             ctx,
             &mut sampler,
+            &mut guard,
             &toks[..nt],
             o.n_predict.max(1),
             &mut |_, bytes| {
@@ -346,10 +423,18 @@ pub fn chat<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
             Ok(())
         });
         drop(out);
+        if let Some(s) = st.stopped {
+            // The answer ends here; the conversation goes on (memory may come back).
+            let _ = writeln!(Out::stderr(p), "\npinch: {s}");
+            if st.prompt_tokens == 0 && ctx.sess.n_past == 0 {
+                first = true; // nothing was evaluated: the next turn opens the chat
+            }
+        }
         if o.verbose {
             print_stats(p, &st);
         }
     }
+    super::out::print_peak_rss(p);
     Ok(())
 }
 

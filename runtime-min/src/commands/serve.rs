@@ -4,6 +4,7 @@ use core::fmt::Write;
 
 use super::out::Out;
 use super::{AppError, Ctx};
+use crate::guard::MemoryGuard;
 use crate::platform::Platform;
 use crate::server::gen::{self, Bufs};
 use crate::server::json::{MAX_MESSAGES, MAX_TOP};
@@ -69,10 +70,11 @@ pub fn serve<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> 
     // Idle: sleep 1 ms after activity, backing off to 10 ms, so an idle server costs
     // next to nothing and a new request waits at most 10 ms.
     let mut idle = 0u32;
+    let mut guard = MemoryGuard::from_opt(o.guard);
     loop {
         let busy = io.poll();
         if let Some(i) = io.start_next() {
-            gen::serve_one(ctx, &mut io, &mut bufs, i);
+            gen::serve_one(ctx, &mut io, &mut bufs, &mut guard, i);
             idle = 0;
             continue;
         }

@@ -10,19 +10,19 @@
 use core::ops::Range;
 
 use pinch_kernels::attn;
-use pinch_kernels::matvec::{
-    dequantize_row, matmul_rows, matvec_rows, quantize_activation, KernelError,
-};
+use pinch_kernels::matvec::{dequantize_row, quantize_activation, KernelError};
 use pinch_kernels::ops::{self, rms_norm, rms_norm_inplace, rope};
-use pinch_kernels::quant::float::hsum16;
-use pinch_kernels::CpuFeatures;
+use pinch_kernels::repack::matmul_rows as repack_rows;
+use pinch_kernels::{ActFormat, CpuFeatures};
 
 use crate::arena::Arena;
 use crate::model::config::{Config, FfnAct};
 use crate::model::kv::{KvCache, KvPlane, KvType};
+use crate::model::stream::{Exchange, ReadFn, Schedule, Source, StreamStats, Zones};
 use crate::model::weights::{Tensor, Weights};
 use crate::model::ModelError;
 use crate::platform::Platform;
+use crate::residency::{EMBD_CACHE_ROWS, IO_ALIGN, STREAM_ZONES};
 
 /// Largest head dimension the attention scratch holds (Gemma 3: 256).
 pub const MAX_HEAD_DIM: usize = 256;
@@ -83,10 +83,12 @@ pub enum Op {
     FfnDown,
     NormsAndAdds,
     LmHead,
+    /// Waiting for streamed weights (or reading them, without an I/O thread).
+    StreamWait,
 }
 
 impl Op {
-    pub const COUNT: usize = 10;
+    pub const COUNT: usize = 11;
     pub const ALL: [Op; Op::COUNT] = [
         Op::Embed,
         Op::QkvProj,
@@ -98,6 +100,7 @@ impl Op {
         Op::FfnDown,
         Op::NormsAndAdds,
         Op::LmHead,
+        Op::StreamWait,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -111,6 +114,7 @@ impl Op {
             Op::FfnDown => "ffn down",
             Op::NormsAndAdds => "norms and residual adds",
             Op::LmHead => "output norm + LM head",
+            Op::StreamWait => "waiting for streamed weights",
         }
     }
 }
@@ -135,7 +139,17 @@ pub struct Session<'w, 'a> {
     pub n_past: usize,
     /// Time per kind of operation since the session was made.
     pub profile: Profile,
+    /// What weight streaming read and waited for since the session was made.
+    pub stream: StreamStats,
     s: Scratch<'a>,
+    /// Reads the model file: streamed weights and on-demand embedding rows.
+    read: Option<&'w ReadFn<'w>>,
+    zones: Zones<'a>,
+    /// `--verify-stream`: buffer for comparing streamed units with the file.
+    verify: Option<&'a mut [u8]>,
+    /// On-demand input embedding rows, direct-mapped by id.
+    embd_cache: &'a mut [u8],
+    embd_tags: [u32; EMBD_CACHE_ROWS],
 }
 
 struct Scratch<'a> {
@@ -209,7 +223,7 @@ impl<'w, 'a> Session<'w, 'a> {
             head_logits: arena.slice(
                 "logits",
                 if w.head_ids.is_some() {
-                    w.output.rows * g
+                    w.head_rows() * g
                 } else {
                     0
                 },
@@ -224,6 +238,24 @@ impl<'w, 'a> Session<'w, 'a> {
             )?,
         };
         ops::gelu_table_fill(s.gelu);
+        let mut zones = Zones::new();
+        if w.plan.streams() {
+            for _ in 0..STREAM_ZONES {
+                let z = arena.bytes_aligned(
+                    "stream zones",
+                    w.plan.zone_bytes as usize,
+                    IO_ALIGN as usize,
+                )?;
+                let _ = zones.push(z);
+            }
+        }
+        let e = &w.token_embd;
+        let cache_rows = if e.resident.rows < e.rows {
+            EMBD_CACHE_ROWS
+        } else {
+            0
+        };
+        let embd_cache = arena.bytes("embedding cache", cache_rows * e.row_bytes)?;
         Ok(Session {
             cfg,
             w,
@@ -231,8 +263,43 @@ impl<'w, 'a> Session<'w, 'a> {
             opts,
             n_past: 0,
             profile: Profile::default(),
+            stream: StreamStats::default(),
             s,
+            read: None,
+            zones,
+            verify: None,
+            embd_cache,
+            embd_tags: [u32::MAX; EMBD_CACHE_ROWS],
         })
+    }
+
+    /// Give the session the model file's reader (needed when weights are streamed or
+    /// embedding rows are read on demand).
+    pub fn set_reader(&mut self, read: &'w ReadFn<'w>) {
+        self.read = Some(read);
+    }
+
+    /// Compare every streamed unit with a buffered read of the file (`--verify-stream`);
+    /// `buf` is the comparison buffer.
+    pub fn set_verify(&mut self, buf: &'a mut [u8]) {
+        self.verify = Some(buf);
+    }
+
+    /// Give the OS back the KV cache pages past the positions in use (left there by an
+    /// earlier, longer conversation); returns the bytes given back. The memory guard
+    /// calls this before it stops a generation.
+    pub fn give_back<P: Platform>(&mut self, p: &P) -> u64 {
+        let n = self.n_past;
+        let mut freed = 0;
+        for plane in self.kv.k.iter_mut().chain(self.kv.v.iter_mut()) {
+            freed += p.discard(plane.tail_bytes_mut(n));
+        }
+        freed
+    }
+
+    /// The loaded weights.
+    pub fn weights(&self) -> &'w Weights<'a> {
+        self.w
     }
 
     /// Forget the conversation (the cache is overwritten from position 0).
@@ -269,22 +336,141 @@ impl<'w, 'a> Session<'w, 'a> {
         while start < tokens.len() {
             let end = (start + nb).min(tokens.len());
             let chunk = &tokens[start..end];
-            self.layers(p, chunk)?;
             let last_chunk = end == tokens.len();
             let sel: Range<usize> = match which {
                 Logits::All => 0..chunk.len(),
                 Logits::Last if last_chunk => chunk.len() - 1..chunk.len(),
                 _ => 0..0,
             };
-            self.head(p, sel, start, on_logits)?;
+            self.pass(p, chunk, sel, start, on_logits)?;
             self.n_past += chunk.len();
             start = end;
         }
         Ok(())
     }
 
+    /// One weight pass: the layers for `chunk`, then the head for positions `sel`,
+    /// with streamed weights read alongside (see `crate::model::stream`).
+    fn pass<P: Platform>(
+        &mut self,
+        p: &P,
+        chunk: &[u32],
+        sel: Range<usize>,
+        base: usize,
+        on_logits: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<(), ModelError> {
+        let sched = Schedule {
+            w: self.w,
+            head_groups: sel.len().div_ceil(self.opts.head_group.max(1)),
+        };
+        if sched.is_empty() {
+            let mut src = Source::<P>::None;
+            self.layers(p, chunk, &mut src)?;
+            return self.head(p, sel, base, on_logits, &mut src);
+        }
+        let read = self.read.ok_or(ModelError::NoReader)?;
+        let mut zones = core::mem::take(&mut self.zones);
+        let mut verify = self.verify.take();
+        let res = if p.io_thread() {
+            let ex = Exchange::new(core::mem::take(&mut zones));
+            let mut res = Ok(());
+            let mut wait_ns = 0;
+            {
+                let mut verify = verify.as_deref_mut();
+                let mut io = || ex.reader(p, &sched, read, verify.as_deref_mut());
+                let mut work = || {
+                    let mut src = Source::Async {
+                        p,
+                        ex: &ex,
+                        next: 0,
+                        wait_ns: 0,
+                    };
+                    res = self
+                        .layers(p, chunk, &mut src)
+                        .and_then(|()| self.head(p, sel.clone(), base, on_logits, &mut src));
+                    if let Source::Async { wait_ns: w, .. } = src {
+                        wait_ns = w;
+                    }
+                    ex.stop();
+                };
+                p.overlap(&mut io, &mut work);
+            }
+            let (back, mut st) = ex.finish();
+            zones = back;
+            st.wait_ns = wait_ns;
+            self.add_stream(st);
+            res
+        } else {
+            let mut src = Source::Sync {
+                p,
+                zones: &mut zones,
+                sched,
+                read,
+                verify: verify.as_deref_mut(),
+                next: 0,
+                stats: StreamStats::default(),
+            };
+            let res = self
+                .layers(p, chunk, &mut src)
+                .and_then(|()| self.head(p, sel, base, on_logits, &mut src));
+            if let Source::Sync { mut stats, .. } = src {
+                stats.passes = 1;
+                self.add_stream(stats);
+            }
+            res
+        };
+        self.zones = zones;
+        self.verify = verify;
+        res
+    }
+
+    fn add_stream(&mut self, st: StreamStats) {
+        let t = &mut self.stream;
+        t.bytes += st.bytes;
+        t.units += st.units;
+        t.passes += st.passes;
+        t.wait_ns += st.wait_ns;
+        t.verified += st.verified;
+    }
+
+    /// Input embedding row `id` into `out` (resident, cached or read from the file).
+    fn embed_row(&mut self, id: usize, out: &mut [f32]) -> Result<(), ModelError> {
+        let e = self.w.token_embd;
+        if id < e.resident.rows {
+            let r = &e.resident;
+            pinch_kernels::repack::dequantize_row(r.layout, e.ty, r.data, r.row_bytes(), id, out)?;
+            return Ok(());
+        }
+        let slot = id % EMBD_CACHE_ROWS;
+        let rb = e.row_bytes;
+        let row = &mut self.embd_cache[slot * rb..(slot + 1) * rb];
+        if self.embd_tags[slot] != id as u32 {
+            let read = self.read.ok_or(ModelError::NoReader)?;
+            let off = e.offset + (id * rb) as u64;
+            let mut done = 0;
+            while done < rb {
+                let n = read(off + done as u64, &mut row[done..], false)
+                    .map_err(ModelError::Platform)?;
+                if n == 0 {
+                    return Err(ModelError::ShortRead {
+                        offset: off + done as u64,
+                    });
+                }
+                done += n;
+            }
+            self.embd_tags[slot] = id as u32;
+        }
+        dequantize_row(e.ty, row, out)?;
+        Ok(())
+    }
+
     /// All transformer blocks for one batch; leaves the residual stream in `s.x`.
-    fn layers<P: Platform>(&mut self, p: &P, tokens: &[u32]) -> Result<(), ModelError> {
+    fn layers<P: Platform>(
+        &mut self,
+        p: &P,
+        tokens: &[u32],
+        src: &mut Source<'_, 'a, '_, '_, P>,
+    ) -> Result<(), ModelError> {
         let c = self.cfg;
         let n = tokens.len();
         let pos0 = self.n_past;
@@ -295,26 +481,39 @@ impl<'w, 'a> Session<'w, 'a> {
             threads: self.opts.threads,
             cpu: self.opts.cpu,
         };
+        let mut t0 = p.now_ns();
+
+        // Input embeddings.
+        for (t, &id) in tokens.iter().enumerate() {
+            let xt = core::mem::take(&mut self.s.x);
+            let r = self.embed_row(id as usize, &mut xt[t * e..(t + 1) * e]);
+            self.s.x = xt;
+            r?;
+            if let Some(scale) = c.embd_scale {
+                ops::scale_inplace(&mut self.s.x[t * e..(t + 1) * e], scale);
+            }
+        }
+
         let s = &mut self.s;
         let prof = &mut self.profile;
-        let mut t0 = p.now_ns();
         let mut lap = |op: Op, prof: &mut Profile| {
             let t1 = p.now_ns();
             prof.add(op, t0, t1);
             t0 = t1;
         };
-
-        // Input embeddings.
-        for (t, &id) in tokens.iter().enumerate() {
-            let xt = &mut s.x[t * e..(t + 1) * e];
-            dequantize_row(self.w.token_embd.ty, self.w.token_embd.row(id as usize), xt)?;
-            if let Some(scale) = c.embd_scale {
-                ops::scale_inplace(xt, scale);
-            }
-        }
-
         lap(Op::Embed, prof);
-        for (il, lw) in self.w.layers.iter().enumerate() {
+        let w = self.w;
+        for il in 0..w.layers.len() {
+            let stored = &w.layers[il];
+            let mut zone = None;
+            if stored.stream.is_some() {
+                zone = Some(src.fetch()?.0);
+                lap(Op::StreamWait, prof);
+            }
+            let lw = &match &zone {
+                Some(z) => stored.in_zone(z)?,
+                None => *stored,
+            };
             // Attention block.
             for t in 0..n {
                 rms_norm(
@@ -326,9 +525,18 @@ impl<'w, 'a> Session<'w, 'a> {
             }
             lap(Op::NormsAndAdds, prof);
             let xn = &s.xn[..n * e];
-            mm.linear(&lw.wq, xn, n, &mut s.q[..n * qd], s.act_q, s.mm_tmp, s.row)?;
-            mm.linear(&lw.wk, xn, n, &mut s.k[..n * kvd], s.act_q, s.mm_tmp, s.row)?;
-            mm.linear(&lw.wv, xn, n, &mut s.v[..n * kvd], s.act_q, s.mm_tmp, s.row)?;
+            mm.linear_many(
+                xn,
+                n,
+                &mut [
+                    (&lw.wq, &mut s.q[..n * qd]),
+                    (&lw.wk, &mut s.k[..n * kvd]),
+                    (&lw.wv, &mut s.v[..n * kvd]),
+                ],
+                s.act_q,
+                s.mm_tmp,
+                s.row,
+            )?;
             lap(Op::QkvProj, prof);
             for t in 0..n {
                 add_bias(&mut s.q[t * qd..(t + 1) * qd], lw.bq);
@@ -412,20 +620,13 @@ impl<'w, 'a> Session<'w, 'a> {
             lap(Op::NormsAndAdds, prof);
             let xn = &s.xn[..n * e];
             let f = c.n_ff;
-            mm.linear(
-                &lw.w_gate,
+            mm.linear_many(
                 xn,
                 n,
-                &mut s.gate[..n * f],
-                s.act_q,
-                s.mm_tmp,
-                s.row,
-            )?;
-            mm.linear(
-                &lw.w_up,
-                xn,
-                n,
-                &mut s.up[..n * f],
+                &mut [
+                    (&lw.w_gate, &mut s.gate[..n * f]),
+                    (&lw.w_up, &mut s.up[..n * f]),
+                ],
                 s.act_q,
                 s.mm_tmp,
                 s.row,
@@ -456,18 +657,23 @@ impl<'w, 'a> Session<'w, 'a> {
                 ops::add_inplace(&mut s.x[t * e..(t + 1) * e], d);
             }
             lap(Op::NormsAndAdds, prof);
+            if let Some(z) = zone {
+                src.release(z);
+            }
         }
         Ok(())
     }
 
     /// Final norm and LM head for batch positions `sel`; `base` is the index of the
-    /// batch's first token in the caller's token list.
+    /// batch's first token in the caller's token list. Resident head rows first, then
+    /// the streamed chunks, each into its columns of the logits.
     fn head<P: Platform>(
         &mut self,
         p: &P,
         sel: Range<usize>,
         base: usize,
         on_logits: &mut dyn FnMut(usize, &[f32]),
+        src: &mut Source<'_, 'a, '_, '_, P>,
     ) -> Result<(), ModelError> {
         let c = self.cfg;
         let (e, nv) = (c.n_embd, c.n_vocab);
@@ -478,51 +684,59 @@ impl<'w, 'a> Session<'w, 'a> {
             cpu: self.opts.cpu,
         };
         let g = self.opts.head_group;
+        let w = self.w;
+        let k = w.head_rows();
+        let sched = Schedule { w, head_groups: 0 };
         let s = &mut self.s;
         let mut t0 = sel.start;
         while t0 < sel.end {
             let start_ns = p.now_ns();
+            let mut wait_ns = 0;
             let t1 = (t0 + g).min(sel.end);
             let m = t1 - t0;
             for i in 0..m {
                 let t = t0 + i;
                 rms_norm(
                     &s.x[t * e..(t + 1) * e],
-                    self.w.output_norm,
+                    w.output_norm,
                     c.rms_eps,
                     &mut s.xn[i * e..(i + 1) * e],
                 );
             }
-            match self.w.head_ids {
-                None => mm.linear(
-                    &self.w.output,
-                    &s.xn[..m * e],
-                    m,
-                    &mut s.logits[..m * nv],
-                    s.act_q,
-                    s.mm_tmp,
-                    s.row,
-                )?,
-                Some(ids) => {
-                    let k = self.w.output.rows;
-                    mm.linear(
-                        &self.w.output,
-                        &s.xn[..m * e],
-                        m,
-                        &mut s.head_logits[..m * k],
-                        s.act_q,
-                        s.mm_tmp,
-                        s.row,
-                    )?;
-                    // Callers keep a full-vocabulary view; ids the head dropped can
-                    // never be sampled and score as impossible.
-                    for i in 0..m {
-                        let l = &mut s.logits[i * nv..(i + 1) * nv];
-                        l.fill(f32::NEG_INFINITY);
-                        for (&id, &v) in ids.iter().zip(&s.head_logits[i * k..(i + 1) * k]) {
-                            if let Some(slot) = l.get_mut(id as usize) {
-                                *slot = v;
-                            }
+            let xn = &s.xn[..m * e];
+            let dst = match w.head_ids {
+                None => &mut s.logits[..m * nv],
+                Some(_) => &mut s.head_logits[..m * k],
+            };
+            if w.output.rows > 0 {
+                mm.linear_to(&w.output, xn, m, dst, k, 0, s.act_q, s.mm_tmp, s.row)?;
+            }
+            for ci in 0..sched.head_chunks_per_group() {
+                let tw = p.now_ns();
+                let (zone, lead) = src.fetch()?;
+                wait_ns += p.now_ns().saturating_sub(tw);
+                let rows = sched.head_chunk_rows(ci);
+                let rb = w.head_stream.map_or(0, |h| h.row_bytes);
+                let chunk = Tensor {
+                    ty: w.output.ty,
+                    cols: w.output.cols,
+                    rows: rows.len(),
+                    data: &zone[lead..lead + rows.len() * rb],
+                    layout: pinch_kernels::repack::Layout::Plain,
+                };
+                let r = mm.linear_to(&chunk, xn, m, dst, k, rows.start, s.act_q, s.mm_tmp, s.row);
+                src.release(zone);
+                r?;
+            }
+            if let Some(ids) = w.head_ids {
+                // Callers keep a full-vocabulary view; ids the head dropped can never be
+                // sampled and score as impossible.
+                for i in 0..m {
+                    let l = &mut s.logits[i * nv..(i + 1) * nv];
+                    l.fill(f32::NEG_INFINITY);
+                    for (&id, &v) in ids.iter().zip(&s.head_logits[i * k..(i + 1) * k]) {
+                        if let Some(slot) = l.get_mut(id as usize) {
+                            *slot = v;
                         }
                     }
                 }
@@ -531,7 +745,9 @@ impl<'w, 'a> Session<'w, 'a> {
             for i in 0..m {
                 on_logits(base + t0 + i, &s.logits[i * nv..(i + 1) * nv]);
             }
-            self.profile.ns[Op::LmHead as usize] += t_end.saturating_sub(start_ns);
+            let total = t_end.saturating_sub(start_ns);
+            self.profile.ns[Op::LmHead as usize] += total - wait_ns.min(total);
+            self.profile.ns[Op::StreamWait as usize] += wait_ns.min(total);
             t0 = t1;
         }
         Ok(())
@@ -565,63 +781,215 @@ impl<P: Platform> MatMul<'_, P> {
         tmp: &mut [f32],
         row: &mut [f32],
     ) -> Result<(), ModelError> {
+        self.linear_to(w, x, n, out, w.rows, 0, act_q, tmp, row)
+    }
+
+    /// [`Self::linear`] into columns `row0..row0 + w.rows` of an output whose rows
+    /// (one per activation) are `stride` long: `out[t * stride + row0 + r]`.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_to(
+        &self,
+        w: &Tensor,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        stride: usize,
+        row0: usize,
+        act_q: &mut [u8],
+        tmp: &mut [f32],
+        row: &mut [f32],
+    ) -> Result<(), ModelError> {
         let (cols, rows) = (w.cols, w.rows);
         match self.math {
             Math::Reference => {
                 let row = &mut row[..cols];
                 for r in 0..rows {
-                    dequantize_row(w.ty, w.row(r), row)?;
+                    pinch_kernels::repack::dequantize_row(
+                        w.layout,
+                        w.ty,
+                        w.data,
+                        w.row_bytes(),
+                        r,
+                        row,
+                    )?;
                     for t in 0..n {
                         let xt = &x[t * cols..(t + 1) * cols];
                         let mut acc = 0.0f64;
                         for (a, b) in row.iter().zip(xt) {
                             acc += (*a as f64) * (*b as f64);
                         }
-                        out[t * rows + r] = acc as f32;
+                        out[t * stride + row0 + r] = acc as f32;
                     }
                 }
                 Ok(())
             }
             Math::Fast => {
                 let fmt = w.ty.act_format().ok_or(KernelError::Unsupported(w.ty))?;
-                let arb = fmt.row_bytes(cols).ok_or(KernelError::Unsupported(w.ty))?;
-                for t in 0..n {
-                    quantize_activation(
-                        fmt,
-                        &x[t * cols..(t + 1) * cols],
-                        &mut act_q[t * arb..(t + 1) * arb],
-                    )?;
-                }
-                let acts = &act_q[..n * arb];
-                let rb = w.row_bytes();
-                let err = spin::Mutex::new(None::<KernelError>);
-                let cpu = self.cpu;
-                if n == 1 {
-                    par_rows(self.p, self.threads, rows, 1, &mut out[..rows], &|r, o| {
-                        if let Err(e) = matvec_rows(w.ty, &cpu, w.data, rb, r, acts, o) {
-                            *err.lock() = Some(e);
-                        }
-                    });
-                } else {
-                    let tmp = &mut tmp[..rows * n];
-                    par_rows(self.p, self.threads, rows, n, tmp, &|r, o| {
-                        if let Err(e) = matmul_rows(w.ty, &cpu, w.data, rb, r, acts, arb, o) {
-                            *err.lock() = Some(e);
-                        }
-                    });
-                    for r in 0..rows {
-                        for t in 0..n {
-                            out[t * rows + r] = tmp[r * n + t];
-                        }
-                    }
-                }
-                match err.into_inner() {
-                    Some(e) => Err(e.into()),
-                    None => Ok(()),
-                }
+                self.quantize(fmt, x, n, cols, act_q)?;
+                self.linear_pre(w, fmt, n, out, stride, row0, act_q, tmp)
             }
         }
     }
+
+    /// Several matrices of the same input (q/k/v, gate/up): the input is quantized once
+    /// per activation format, not once per matrix.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_many(
+        &self,
+        x: &[f32],
+        n: usize,
+        jobs: &mut [(&Tensor, &mut [f32])],
+        act_q: &mut [u8],
+        tmp: &mut [f32],
+        row: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let mut have: Option<ActFormat> = None;
+        for (w, out) in jobs.iter_mut() {
+            if self.math == Math::Reference {
+                self.linear(w, x, n, out, act_q, tmp, row)?;
+                continue;
+            }
+            let fmt = w.ty.act_format().ok_or(KernelError::Unsupported(w.ty))?;
+            if have != Some(fmt) {
+                self.quantize(fmt, x, n, w.cols, act_q)?;
+                have = Some(fmt);
+            }
+            self.linear_pre(w, fmt, n, out, w.rows, 0, act_q, tmp)?;
+        }
+        Ok(())
+    }
+
+    /// Quantize `n` rows of `cols` values of `x` into `act_q` (rows split across the
+    /// workers when there are several).
+    fn quantize(
+        &self,
+        fmt: ActFormat,
+        x: &[f32],
+        n: usize,
+        cols: usize,
+        act_q: &mut [u8],
+    ) -> Result<(), ModelError> {
+        let arb = fmt
+            .row_bytes(cols)
+            .ok_or(ModelError::BadShape("activation row is not whole blocks"))?;
+        let err = spin::Mutex::new(None::<KernelError>);
+        par_chunks(
+            self.p,
+            self.threads,
+            n,
+            &mut act_q[..n * arb],
+            arb,
+            &|ts, dst| {
+                for (i, t) in ts.enumerate() {
+                    let r = quantize_activation(
+                        fmt,
+                        &x[t * cols..(t + 1) * cols],
+                        &mut dst[i * arb..(i + 1) * arb],
+                    );
+                    if let Err(e) = r {
+                        *err.lock() = Some(e);
+                    }
+                }
+            },
+        );
+        match err.into_inner() {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
+    /// The product of `w` with `n` activation rows already quantized (by
+    /// [`Self::quantize`], format `fmt`) in `act_q`, into columns `row0..` of `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_pre(
+        &self,
+        w: &Tensor,
+        fmt: ActFormat,
+        n: usize,
+        out: &mut [f32],
+        stride: usize,
+        row0: usize,
+        act_q: &[u8],
+        tmp: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let (cols, rows) = (w.cols, w.rows);
+        let arb = fmt.row_bytes(cols).ok_or(KernelError::Unsupported(w.ty))?;
+        let acts = &act_q[..n * arb];
+        let rb = w.row_bytes();
+        let err = spin::Mutex::new(None::<KernelError>);
+        let cpu = self.cpu;
+        if n == 1 {
+            let o1 = &mut out[row0..row0 + rows];
+            par_rows(self.p, self.threads, rows, 1, o1, &|r, o| {
+                if let Err(e) = repack_rows(w.layout, w.ty, &cpu, w.data, rb, r, acts, arb, o) {
+                    *err.lock() = Some(e);
+                }
+            });
+        } else {
+            let tmp = &mut tmp[..rows * n];
+            par_rows(self.p, self.threads, rows, n, tmp, &|r, o| {
+                if let Err(e) = repack_rows(w.layout, w.ty, &cpu, w.data, rb, r, acts, arb, o) {
+                    *err.lock() = Some(e);
+                }
+            });
+            // [rows][n] -> [n][stride] at column row0, tokens split across workers.
+            let tmp: &[f32] = tmp;
+            par_chunks(
+                self.p,
+                self.threads,
+                n,
+                &mut out[..n * stride],
+                stride,
+                &|ts, dst| {
+                    for (i, t) in ts.enumerate() {
+                        let o = &mut dst[i * stride + row0..i * stride + row0 + rows];
+                        for (r, v) in o.iter_mut().enumerate() {
+                            *v = tmp[r * n + t];
+                        }
+                    }
+                },
+            );
+        }
+        match err.into_inner() {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Split `n` items of `width` elements each (consecutive in `out`) across workers;
+/// `f(items, their elements)`. Small jobs stay on the calling thread.
+fn par_chunks<P: Platform, T: Send>(
+    p: &P,
+    threads: usize,
+    n: usize,
+    out: &mut [T],
+    width: usize,
+    f: &(dyn Fn(Range<usize>, &mut [T]) + Sync),
+) {
+    let nt = threads.min(p.workers()).clamp(1, MAX_WORKERS).min(n.max(1));
+    if nt == 1 || n < 4 {
+        f(0..n, out);
+        return;
+    }
+    let mut parts: heapless::Vec<spin::Mutex<(Range<usize>, &mut [T])>, MAX_WORKERS> =
+        heapless::Vec::new();
+    let mut rest = out;
+    let mut start = 0;
+    for i in 0..nt {
+        let end = n * (i + 1) / nt;
+        let (a, b) = core::mem::take(&mut rest).split_at_mut((end - start) * width);
+        let _ = parts.push(spin::Mutex::new((start..end, a)));
+        rest = b;
+        start = end;
+    }
+    p.parallel(nt, &|i| {
+        let mut g = parts[i].lock();
+        let (r, o) = &mut *g;
+        if r.start < r.end {
+            f(r.clone(), o);
+        }
+    });
 }
 
 type RowChunk<'o> = spin::Mutex<(Range<usize>, &'o mut [f32])>;
@@ -725,13 +1093,23 @@ impl Attend<'_, '_> {
     }
 
     /// Items `r` (index = t * n_head + h) into `out` (which starts at item `r.start`).
+    ///
+    /// The heads of one KV head and token are done together: each K and V row is read
+    /// (and widened) once for all of them. Their scores go to `scores` and, when it
+    /// holds fewer than the group, to a buffer on the stack; a group that fits neither
+    /// is split.
     fn items(&self, r: Range<usize>, q: &[f32], out: &mut [f32], scores: &mut [f32]) {
         let c = self.cfg;
-        let (hd, qd) = (c.head_dim, c.q_dim());
+        let (hd, qd, kvd) = (c.head_dim, c.q_dim(), c.kv_dim());
         let group = c.n_head / c.n_head_kv;
-        let mut lanes = [0.0f32; 16 * MAX_HEAD_DIM];
-        let lanes = &mut lanes[..16 * hd];
-        for (i, item) in r.enumerate() {
+        let skip = if self.skip {
+            SKIP_LOG_RATIO
+        } else {
+            f32::NEG_INFINITY
+        };
+        let mut extra = [0.0f32; EXTRA_SCORES];
+        let mut item = r.start;
+        while item < r.end {
             let (t, h) = (item / c.n_head, item % c.n_head);
             let pos = self.pos0 + t;
             let first = if self.swa {
@@ -739,44 +1117,54 @@ impl Attend<'_, '_> {
             } else {
                 0
             };
-            let off = (h / group) * hd;
-            let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
-            let sc = &mut scores[..pos + 1 - first];
-            for (j, v) in sc.iter_mut().enumerate() {
-                *v = attn::dot(&self.cpu, self.k.row(first + j, off, hd), qh) * self.kq_scale;
+            let span = pos + 1 - first;
+            let fit = scores.len() / span + extra.len() / span;
+            let g = (group - h % group)
+                .min(r.end - item)
+                .min(fit)
+                .clamp(1, MAX_GROUP);
+            let mut sc: heapless::Vec<&mut [f32], MAX_GROUP> = heapless::Vec::new();
+            let (mut a, mut b) = (&mut scores[..], &mut extra[..]);
+            for _ in 0..g {
+                let src = if a.len() >= span { &mut a } else { &mut b };
+                let (x, y) = core::mem::take(src).split_at_mut(span);
+                *src = y;
+                let _ = sc.push(x);
             }
-            ops::softmax_skip_on(
-                &self.cpu,
-                sc,
-                if self.skip {
-                    SKIP_LOG_RATIO
-                } else {
-                    f32::NEG_INFINITY
-                },
-            );
+            let qs: heapless::Vec<&[f32], MAX_GROUP> = (h..h + g)
+                .map(|hh| &q[t * qd + hh * hd..t * qd + (hh + 1) * hd])
+                .collect();
+            // Rows `first..=pos` of this KV head: `hd` values every `kvd`.
+            let off = (h / group) * hd;
+            let len = (span - 1) * kvd + hd;
+            let k = attn::KvRows::new(self.k.row(first, off, len), kvd, hd, span);
+            attn::dots(&self.cpu, &k, &qs, &mut sc);
+            for s in sc.iter_mut() {
+                for v in s.iter_mut() {
+                    *v *= self.kq_scale;
+                }
+                ops::softmax_skip_on(&self.cpu, s, skip);
+            }
             // llama.cpp multiplies V^T by the scores with tinyBLAS: 16 lanes over the key
             // positions (position j in lane j % 16), fused multiply-adds, the
             // `_mm512_reduce_add_ps` tree per output. A zero weight adds exactly nothing,
             // so skipped keys cost no V read and change no bit.
-            lanes.fill(0.0);
-            for (j, w) in sc.iter().enumerate() {
-                if *w != 0.0 {
-                    let l = (j % 16) * hd;
-                    attn::fma_row(
-                        &self.cpu,
-                        self.v.row(first + j, off, hd),
-                        *w,
-                        &mut lanes[l..l + hd],
-                    );
-                }
-            }
-            let o = &mut out[i * hd..(i + 1) * hd];
-            for (d, od) in o.iter_mut().enumerate() {
-                *od = hsum16(core::array::from_fn(|l| lanes[l * hd + d]));
-            }
+            let ws: heapless::Vec<&[f32], MAX_GROUP> = sc.iter().map(|s| &**s).collect();
+            let i0 = item - r.start;
+            let mut outs: heapless::Vec<&mut [f32], MAX_GROUP> =
+                out[i0 * hd..(i0 + g) * hd].chunks_mut(hd).collect();
+            let v = attn::KvRows::new(self.v.row(first, off, len), kvd, hd, span);
+            attn::weighted_sum(&self.cpu, &v, &ws, &mut outs);
+            item += g;
         }
     }
 }
+
+/// Most query heads [`Attend::items`] takes together.
+const MAX_GROUP: usize = 8;
+
+/// Scores [`Attend::items`] keeps on the stack for a group that `scores` cannot hold.
+const EXTRA_SCORES: usize = 4096;
 
 /// ln(1e-4): keys whose score is this far below the best get weight 0.
 const SKIP_LOG_RATIO: f32 = -9.210_34;

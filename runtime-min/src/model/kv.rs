@@ -61,6 +61,19 @@ impl<'a> KvPlane<'a> {
         }
     }
 
+    /// The bytes of positions `from..` (nothing there is needed once `from` is the
+    /// number of positions in use).
+    pub fn tail_bytes_mut(&mut self, from: usize) -> &mut [u8] {
+        let start = (from * self.dim).min(match &self.store {
+            Store::F32(s) => s.len(),
+            Store::F16(s) => s.len(),
+        });
+        match &mut self.store {
+            Store::F32(s) => pinch_kernels::blocks::bytes_of_mut(&mut s[start..]),
+            Store::F16(s) => pinch_kernels::blocks::bytes_of_mut(&mut s[start..]),
+        }
+    }
+
     /// `len` values of position `pos` starting at column `off`.
     #[inline]
     pub fn row(&self, pos: usize, off: usize, len: usize) -> KvRow<'_> {

@@ -7,6 +7,7 @@
 pub mod config;
 pub mod forward;
 pub mod kv;
+pub mod stream;
 pub mod weights;
 
 use pinch_kernels::GgmlType;
@@ -54,6 +55,12 @@ pub enum ModelError {
         n_vocab: usize,
     },
     Kernel(pinch_kernels::matvec::KernelError),
+    /// `--verify-stream`: a streamed byte differs from the file.
+    StreamMismatch {
+        offset: u64,
+    },
+    /// Input embedding rows must be read from the file, but the session has no reader.
+    NoReader,
 }
 
 impl From<ArenaError> for ModelError {
@@ -109,6 +116,14 @@ impl core::fmt::Display for ModelError {
                 write!(f, "token id {id} outside the vocabulary of {n_vocab}")
             }
             ModelError::Kernel(e) => write!(f, "{e}"),
+            ModelError::StreamMismatch { offset } => write!(
+                f,
+                "--verify-stream: the streamed weight byte at file offset {offset} differs from the file"
+            ),
+            ModelError::NoReader => write!(
+                f,
+                "weights or embedding rows must be read from the model file, but the session has no reader"
+            ),
         }
     }
 }

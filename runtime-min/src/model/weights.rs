@@ -1,4 +1,5 @@
-//! The model's tensors, loaded into the arena (all resident for now).
+//! The model's tensors: resident ones loaded into the arena, streamed ones described by
+//! where they sit in the file (see `crate::residency` and `crate::model::stream`).
 use core::fmt::Write;
 
 use pinch_kernels::GgmlType;
@@ -8,6 +9,7 @@ use crate::gguf::{Gguf, TensorInfo};
 use crate::model::config::{Arch, Config};
 use crate::model::ModelError;
 use crate::platform::Platform;
+use crate::residency::{self, ResidencyPlan, Span, LAYER_MATRICES};
 
 /// A 2-D (or 1-D) weight: `rows` rows of `cols` values of type `ty`.
 #[derive(Clone, Copy, Debug)]
@@ -16,6 +18,8 @@ pub struct Tensor<'a> {
     pub cols: usize,
     pub rows: usize,
     pub data: &'a [u8],
+    /// How `data` is arranged (`Plain` unless `crate::repack_cache` repacked it).
+    pub layout: pinch_kernels::repack::Layout,
 }
 
 impl<'a> Tensor<'a> {
@@ -34,6 +38,7 @@ impl<'a> Tensor<'a> {
 pub type Vector<'a> = &'a [f32];
 
 /// One transformer block's weights.
+#[derive(Clone, Copy)]
 pub struct LayerWeights<'a> {
     pub attn_norm: Vector<'a>,
     pub wq: Tensor<'a>,
@@ -51,6 +56,69 @@ pub struct LayerWeights<'a> {
     pub w_up: Tensor<'a>,
     pub w_down: Tensor<'a>,
     pub post_ffn_norm: Option<Vector<'a>>,
+    /// Streamed layers: the matrices' data is empty until a stream zone holding
+    /// `stream.span` lends it (see [`LayerWeights::in_zone`]).
+    pub stream: Option<LayerStream>,
+}
+
+/// Where a streamed layer's matrices sit inside its (aligned) file span.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerStream {
+    /// The aligned span one read fetches.
+    pub span: Span,
+    /// Offset of each of `LAYER_MATRICES` from `span.offset`, and its length.
+    pub at: [(usize, usize); 7],
+}
+
+impl<'a> LayerWeights<'a> {
+    /// This layer with its matrices viewed in `zone`, which holds `stream.span`.
+    /// Resident layers are returned as they are.
+    pub fn in_zone<'z>(&self, zone: &'z [u8]) -> Result<LayerWeights<'z>, ModelError>
+    where
+        'a: 'z,
+    {
+        let mut lw: LayerWeights<'z> = *self;
+        let Some(st) = self.stream else {
+            return Ok(lw);
+        };
+        let view = |i: usize| -> Result<&'z [u8], ModelError> {
+            let (o, n) = st.at[i];
+            zone.get(o..o + n)
+                .ok_or(ModelError::BadShape("stream zone smaller than the layer"))
+        };
+        lw.wq.data = view(0)?;
+        lw.wk.data = view(1)?;
+        lw.wv.data = view(2)?;
+        lw.wo.data = view(3)?;
+        lw.w_gate.data = view(4)?;
+        lw.w_up.data = view(5)?;
+        lw.w_down.data = view(6)?;
+        Ok(lw)
+    }
+}
+
+/// Input embeddings: rows `0..resident.rows` from memory (a tied head that is resident),
+/// the others read from the file on demand.
+#[derive(Clone, Copy, Debug)]
+pub struct Embedding<'a> {
+    pub ty: GgmlType,
+    pub cols: usize,
+    pub rows: usize,
+    pub row_bytes: usize,
+    /// File offset of row 0.
+    pub offset: u64,
+    pub resident: Tensor<'a>,
+}
+
+/// LM head rows streamed from the file in chunks.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadStream {
+    /// File offset of head row 0 (resident rows included) and bytes per row.
+    pub offset: u64,
+    pub row_bytes: usize,
+    /// All rows of the head (the resident ones are `Weights::output`).
+    pub rows: usize,
+    pub chunk_rows: usize,
 }
 
 /// Maximum layers pinch loads (a fixed table keeps runtime-min allocation-free).
@@ -58,14 +126,26 @@ pub const MAX_LAYERS: usize = 128;
 
 /// All weights of a dense model.
 pub struct Weights<'a> {
-    pub token_embd: Tensor<'a>,
+    pub token_embd: Embedding<'a>,
     pub output_norm: Vector<'a>,
-    /// `output.weight`, or `token_embd.weight` when the output is tied.
+    /// The resident rows of `output.weight`, or of `token_embd.weight` when the output
+    /// is tied: all of them unless `head_stream` says otherwise.
     pub output: Tensor<'a>,
+    /// The head's streamed rows (`output.rows..head_stream.rows`), if any.
+    pub head_stream: Option<HeadStream>,
+    /// What is resident and what is streamed.
+    pub plan: ResidencyPlan,
     /// Pruned LM head (see `crate::head`): `output` row `j` is vocabulary id
     /// `head_ids[j]`, and every other id gets logit -inf. `None`: the full head.
     pub head_ids: Option<&'a [u32]>,
     pub layers: heapless::Vec<LayerWeights<'a>, MAX_LAYERS>,
+}
+
+impl Weights<'_> {
+    /// Rows of the LM head (vocabulary, or the pruned head's rows).
+    pub fn head_rows(&self) -> usize {
+        self.head_stream.map_or(self.output.rows, |h| h.rows)
+    }
 }
 
 /// Reads tensors from a file into the arena.
@@ -81,41 +161,33 @@ impl<'p, 'g, 'a, P: Platform> Loader<'p, 'g, 'a, P> {
         self.gguf.tensor(name)
     }
 
+    /// `len` bytes of the file at `offset` into a fresh arena buffer.
+    fn read_span(
+        &mut self,
+        offset: u64,
+        len: usize,
+        account: &'static str,
+    ) -> Result<&'a mut [u8], ModelError> {
+        let buf = self.arena.bytes(account, len)?;
+        read_exact(self.platform, self.file, offset, buf)?;
+        Ok(buf)
+    }
+
     fn read(
         &mut self,
         info: &TensorInfo,
         account: &'static str,
     ) -> Result<&'a mut [u8], ModelError> {
-        let n = info.bytes as usize;
-        let buf = self.arena.bytes(account, n)?;
-        let mut done = 0usize;
-        while done < n {
-            let got = self
-                .platform
-                .read_at(
-                    self.file,
-                    info.offset + done as u64,
-                    &mut buf[done..],
-                    false,
-                )
-                .map_err(ModelError::Platform)?;
-            if got == 0 {
-                return Err(ModelError::ShortRead {
-                    offset: info.offset + done as u64,
-                });
-            }
-            done += got;
-        }
-        Ok(buf)
+        self.read_span(info.offset, info.bytes as usize, account)
     }
 
-    /// A matrix with `cols` values per row; checks the shape.
-    pub fn matrix(
-        &mut self,
+    /// The tensor `name` after checking it is a `cols` x `rows` matrix pinch can use.
+    fn checked(
+        &self,
         name: &str,
         cols: usize,
         rows: Option<usize>,
-    ) -> Result<Tensor<'a>, ModelError> {
+    ) -> Result<TensorInfo<'g>, ModelError> {
         let info = self
             .info(name)
             .ok_or(ModelError::MissingTensorNamed(name_buf(name)))?;
@@ -134,12 +206,24 @@ impl<'p, 'g, 'a, P: Platform> Loader<'p, 'g, 'a, P> {
                 ty: info.ty,
             });
         }
+        Ok(info)
+    }
+
+    /// A matrix with `cols` values per row; checks the shape.
+    pub fn matrix(
+        &mut self,
+        name: &str,
+        cols: usize,
+        rows: Option<usize>,
+    ) -> Result<Tensor<'a>, ModelError> {
+        let info = self.checked(name, cols, rows)?;
         let data = self.read(&info, "weights")?;
         Ok(Tensor {
             ty: info.ty,
-            cols: c,
-            rows: r,
+            cols,
+            rows: info.dims[1] as usize,
             data,
+            layout: pinch_kernels::repack::Layout::Plain,
         })
     }
 
@@ -151,46 +235,27 @@ impl<'p, 'g, 'a, P: Platform> Loader<'p, 'g, 'a, P> {
         rows: usize,
         ids: &[u32],
     ) -> Result<Tensor<'a>, ModelError> {
-        if info.dims[0] as usize != cols || info.dims[1] as usize != rows {
-            return Err(ModelError::TensorShape {
-                name: name_buf(info.name),
-                expected: [cols as u64, rows as u64],
-                found: [info.dims[0], info.dims[1]],
-            });
-        }
-        if !info.ty.can_dequantize() {
-            return Err(ModelError::UnsupportedType {
-                name: name_buf(info.name),
-                ty: info.ty,
-            });
-        }
+        let info = self.checked(info.name, cols, Some(rows))?;
         let rb = info.bytes as usize / rows.max(1);
         let data = self.arena.bytes("weights", rb * ids.len())?;
         for (j, &id) in ids.iter().enumerate() {
             if id as usize >= rows {
                 return Err(ModelError::BadToken { id, n_vocab: rows });
             }
-            let dst = &mut data[j * rb..(j + 1) * rb];
             let off = info.offset + (id as usize * rb) as u64;
-            let mut done = 0;
-            while done < rb {
-                let got = self
-                    .platform
-                    .read_at(self.file, off + done as u64, &mut dst[done..], false)
-                    .map_err(ModelError::Platform)?;
-                if got == 0 {
-                    return Err(ModelError::ShortRead {
-                        offset: off + done as u64,
-                    });
-                }
-                done += got;
-            }
+            read_exact(
+                self.platform,
+                self.file,
+                off,
+                &mut data[j * rb..(j + 1) * rb],
+            )?;
         }
         Ok(Tensor {
             ty: info.ty,
             cols,
             rows: ids.len(),
             data,
+            layout: pinch_kernels::repack::Layout::Plain,
         })
     }
 
@@ -235,20 +300,31 @@ impl<'p, 'g, 'a, P: Platform> Loader<'p, 'g, 'a, P> {
         }
     }
 
-    /// Load every weight of a dense model with config `c`.
+    /// Load every weight of a dense model with config `c`, all resident.
     pub fn load(&mut self, c: &Config) -> Result<Weights<'a>, ModelError> {
         self.load_with_head(c, None)
     }
 
-    /// [`Self::load`] with a pruned LM head of vocabulary ids `head` (increasing): an
-    /// untied `output.weight` is read row by row, so the full matrix never enters
-    /// memory; a tied one is copied from the (full, resident) embedding.
+    /// [`Self::load`] with a pruned LM head of vocabulary ids `head` (increasing).
     pub fn load_with_head(
         &mut self,
         c: &Config,
         head: Option<&'a [u32]>,
     ) -> Result<Weights<'a>, ModelError> {
-        let token_embd = self.matrix("token_embd.weight", c.n_embd, Some(c.n_vocab))?;
+        let plan = residency::plan(self.gguf, c, None, head.map(|h| h.len()))
+            .map_err(|_| ModelError::BadShape("no residency plan"))?;
+        self.load_planned(c, head, &plan)
+    }
+
+    /// Load the resident weights of `plan` and describe the streamed ones. A pruned head
+    /// (`head`) is read row by row from the file, so the full matrix never enters memory.
+    pub fn load_planned(
+        &mut self,
+        c: &Config,
+        head: Option<&'a [u32]>,
+        plan: &ResidencyPlan,
+    ) -> Result<Weights<'a>, ModelError> {
+        let embd_info = self.checked("token_embd.weight", c.n_embd, Some(c.n_vocab))?;
         let output_norm = self.vector("output_norm.weight", c.n_embd)?;
         // A recut file (`pinch recut`) stores only the kept rows and their ids.
         let stored = crate::head::ids_from_gguf(self.gguf, c.n_vocab, self.arena)?;
@@ -258,14 +334,56 @@ impl<'p, 'g, 'a, P: Platform> Loader<'p, 'g, 'a, P> {
             ));
         }
         let head_ids = stored.or(head);
-        let output = match (self.info("output.weight"), head) {
-            (Some(info), Some(ids)) => self.rows_of(&info, c.n_embd, c.n_vocab, ids)?,
-            (Some(_), None) => {
+        let out_info = self.info("output.weight");
+        let tied = out_info.is_none();
+        let mut head_stream = None;
+        let output = match head {
+            Some(ids) => self.rows_of(&out_info.unwrap_or(embd_info), c.n_embd, c.n_vocab, ids)?,
+            None => {
                 let rows = head_ids.map_or(c.n_vocab, |h| h.len());
-                self.matrix("output.weight", c.n_embd, Some(rows))?
+                let name = if tied {
+                    "token_embd.weight"
+                } else {
+                    "output.weight"
+                };
+                let info = self.checked(name, c.n_embd, Some(rows))?;
+                let rb = info.bytes as usize / rows.max(1);
+                let keep = plan.head_resident_rows.min(rows);
+                if keep < rows {
+                    head_stream = Some(HeadStream {
+                        offset: info.offset,
+                        row_bytes: rb,
+                        rows,
+                        chunk_rows: plan.head_chunk_rows.max(1),
+                    });
+                }
+                let data = self.read_span(info.offset, keep * rb, "weights")?;
+                Tensor {
+                    ty: info.ty,
+                    cols: c.n_embd,
+                    rows: keep,
+                    data,
+                    layout: pinch_kernels::repack::Layout::Plain,
+                }
             }
-            (None, Some(ids)) => crate::head::prune(&token_embd, ids, self.arena)?,
-            (None, None) => token_embd,
+        };
+        let token_embd = Embedding {
+            ty: embd_info.ty,
+            cols: c.n_embd,
+            rows: c.n_vocab,
+            row_bytes: embd_info.bytes as usize / c.n_vocab.max(1),
+            offset: embd_info.offset,
+            resident: if tied && head.is_none() {
+                output
+            } else {
+                Tensor {
+                    ty: embd_info.ty,
+                    cols: c.n_embd,
+                    rows: 0,
+                    data: &[],
+                    layout: pinch_kernels::repack::Layout::Plain,
+                }
+            },
         };
         if c.n_layer > MAX_LAYERS {
             return Err(ModelError::BadShape(
@@ -275,13 +393,54 @@ impl<'p, 'g, 'a, P: Platform> Loader<'p, 'g, 'a, P> {
         let mut layers = heapless::Vec::new();
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
         for il in 0..c.n_layer {
+            let streamed = il >= plan.resident_layers;
             let mut n = Names::new(il);
+            let shapes = [
+                (c.n_embd, qd),
+                (c.n_embd, kvd),
+                (c.n_embd, kvd),
+                (qd, c.n_embd),
+                (c.n_embd, c.n_ff),
+                (c.n_embd, c.n_ff),
+                (c.n_ff, c.n_embd),
+            ];
+            let mut m: [Option<Tensor<'a>>; 7] = [None; 7];
+            let mut at = [(0usize, 0usize); 7];
+            let span = if streamed {
+                residency::layer_span(self.gguf, il)
+                    .ok_or(ModelError::MissingTensorNamed(name_buf(
+                        n.get("attn_q.weight"),
+                    )))?
+                    .aligned()
+            } else {
+                Span::default()
+            };
+            for (i, (name, (cols, rows))) in LAYER_MATRICES.iter().zip(shapes).enumerate() {
+                if streamed {
+                    let info = self.checked(n.get(name), cols, Some(rows))?;
+                    at[i] = ((info.offset - span.offset) as usize, info.bytes as usize);
+                    m[i] = Some(Tensor {
+                        ty: info.ty,
+                        cols,
+                        rows,
+                        data: &[],
+                        layout: pinch_kernels::repack::Layout::Plain,
+                    });
+                } else {
+                    m[i] = Some(self.matrix(n.get(name), cols, Some(rows))?);
+                }
+            }
+            let [Some(wq), Some(wk), Some(wv), Some(wo), Some(w_gate), Some(w_up), Some(w_down)] =
+                m
+            else {
+                return Err(ModelError::BadShape("layer matrices"));
+            };
             let lw = LayerWeights {
                 attn_norm: self.vector(n.get("attn_norm.weight"), c.n_embd)?,
-                wq: self.matrix(n.get("attn_q.weight"), c.n_embd, Some(qd))?,
-                wk: self.matrix(n.get("attn_k.weight"), c.n_embd, Some(kvd))?,
-                wv: self.matrix(n.get("attn_v.weight"), c.n_embd, Some(kvd))?,
-                wo: self.matrix(n.get("attn_output.weight"), qd, Some(c.n_embd))?,
+                wq,
+                wk,
+                wv,
+                wo,
                 bq: self.opt_vector(n.get("attn_q.bias"), qd)?,
                 bk: self.opt_vector(n.get("attn_k.bias"), kvd)?,
                 bv: self.opt_vector(n.get("attn_v.bias"), kvd)?,
@@ -289,10 +448,11 @@ impl<'p, 'g, 'a, P: Platform> Loader<'p, 'g, 'a, P> {
                 k_norm: self.opt_vector(n.get("attn_k_norm.weight"), c.head_dim)?,
                 post_attn_norm: self.opt_vector(n.get("post_attention_norm.weight"), c.n_embd)?,
                 ffn_norm: self.vector(n.get("ffn_norm.weight"), c.n_embd)?,
-                w_gate: self.matrix(n.get("ffn_gate.weight"), c.n_embd, Some(c.n_ff))?,
-                w_up: self.matrix(n.get("ffn_up.weight"), c.n_embd, Some(c.n_ff))?,
-                w_down: self.matrix(n.get("ffn_down.weight"), c.n_ff, Some(c.n_embd))?,
+                w_gate,
+                w_up,
+                w_down,
                 post_ffn_norm: self.opt_vector(n.get("post_ffw_norm.weight"), c.n_embd)?,
+                stream: streamed.then_some(LayerStream { span, at }),
             };
             if c.qk_norm && (lw.q_norm.is_none() || lw.k_norm.is_none()) {
                 return Err(ModelError::MissingTensorNamed(name_buf(
@@ -315,10 +475,34 @@ impl<'p, 'g, 'a, P: Platform> Loader<'p, 'g, 'a, P> {
             token_embd,
             output_norm,
             output,
+            head_stream,
+            plan: *plan,
             head_ids,
             layers,
         })
     }
+}
+
+/// Fill `buf` from `offset` of `file` (buffered read).
+pub fn read_exact<P: Platform>(
+    p: &P,
+    file: &P::File,
+    offset: u64,
+    buf: &mut [u8],
+) -> Result<(), ModelError> {
+    let mut done = 0usize;
+    while done < buf.len() {
+        let got = p
+            .read_at(file, offset + done as u64, &mut buf[done..], false)
+            .map_err(ModelError::Platform)?;
+        if got == 0 {
+            return Err(ModelError::ShortRead {
+                offset: offset + done as u64,
+            });
+        }
+        done += got;
+    }
+    Ok(())
 }
 
 /// Tensor-name buffer for errors (names are short).

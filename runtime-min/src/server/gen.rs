@@ -17,6 +17,7 @@ use crate::chat::{ChatMessage, ChatTemplate};
 use crate::commands::out::json_str;
 use crate::commands::run::SliceWriter;
 use crate::commands::{secs, Ctx};
+use crate::guard::{GuardStop, MemoryGuard};
 use crate::model::Logits;
 use crate::platform::Platform;
 use crate::sampler::{top_n, Candidate, Sampler};
@@ -637,11 +638,43 @@ fn full_body<P: Platform>(
     w.write_str("}")
 }
 
-/// Serve the active request in slot `i`, then free the slot.
+/// The memory guard's error for a stopped generation: the status (503, with
+/// `Retry-After`, as memory may come back) and the message, logged on stderr too.
+fn guard_stopped<P: Platform>(
+    p: &P,
+    io: &mut Io<'_, '_, '_, P>,
+    s: GuardStop,
+    tokens: usize,
+) -> Msg {
+    io.m.guard_stops += 1;
+    let mut m = Msg::new();
+    let _ = write!(m, "{s} (after {tokens} generated tokens)");
+    let mut line: heapless::String<300> = heapless::String::new();
+    let _ = writeln!(line, "pinch: generation {}: {m}", io.m.generations);
+    p.stderr(line.as_bytes());
+    m
+}
+
+/// A stream's error event (the page and OpenAI clients read `error.message`).
+fn error_event(w: &mut dyn Write, api: Api, status: u16, m: &str) -> core::fmt::Result {
+    write!(w, "data: {{\"error\":{{\"code\":{status},\"message\":")?;
+    json_str(w, m)?;
+    w.write_str(",\"type\":\"unavailable_error\"}}\n\n")?;
+    if api != Api::Llama {
+        w.write_str("data: [DONE]\n\n")?;
+    }
+    Ok(())
+}
+
+/// Serve the active request in slot `i`, then free the slot. `guard` is checked before
+/// the prompt and before each token's pass: when it stops the generation, the client
+/// gets a 503 error (non-streamed) or an error event (streamed) saying why, and the
+/// server goes on with the next request.
 pub fn serve_one<P: Platform>(
     ctx: &mut Ctx<'_, '_, '_, P>,
     io: &mut Io<'_, '_, '_, P>,
     bufs: &mut Bufs<'_>,
+    guard: &mut MemoryGuard,
     i: usize,
 ) {
     // Take the request buffer out of the slot so the loop can poll the others meanwhile.
@@ -712,6 +745,10 @@ pub fn serve_one<P: Platform>(
     let nb = ctx.sess.opts.n_batch.max(1);
     let mut gone = false;
     let mut failed = false;
+    if let Err(s) = guard.watch(p, &mut || ctx.sess.give_back(p)) {
+        let m = guard_stopped(p, io, s, 0);
+        return io.fail(i, 503, &m.as_str());
+    }
     let mut start = reuse;
     while start < n_prompt {
         let end = (start + nb).min(n_prompt);
@@ -778,6 +815,7 @@ pub fn serve_one<P: Platform>(
     };
     let mut out_len = 0usize;
     let mut fin = Finish::Length;
+    let mut stopped = None;
     let stops = &prep.stops[..];
     loop {
         if tm.gen_n >= max_new {
@@ -828,6 +866,10 @@ pub fn serve_one<P: Platform>(
         if ctx.sess.n_past >= n_ctx || tm.gen_n >= max_new {
             break;
         }
+        if let Err(s) = guard.watch(p, &mut || ctx.sess.give_back(p)) {
+            stopped = Some(s);
+            break;
+        }
         sampler.accept(id);
         let res = ctx.sess.eval(p, &[id], Logits::Last, &mut |_, l| {
             next = sampler.sample(l);
@@ -862,6 +904,16 @@ pub fn serve_one<P: Platform>(
     };
     if gone {
         io.m.disconnects += 1;
+        return io.free(i);
+    }
+    if let Some(s) = stopped {
+        let m = guard_stopped(p, io, s, tm.gen_n);
+        if !q.stream {
+            return io.fail(i, 503, &m.as_str());
+        }
+        // The text released so far has been sent; what is held back is dropped.
+        let _ = error_event(&mut w, api, 503, &m);
+        w.flush();
         return io.free(i);
     }
     // Text still held: an incomplete character, or a prefix of a stop string that

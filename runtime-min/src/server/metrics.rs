@@ -11,6 +11,8 @@ pub struct Metrics {
     pub generations: u64,
     pub tokens_generated: u64,
     pub prompt_tokens: u64,
+    /// Generations the memory guard stopped.
+    pub guard_stops: u64,
     /// Generation speed of the running (or last) generation.
     pub gen_tps: f64,
     pub prompt_tps: f64,
@@ -93,6 +95,13 @@ impl Metrics {
             "counter",
             "Prompt tokens evaluated",
             &self.prompt_tokens,
+        )?;
+        metric(
+            w,
+            "guard_stops_total",
+            "counter",
+            "Generations stopped because available memory fell under the --guard floor",
+            &self.guard_stops,
         )?;
         metric(
             w,

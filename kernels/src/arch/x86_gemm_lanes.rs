@@ -1,0 +1,424 @@
+//! Matrix-matrix tiles for Q8_0 and Q5_0 weights on AVX2 and AVX-512 VNNI: the
+//! prompt-processing products of the block-32 formats (two or more tokens; one token
+//! stays on the interleaved-row kernel of [`super::x86_rows`]).
+//!
+//! The loop runs over token tiles of up to [`T`] tokens. Everything that depends only on
+//! the activations is computed once per token tile into tables on the stack (not once per
+//! weight-row tile): the f32 activation scales and, for the integer sums, the activation
+//! quants (Q8_0; biased to unsigned bytes for VNNI) or `-16 * sum(a)` per lane (Q5_0).
+//! Then every tile of `RR` weight rows x `TT` tokens first writes the `nb x RR x TT` scale
+//! products `d_w * d_a` into a third table, so that the block loop is, per (row, token)
+//! pair, the integer sums (one `vpdpbusd` with VNNI), one conversion and one fused
+//! multiply-add whose scale operand is a broadcast load; eight finished accumulators are
+//! reduced together ([`reduce8`]).
+//!
+//! Integer sums, eight i32 lanes of four consecutive products per block, as
+//! [`crate::quant::q8_0::lane_sums`]:
+//! - Q8_0, VNNI: `vpdpbusd(-128 * sum(w), a + 128, w)`: the activation biased by 128 is an
+//!   unsigned byte for every i8 (including -128), `vpdpbusd` sums u8 x i8 products in
+//!   i32 without saturation, and `-128 * sum(w)` (once per weight block and tile) is
+//!   exact, so the lane is the exact `sum(w * a)` for any bytes.
+//! - Q8_0, AVX2: llama.cpp's sign trick `madd(maddubs(|w|, sign(a, w)), 1)`, exact for
+//!   activations in -127..=127 (the one-token kernel's arithmetic; see [`super::x86_rows`]
+//!   for -128).
+//! - Q5_0: `sum(u * a) - 16 * sum(a)` with the unsigned quants `u` in 0..32 (the fifth bit
+//!   added under a byte mask with VNNI): one `vpdpbusd` starting from `-16 * sum(a)`, or
+//!   `madd(maddubs(u, a), 1)` (no i16 pair sum saturates) plus it; exact.
+//!
+//! Tiles, measured on Gemma 3 270M's shapes (AMD EPYC, Zen 4; 64 tokens): VNNI 2 rows x 8
+//! tokens (beat 3 x 7 / 3 x 8 by about 15 % on Q8_0 and 6 % on Q5_0, and 4 x 5, 4 x 6,
+//! 2 x 12, 1 x 8, and 512-bit token pairs); AVX2 1 x 8 (16 registers; beat 2 x 4 by
+//! 13-20 %).
+//!
+//! Floats: every pair computes `acc[l] = fma(d_w * d_a, lane[l], acc[l])` per block in
+//! block order (`d_w * d_a` is exact in f32: two f16 significands) and reduces the eight
+//! lanes with [`hsum8`]'s tree at the end, as `crate::quant::q8_0::lanes8_dot`. Only
+//! loads, unpacking and the activation-side integer work are shared, so no bit changes.
+#![allow(unsafe_code)]
+
+use core::arch::x86_64::*;
+use core::mem::MaybeUninit;
+
+use super::x86_legacy::{bits_to_mask, nibbles};
+use super::Job;
+use crate::blocks::{cast, Pod};
+use crate::quant::q5_0::BlockQ5_0;
+use crate::quant::q8_0::{hsum8, BlockQ8_0};
+use crate::{CpuFeatures, GgmlType};
+
+/// Most tokens per token tile (the tables' width, a multiple of 8).
+const T: usize = 8;
+/// Most blocks per row the stack tables hold (4096 columns, about 45 KiB of stack;
+/// Gemma 3 270M's Q5_0/Q8_0 rows have 20). Longer rows return `false` and take the
+/// caller's path.
+const MAX_NB: usize = 128;
+/// How many row tiles ahead a tile prefetches its weight rows (as `x86_rows::PF_TILES`).
+const PF_TILES: usize = 5;
+
+/// Row-range product of `ty` (Q8_0 or Q5_0) over a checked [`Job`] of two or more
+/// tokens on AVX2 or AVX-512 VNNI, or `false` (nothing written) for another format,
+/// without AVX2, for one token, or when the rows are not whole blocks or longer than
+/// `MAX_NB` blocks.
+///
+/// `out[i * n_tok + t] = dot(row job.rows.start + i, activation row t)`.
+pub(super) fn matmul(
+    ty: GgmlType,
+    feat: &CpuFeatures,
+    job: &Job,
+    w: &[u8],
+    acts: &[u8],
+    out: &mut [f32],
+) -> bool {
+    if !feat.avx2 || job.n_tok < 2 {
+        return false;
+    }
+    // SAFETY (all arms): `feat.avx2` promises AVX2 with FMA and F16C and `avx512vnni` is
+    // set only with AVX-512 F/BW/VL too (see `CpuFeatures`); `Job::new` checked that every
+    // row and activation slice indexed lies inside `w`, `acts` and `out`, and `body`
+    // checks the block counts before any unchecked access.
+    unsafe {
+        match ty {
+            GgmlType::Q8_0 if feat.avx512vnni => job_vnni::<BlockQ8_0, 2, 8>(job, w, acts, out),
+            GgmlType::Q5_0 if feat.avx512vnni => job_vnni::<BlockQ5_0, 2, 8>(job, w, acts, out),
+            GgmlType::Q8_0 => job_avx2::<BlockQ8_0, 1, 8>(job, w, acts, out),
+            GgmlType::Q5_0 => job_avx2::<BlockQ5_0, 1, 8>(job, w, acts, out),
+            _ => false,
+        }
+    }
+}
+
+/// A block-32 weight format as the tiles see it.
+trait Lanes: Pod {
+    /// Q8_0: signed weights against biased activations; Q5_0: unsigned weights against
+    /// the activations as they are.
+    const SIGNED: bool;
+    /// The f16 scale.
+    fn d(&self) -> [u8; 2];
+    /// The 32 quants: i8 (Q8_0) or unsigned 0..32 (Q5_0), in weight order; `VNNI`
+    /// allows AVX-512 BW/VL instructions.
+    unsafe fn quants<const VNNI: bool>(&self) -> __m256i;
+}
+
+impl Lanes for BlockQ8_0 {
+    const SIGNED: bool = true;
+    #[inline(always)]
+    fn d(&self) -> [u8; 2] {
+        self.d
+    }
+    #[inline(always)]
+    unsafe fn quants<const VNNI: bool>(&self) -> __m256i {
+        // SAFETY: 32 readable bytes; unaligned load.
+        _mm256_loadu_si256(self.qs.as_ptr() as *const __m256i)
+    }
+}
+
+impl Lanes for BlockQ5_0 {
+    const SIGNED: bool = false;
+    #[inline(always)]
+    fn d(&self) -> [u8; 2] {
+        self.d
+    }
+    #[inline(always)]
+    unsafe fn quants<const VNNI: bool>(&self) -> __m256i {
+        // Byte j holds weight j; bit j of `qh` adds 16 to it.
+        let nib = nibbles(&self.qs);
+        let k = u32::from_le_bytes(self.qh);
+        if VNNI {
+            _mm256_mask_add_epi8(nib, k, nib, _mm256_set1_epi8(16))
+        } else {
+            _mm256_or_si256(
+                nib,
+                _mm256_and_si256(bits_to_mask(k), _mm256_set1_epi8(0x10)),
+            )
+        }
+    }
+}
+
+/// What a token tile shares with every row tile, for blocks `0..nb`: `da` for all `T`
+/// tokens (0 past the tile's tokens), `aux` for the tile's tokens (the rest is never
+/// read).
+#[repr(C, align(32))]
+struct TokTables {
+    /// Activation scales as f32.
+    da: [[f32; T]; MAX_NB],
+    /// Q8_0: the activation quants + 128 as unsigned bytes (VNNI) or as they are (AVX2);
+    /// Q5_0: `-16 * sum(a)` per lane of four activation bytes.
+    aux: [[__m256i; T]; MAX_NB],
+}
+
+/// `RR` weight rows against `TT` tokens (of a token tile whose tables are `tab`), all of
+/// `nb` blocks; `dt` is scratch for the scale products.
+///
+/// # Safety
+/// AVX2/FMA/F16C (and AVX-512 F/BW/VL/VNNI when `VNNI`); every slice in `w` and `a` has
+/// at least `nb <= MAX_NB` blocks, and `tab` holds blocks `0..nb` of tokens `0..TT`.
+#[inline(always)]
+unsafe fn tile<B: Lanes, const VNNI: bool, const RR: usize, const TT: usize>(
+    w: [&[B]; RR],
+    a: [&[BlockQ8_0]; TT],
+    tab: *const TokTables,
+    dt: *mut [[[f32; T]; RR]; MAX_NB],
+    nb: usize,
+    prefetch: *const u8,
+) -> [[f32; TT]; RR] {
+    // Scale products first, so that the block loop reads them as broadcast loads.
+    for k in 0..nb {
+        for (r, wr) in w.iter().enumerate() {
+            // SAFETY: k < nb <= MAX_NB and <= w[r].len(); `da[k]` is initialized; `dt` is
+            // written through a raw pointer before any read; c * 8 + 8 <= T.
+            let h = wr.get_unchecked(k).d();
+            let dw = _mm256_cvtph_ps(_mm_set1_epi16(u16::from_le_bytes(h) as i16));
+            for c in 0..TT.div_ceil(8) {
+                let da = core::ptr::addr_of!((*tab).da[k]) as *const f32;
+                let p = core::ptr::addr_of_mut!((*dt)[k][r]) as *mut f32;
+                _mm256_storeu_ps(
+                    p.add(8 * c),
+                    _mm256_mul_ps(dw, _mm256_loadu_ps(da.add(8 * c))),
+                );
+            }
+        }
+    }
+    let mut acc = [[_mm256_setzero_ps(); TT]; RR];
+    let pf_step = RR * core::mem::size_of::<B>();
+    for k in 0..nb {
+        if !prefetch.is_null() {
+            let p = prefetch.wrapping_add(k * pf_step);
+            // A prefetch never faults, even past the end of the weights.
+            _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+            if pf_step > 64 {
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64) as *const i8);
+            }
+        }
+        // SAFETY: k < nb <= w[r].len(), a[t].len() and MAX_NB.
+        let wq: [__m256i; RR] = core::array::from_fn(|r| w[r].get_unchecked(k).quants::<VNNI>());
+        // AVX2 Q8_0: |w| for `maddubs` (the sign goes to the activation).
+        let wabs: [__m256i; RR] = if B::SIGNED && !VNNI {
+            core::array::from_fn(|r| _mm256_abs_epi8(wq[r]))
+        } else {
+            [_mm256_setzero_si256(); RR]
+        };
+        let ones = _mm256_set1_epi16(1);
+        let aux = core::ptr::addr_of!((*tab).aux[k]) as *const __m256i;
+        let dk = core::ptr::addr_of!((*dt)[k]) as *const [f32; T];
+        // Q8_0: -128 * sum(w) per lane, exact.
+        let winit: [__m256i; RR] = if B::SIGNED && VNNI {
+            core::array::from_fn(|r| {
+                let s = _mm256_dpbusd_epi32(
+                    _mm256_setzero_si256(),
+                    _mm256_set1_epi8(0x80u8 as i8),
+                    wq[r],
+                );
+                _mm256_sub_epi32(_mm256_setzero_si256(), s)
+            })
+        } else {
+            [_mm256_setzero_si256(); RR]
+        };
+        for t in 0..TT {
+            // SAFETY: t < TT <= the tile's tokens, whose `aux` entries are initialized.
+            let at = if B::SIGNED {
+                *aux.add(t)
+            } else {
+                _mm256_loadu_si256(a[t].get_unchecked(k).qs.as_ptr() as *const __m256i)
+            };
+            for r in 0..RR {
+                let g = if VNNI {
+                    if B::SIGNED {
+                        _mm256_dpbusd_epi32(winit[r], at, wq[r])
+                    } else {
+                        _mm256_dpbusd_epi32(*aux.add(t), wq[r], at)
+                    }
+                } else if B::SIGNED {
+                    // llama.cpp's sign trick: exact for activations in -127..=127 (see
+                    // `x86_rows`), as the one-token kernel.
+                    let p16 = _mm256_maddubs_epi16(wabs[r], _mm256_sign_epi8(at, wq[r]));
+                    _mm256_madd_epi16(p16, ones)
+                } else {
+                    // u in 0..32: no i16 pair sum saturates.
+                    let p16 = _mm256_maddubs_epi16(wq[r], at);
+                    _mm256_add_epi32(_mm256_madd_epi16(p16, ones), *aux.add(t))
+                };
+                // SAFETY: written above for this k and r.
+                let d = _mm256_set1_ps((*dk.add(r))[t]);
+                acc[r][t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(g), acc[r][t]);
+            }
+        }
+    }
+    let mut out = [[0.0f32; TT]; RR];
+    for r in 0..RR {
+        if TT == 8 {
+            let v = reduce8(core::array::from_fn(|t| acc[r][t]));
+            // SAFETY: TT == 8 writable f32.
+            _mm256_storeu_ps(out[r].as_mut_ptr(), v);
+            continue;
+        }
+        for t in 0..TT {
+            let mut l = [0.0f32; 8];
+            // SAFETY: 8 writable f32.
+            _mm256_storeu_ps(l.as_mut_ptr(), acc[r][t]);
+            out[r][t] = hsum8(l);
+        }
+    }
+    out
+}
+
+/// Eight accumulators reduced at once, lane `t` of the result being [`hsum8`] of `a[t]`
+/// with its exact order: `((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))` (the operands
+/// of each addition may be swapped: IEEE addition is commutative).
+#[inline(always)]
+unsafe fn reduce8(a: [__m256; 8]) -> __m256 {
+    // s[i] = [a(2i) lanes 0..4 + 4..8 | a(2i+1) lanes 0..4 + 4..8]: v0..v3 of two accumulators.
+    let s: [__m256; 4] = core::array::from_fn(|i| {
+        let (x, y) = (a[2 * i], a[2 * i + 1]);
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(x, y),
+            _mm256_permute2f128_ps::<0x31>(x, y),
+        )
+    });
+    // w[j] = [v0 + v2, v1 + v3 of a(4j), of a(4j + 2) | of a(4j + 1), of a(4j + 3)].
+    let w: [__m256; 2] = core::array::from_fn(|j| {
+        let (x, y) = (s[2 * j], s[2 * j + 1]);
+        _mm256_add_ps(
+            _mm256_shuffle_ps::<0b01_00_01_00>(x, y),
+            _mm256_shuffle_ps::<0b11_10_11_10>(x, y),
+        )
+    });
+    // [a0, a2, a4, a6 | a1, a3, a5, a7]: (v0 + v2) + (v1 + v3).
+    let r = _mm256_add_ps(
+        _mm256_shuffle_ps::<0b10_00_10_00>(w[0], w[1]),
+        _mm256_shuffle_ps::<0b11_01_11_01>(w[0], w[1]),
+    );
+    _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+}
+
+/// AVX-512 VNNI (`vpdpbusd` on 256-bit vectors, byte masks for Q5_0's fifth bit): `R`
+/// rows x `TT` tokens per tile.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn job_vnni<B: Lanes, const R: usize, const TT: usize>(
+    job: &Job,
+    w: &[u8],
+    acts: &[u8],
+    out: &mut [f32],
+) -> bool {
+    body::<B, true, R, TT>(job, w, acts, out)
+}
+
+/// AVX2 (`maddubs` + `madd`; 16 vector registers): `R` rows x `TT` tokens per tile.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn job_avx2<B: Lanes, const R: usize, const TT: usize>(
+    job: &Job,
+    w: &[u8],
+    acts: &[u8],
+    out: &mut [f32],
+) -> bool {
+    body::<B, false, R, TT>(job, w, acts, out)
+}
+
+#[inline(always)]
+unsafe fn body<B: Lanes, const VNNI: bool, const R: usize, const TT: usize>(
+    job: &Job,
+    w: &[u8],
+    acts: &[u8],
+    out: &mut [f32],
+) -> bool {
+    let nb = job.row_bytes / core::mem::size_of::<B>();
+    if nb * core::mem::size_of::<B>() != job.row_bytes
+        || nb * core::mem::size_of::<BlockQ8_0>() != job.act_row_bytes
+        || nb > MAX_NB
+        || TT > T
+    {
+        return false;
+    }
+    let n_tok = job.n_tok;
+    let rb = job.row_bytes;
+    let arb = job.act_row_bytes;
+    let row = |r: usize| cast::<B>(&w[r * rb..(r + 1) * rb]).unwrap_or(&[]);
+    let act = |t: usize| cast::<BlockQ8_0>(&acts[t * arb..(t + 1) * arb]).unwrap_or(&[]);
+    let start = job.rows.start;
+    let nr = job.rows.len();
+
+    // Uninitialized scratch, accessed only through raw pointers: each entry is written
+    // before it is read.
+    let mut tab_m = MaybeUninit::<TokTables>::uninit();
+    let tab = tab_m.as_mut_ptr();
+    let mut dt_m = MaybeUninit::<[[[f32; T]; R]; MAX_NB]>::uninit();
+    let dt = dt_m.as_mut_ptr();
+    // The one-row tiles' products, in the same (larger) buffer.
+    let dt1 = dt as *mut [[[f32; T]; 1]; MAX_NB];
+
+    let mut t0 = 0;
+    while t0 < n_tok {
+        let tt = (n_tok - t0).min(TT);
+        // Token tables for blocks 0..nb and tokens t0..t0 + tt.
+        for t in 0..T {
+            if t >= tt {
+                for k in 0..nb {
+                    // SAFETY: k < nb <= MAX_NB, t < T: inside the table.
+                    (*tab).da[k][t] = 0.0;
+                }
+                continue;
+            }
+            let y = act(t0 + t);
+            for k in 0..nb {
+                // SAFETY: k < nb = y.len() (checked above) and <= MAX_NB, t < T; writes
+                // into the tables through raw pointers.
+                let b = y.get_unchecked(k);
+                let q = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
+                let aux = if B::SIGNED {
+                    if VNNI {
+                        _mm256_xor_si256(q, _mm256_set1_epi8(0x80u8 as i8))
+                    } else {
+                        q
+                    }
+                } else {
+                    // 16 * sum(a) per four bytes (exact), negated.
+                    let s = if VNNI {
+                        _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(16), q)
+                    } else {
+                        let p16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), q);
+                        _mm256_slli_epi32::<4>(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)))
+                    };
+                    _mm256_sub_epi32(_mm256_setzero_si256(), s)
+                };
+                (*tab).aux[k][t] = aux;
+                (*tab).da[k][t] = crate::f16::read_f16(b.d);
+            }
+        }
+        let mut i = 0;
+        while i < nr {
+            let rr = if i + R <= nr { R } else { 1 };
+            let next = if rr == R {
+                w.as_ptr().wrapping_add((start + i + PF_TILES * R) * rb)
+            } else {
+                core::ptr::null()
+            };
+            macro_rules! run {
+                ($r:expr, $t:expr, $dt:expr) => {{
+                    let res = tile::<B, VNNI, $r, $t>(
+                        core::array::from_fn(|j| row(start + i + j)),
+                        core::array::from_fn(|j| act(t0 + j)),
+                        tab,
+                        $dt,
+                        nb,
+                        next,
+                    );
+                    for (r, v) in res.iter().enumerate() {
+                        out[(i + r) * n_tok + t0..][..$t].copy_from_slice(v);
+                    }
+                }};
+            }
+            macro_rules! arms {
+                ($($t:literal)*) => {
+                    match (rr == R, tt) {
+                        $((true, $t) => run!(R, $t, dt),)*
+                        $((false, $t) => run!(1, $t, dt1),)*
+                        _ => {}
+                    }
+                };
+            }
+            arms!(1 2 3 4 5 6 7 8);
+            i += rr;
+        }
+        t0 += tt;
+    }
+    true
+}

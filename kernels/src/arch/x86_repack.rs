@@ -1,0 +1,252 @@
+//! AVX2 row-range products over repacked Q8_0 weights ([`crate::repack::Layout::Q8_0x4`]).
+//!
+//! The arithmetic is [`super::x86_rows`]'s for Q8_0 (llama.cpp's sign trick into eight
+//! integer lanes, one fused multiply-add per block and lane, the `hsum8` tree); only
+//! the addressing and the tiles differ. A group's four rows come as one sequential
+//! stream of 136-byte group-blocks instead of four streams a row apart (which the plain
+//! kernel has to prefetch by hand). Tiles: 4 rows x 1 token, and for prompts 2 rows x 4
+//! tokens (each half of the group in turn: 4 x 4 accumulators would not fit in the 16
+//! vector registers; the second half re-reads the group-blocks from L1). Rows of a
+//! partial group at the ends of the range are computed with their group and dropped;
+//! the plain tail rows (`rows % 4`) go to the plain kernel. Each (row, token) therefore
+//! has the plain kernels' bits.
+//!
+//! Measured (`tests/repack.rs`, 262144 x 640, one thread, AMD EPYC with AVX-512 VNNI,
+//! other jobs running; plain time / repacked time, best of 7 alternating runs):
+//! - AVX2 (both sides): 1 token 1.07-1.46x (typically ~1.35x), 4 and 8 tokens ~1.04x
+//!   (a 4 x 4 tile instead of two 2 x 4 ran at 0.57x).
+//! - AVX-512 VNNI (both sides): 1 token 1.50x; 4 tokens 0.91-0.94x, 8 and 16 tokens 0.63x:
+//!   the plain side's prompt kernel (`super::x86_gemm_lanes`, 2 x 8 tiles over
+//!   precomputed activation tables) is not ported to this layout (2 x 8 tiles without the
+//!   tables were no faster than 4 x 4 here).
+#![allow(unsafe_code)]
+
+use core::arch::x86_64::*;
+use core::ops::Range;
+
+use super::x86_legacy::load32;
+use crate::blocks::cast;
+use crate::quant::q8_0::{hsum8, BlockQ8_0, BLOCK_BYTES};
+use crate::repack::{BlockQ8_0x4, Layout};
+use crate::{CpuFeatures, GgmlType};
+
+/// Tokens per tile.
+const T: usize = 4;
+// No software prefetch: one sequential stream is followed by the hardware prefetcher.
+// On the 262144 x 640 head (one token, AMD EPYC) prefetching 8 or 24 group-blocks
+// ahead was no faster (8 blocks: 0.8x).
+
+/// Product over a repacked tensor (`w`: all of its rows) for `rows`, or `false` (nothing
+/// written) without AVX2, for another layout, or when the shapes do not fit.
+pub fn matmul(
+    layout: Layout,
+    feat: &CpuFeatures,
+    w: &[u8],
+    row_bytes: usize,
+    rows: Range<usize>,
+    acts: &[u8],
+    out: &mut [f32],
+) -> bool {
+    if !feat.avx2 || layout != Layout::Q8_0x4 {
+        return false;
+    }
+    if row_bytes == 0
+        || !row_bytes.is_multiple_of(BLOCK_BYTES)
+        || !w.len().is_multiple_of(row_bytes)
+        || !acts.len().is_multiple_of(row_bytes)
+        || rows.start > rows.end
+        || rows.end > w.len() / row_bytes
+    {
+        return false;
+    }
+    let n_tok = acts.len() / row_bytes;
+    if rows.len().checked_mul(n_tok) != Some(out.len()) {
+        return false;
+    }
+    let n4 = w.len() / row_bytes / 4 * 4;
+    let split = rows.end.min(n4).max(rows.start);
+    let (head, tail) = out.split_at_mut((split - rows.start) * n_tok);
+    if split > rows.start {
+        // SAFETY: `feat.avx2` promises AVX2 with FMA and F16C; the checks above put
+        // every group-block of groups `rows.start / 4 .. ceil(split / 4)` (all below
+        // `n4`) inside `w`, every activation row inside `acts`, and `head` has one value
+        // per (row, token) of `rows.start..split`.
+        unsafe {
+            if feat.avx512vnni {
+                // `avx512vnni` is set only with AVX-512 F/BW/VL (see the Linux platform).
+                groups_job_vnni(w, row_bytes, rows.start..split, acts, n_tok, head)
+            } else {
+                groups_job(w, row_bytes, rows.start..split, acts, n_tok, head)
+            }
+        };
+    }
+    if split < rows.end {
+        return super::x86_rows::matmul(
+            GgmlType::Q8_0,
+            feat,
+            w,
+            row_bytes,
+            split..rows.end,
+            acts,
+            row_bytes,
+            tail,
+        );
+    }
+    true
+}
+
+/// An f16 scale broadcast to eight f32 lanes (exact conversion).
+#[inline(always)]
+unsafe fn bcast_f16(h: [u8; 2]) -> __m256 {
+    _mm256_cvtph_ps(_mm_set1_epi16(u16::from_le_bytes(h) as i16))
+}
+
+#[inline(always)]
+unsafe fn reduce(acc: __m256) -> f32 {
+    let mut l = [0.0f32; 8];
+    // SAFETY: 8 writable f32.
+    _mm256_storeu_ps(l.as_mut_ptr(), acc);
+    hsum8(l)
+}
+
+/// Rows `R0..R0 + RN` of one group against `TT` tokens, all of `nb` blocks.
+///
+/// # Safety
+/// AVX2/FMA/F16C; `nb` group-blocks are readable at `g` and `nb` blocks at every `a[t]`;
+/// `R0 + RN <= 4`.
+#[inline(always)]
+unsafe fn tile<const VNNI: bool, const TT: usize, const R0: usize, const RN: usize>(
+    g: *const BlockQ8_0x4,
+    a: [*const BlockQ8_0; TT],
+    nb: usize,
+) -> [[f32; TT]; RN] {
+    let mut acc = [[_mm256_setzero_ps(); TT]; RN];
+    for k in 0..nb {
+        // SAFETY: k < nb group-blocks at `g`.
+        let b = &*g.add(k);
+        let mut p = [[_mm256_setzero_si256(); 2]; RN];
+        let mut dw = [_mm256_setzero_ps(); RN];
+        for r in 0..RN {
+            let q = load32(&b.qs[R0 + r]);
+            p[r] = [_mm256_abs_epi8(q), q];
+            dw[r] = bcast_f16(b.d[R0 + r]);
+        }
+        for t in 0..TT {
+            // SAFETY: k < nb blocks at `a[t]`.
+            let y = &*a[t].add(k);
+            let av = load32(&y.qs);
+            let da = bcast_f16(y.d);
+            for r in 0..RN {
+                let sa = _mm256_sign_epi8(av, p[r][1]);
+                let gs = if VNNI {
+                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), p[r][0], sa)
+                } else {
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(p[r][0], sa), _mm256_set1_epi16(1))
+                };
+                // d_w * d_a is exact in f32 (two f16 significands), as in the reference.
+                let d = _mm256_mul_ps(dw[r], da);
+                acc[r][t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gs), acc[r][t]);
+            }
+        }
+    }
+    let mut out = [[0.0f32; TT]; RN];
+    for r in 0..RN {
+        for t in 0..TT {
+            out[r][t] = reduce(acc[r][t]);
+        }
+    }
+    out
+}
+
+/// Rows `rows` (all inside whole groups) of a Q8_0x4 tensor, AVX2.
+///
+/// # Safety
+/// See [`groups_body`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn groups_job(
+    w: &[u8],
+    rb: usize,
+    rows: Range<usize>,
+    acts: &[u8],
+    n_tok: usize,
+    out: &mut [f32],
+) {
+    groups_body::<false>(w, rb, rows, acts, n_tok, out)
+}
+
+/// [`groups_job`] with AVX-512 VNNI: `vpdpbusd` for the lane sums (the same exact
+/// integers), and 32 vector registers, so prompts use 4 x 4 tiles.
+///
+/// # Safety
+/// See [`groups_body`]; the CPU has AVX-512 F/BW/VL/VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn groups_job_vnni(
+    w: &[u8],
+    rb: usize,
+    rows: Range<usize>,
+    acts: &[u8],
+    n_tok: usize,
+    out: &mut [f32],
+) {
+    groups_body::<true>(w, rb, rows, acts, n_tok, out)
+}
+
+/// The loop over groups and token tiles.
+///
+/// # Safety
+/// AVX2/FMA/F16C; `rows.end <= 4 * (w.len() / (4 * rb))` rounded up to a whole group
+/// present in `w`; `acts` is `n_tok` rows of `rb`; `out.len() == rows.len() * n_tok`.
+#[inline(always)]
+unsafe fn groups_body<const VNNI: bool>(
+    w: &[u8],
+    rb: usize,
+    rows: Range<usize>,
+    acts: &[u8],
+    n_tok: usize,
+    out: &mut [f32],
+) {
+    let nb = rb / BLOCK_BYTES;
+    let act = |t: usize| acts.as_ptr().add(t * rb) as *const BlockQ8_0;
+    let mut put = |r: usize, t: usize, v: f32| {
+        if rows.contains(&r) {
+            out[(r - rows.start) * n_tok + t] = v;
+        }
+    };
+    for g in rows.start / 4..rows.end.div_ceil(4) {
+        let gw = cast::<BlockQ8_0x4>(&w[g * 4 * rb..(g + 1) * 4 * rb]).unwrap_or(&[]);
+        if gw.len() != nb {
+            return;
+        }
+        let gp = gw.as_ptr();
+        let mut t = 0;
+        while t + T <= n_tok {
+            // AVX2: two rows at a time (a 4 x 4 tile's 16 accumulators do not fit in the
+            // 16 vector registers); VNNI code has 32.
+            let a: [_; T] = core::array::from_fn(|j| act(t + j));
+            if VNNI {
+                let res = tile::<VNNI, T, 0, 4>(gp, a, nb);
+                for (r, rr) in res.iter().enumerate() {
+                    for (j, v) in rr.iter().enumerate() {
+                        put(4 * g + r, t + j, *v);
+                    }
+                }
+            } else {
+                let lo = tile::<VNNI, T, 0, 2>(gp, a, nb);
+                let hi = tile::<VNNI, T, 2, 2>(gp, a, nb);
+                for (r, rr) in lo.iter().chain(&hi).enumerate() {
+                    for (j, v) in rr.iter().enumerate() {
+                        put(4 * g + r, t + j, *v);
+                    }
+                }
+            }
+            t += T;
+        }
+        while t < n_tok {
+            let res = tile::<VNNI, 1, 0, 4>(gp, [act(t)], nb);
+            for (r, rr) in res.iter().enumerate() {
+                put(4 * g + r, t, rr[0]);
+            }
+            t += 1;
+        }
+    }
+}

@@ -1,0 +1,284 @@
+//! Products over repacked Q8_0 weights (`pinch_kernels::repack`) against the plain scalar
+//! reference, **bit for bit** per (row, token), for every feature set the running CPU
+//! has (x86: AVX2, AVX-512 VNNI; aarch64: NEON, NEON+dotprod), over odd row counts (plain tail rows),
+//! unaligned row ranges and token counts around the tiles.
+//!
+//! `repack_vs_plain_speed` (ignored) times plain vs repacked on Gemma 3 270M's output
+//! matrix (262144 x 640 Q8_0), one thread, alternating:
+//! `cargo test --release -p pinch-kernels --test repack -- --ignored --nocapture`.
+mod common;
+use common::{feature_sets, Rng};
+use pinch_kernels::matvec::{matmul_rows, quantize_activation, vec_dot_scalar};
+use pinch_kernels::repack::{self, Layout};
+use pinch_kernels::{ActFormat, CpuFeatures, GgmlType};
+
+fn weights(rng: &mut Rng, rows: usize, cols: usize) -> Vec<u8> {
+    let mut w: Vec<u8> = (0..rows * cols / 32 * 34)
+        .map(|_| rng.next() as u8)
+        .collect();
+    for blk in w.chunks_mut(34) {
+        let d = pinch_kernels::f16::f32_to_f16(0.01 + 0.05 * rng.f32().abs()).to_le_bytes();
+        blk[..2].copy_from_slice(&d);
+    }
+    w
+}
+
+fn acts(rng: &mut Rng, n_tok: usize, cols: usize) -> Vec<u8> {
+    let arb = cols / 32 * 34;
+    let mut a = vec![0u8; n_tok * arb];
+    for t in 0..n_tok {
+        let x: Vec<f32> = (0..cols).map(|_| rng.f32() * 3.0).collect();
+        quantize_activation(ActFormat::Q8_0, &x, &mut a[t * arb..(t + 1) * arb]).unwrap();
+    }
+    a
+}
+
+fn repacked(w: &[u8], rb: usize) -> Vec<u8> {
+    let mut r = w.to_vec();
+    let mut scratch = vec![0u8; Layout::Q8_0x4.scratch_bytes(rb)];
+    repack::repack_in_place(Layout::Q8_0x4, GgmlType::Q8_0, &mut r, rb, &mut scratch).unwrap();
+    r
+}
+
+#[test]
+fn simd_on_repacked_rows_equals_plain_scalar_bits() {
+    let mut rng = Rng(0x5eed_4e9a);
+    for rows in [1usize, 3, 4, 5, 8, 11, 16, 17] {
+        for cols in [32usize, 64, 160, 640] {
+            let rb = cols / 32 * 34;
+            let w = weights(&mut rng, rows, cols);
+            let wr = repacked(&w, rb);
+            for n_tok in [1usize, 2, 3, 4, 5, 7, 9] {
+                let a = acts(&mut rng, n_tok, cols);
+                let want: Vec<f32> = (0..rows * n_tok)
+                    .map(|k| {
+                        let (r, t) = (k / n_tok, k % n_tok);
+                        vec_dot_scalar(
+                            GgmlType::Q8_0,
+                            &w[r * rb..(r + 1) * rb],
+                            &a[t * rb..(t + 1) * rb],
+                        )
+                    })
+                    .collect();
+                let ranges = [
+                    0..rows,
+                    1.min(rows)..rows,
+                    0..rows.saturating_sub(1),
+                    rows / 2..rows,
+                    (rows / 4 * 4).min(rows)..rows,
+                    2.min(rows)..rows.min(6),
+                    rows..rows,
+                ];
+                for feat in feature_sets() {
+                    for range in ranges.iter().filter(|r| r.start <= r.end) {
+                        let mut out = vec![f32::NAN; range.len() * n_tok];
+                        repack::matmul_rows(
+                            Layout::Q8_0x4,
+                            GgmlType::Q8_0,
+                            &feat,
+                            &wr,
+                            rb,
+                            range.clone(),
+                            &a,
+                            rb,
+                            &mut out,
+                        )
+                        .unwrap();
+                        for (i, r) in range.clone().enumerate() {
+                            for t in 0..n_tok {
+                                let (g, e) = (out[i * n_tok + t], want[r * n_tok + t]);
+                                assert_eq!(
+                                    g.to_bits(),
+                                    e.to_bits(),
+                                    "{feat:?} rows {rows} cols {cols} n_tok {n_tok} \
+                                     range {range:?} row {r} tok {t}: {g} vs {e}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Extremes: -128 weights, ±127 activations and an all-zero (scale 0) activation block.
+#[test]
+fn simd_on_repacked_edge_values_equals_plain_scalar_bits() {
+    let (rows, cols) = (9usize, 128usize);
+    let rb = cols / 32 * 34;
+    let mut rng = Rng(99);
+    let mut w = weights(&mut rng, rows, cols);
+    for (i, blk) in w.chunks_mut(34).enumerate() {
+        for (j, q) in blk[2..].iter_mut().enumerate() {
+            *q = if (i + j) % 3 == 0 { 0x80 } else { 0x7f };
+        }
+    }
+    let wr = repacked(&w, rb);
+    let mut x = vec![0.0f32; 2 * cols];
+    for (j, v) in x[..cols].iter_mut().enumerate() {
+        *v = if j % 2 == 0 { 1.0 } else { -1.0 };
+    }
+    let mut a = vec![0u8; 2 * rb];
+    quantize_activation(ActFormat::Q8_0, &x[..cols], &mut a[..rb]).unwrap();
+    quantize_activation(ActFormat::Q8_0, &x[cols..], &mut a[rb..]).unwrap();
+    for feat in feature_sets() {
+        let mut out = vec![0.0f32; rows * 2];
+        repack::matmul_rows(
+            Layout::Q8_0x4,
+            GgmlType::Q8_0,
+            &feat,
+            &wr,
+            rb,
+            0..rows,
+            &a,
+            rb,
+            &mut out,
+        )
+        .unwrap();
+        for r in 0..rows {
+            for t in 0..2 {
+                let e = vec_dot_scalar(
+                    GgmlType::Q8_0,
+                    &w[r * rb..(r + 1) * rb],
+                    &a[t * rb..(t + 1) * rb],
+                );
+                assert_eq!(
+                    out[r * 2 + t].to_bits(),
+                    e.to_bits(),
+                    "{feat:?} row {r} tok {t}"
+                );
+            }
+        }
+    }
+}
+
+fn best() -> CpuFeatures {
+    *feature_sets().last().unwrap()
+}
+
+#[test]
+#[ignore]
+fn repack_vs_plain_speed() {
+    let env = |k: &str| std::env::var(k).ok().and_then(|s| s.parse().ok());
+    let rows: usize = env("REPACK_ROWS").unwrap_or(262_144);
+    let cols = 640usize;
+    let rb = cols / 32 * 34;
+    let mut rng = Rng(1);
+    let w = weights(&mut rng, rows, cols);
+    let mut wr = w.clone();
+    let mut scratch = vec![0u8; Layout::Q8_0x4.scratch_bytes(rb)];
+    let t0 = std::time::Instant::now();
+    repack::repack_in_place(Layout::Q8_0x4, GgmlType::Q8_0, &mut wr, rb, &mut scratch).unwrap();
+    let t_repack = t0.elapsed().as_secs_f64();
+    let feat = best();
+    let reps: usize = env("REPS").unwrap_or(7);
+    let toks: Vec<usize> = std::env::var("REPACK_TOKS")
+        .ok()
+        .map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect())
+        .unwrap_or(vec![1, 4, 8]);
+    // `REPACK_ONLY=plain|repacked|none`: run one side only (instruction counts under
+    // qemu: subtract the `none` run, which only builds the data).
+    let only = std::env::var("REPACK_ONLY").unwrap_or_default();
+    if !only.is_empty() {
+        for &n_tok in &toks {
+            let a = acts(&mut rng, n_tok, cols);
+            let mut out = vec![0.0f32; rows * n_tok];
+            for _ in 0..reps {
+                match only.as_str() {
+                    "plain" => {
+                        matmul_rows(GgmlType::Q8_0, &feat, &w, rb, 0..rows, &a, rb, &mut out)
+                            .unwrap()
+                    }
+                    "repacked" => repack::matmul_rows(
+                        Layout::Q8_0x4,
+                        GgmlType::Q8_0,
+                        &feat,
+                        &wr,
+                        rb,
+                        0..rows,
+                        &a,
+                        rb,
+                        &mut out,
+                    )
+                    .unwrap(),
+                    _ => {}
+                }
+            }
+            println!("{only} n_tok {n_tok}: {}", out.iter().sum::<f32>());
+        }
+        return;
+    }
+    println!("features {feat:?}, {rows} x {cols} Q8_0, 1 thread, best of {reps} alternating runs");
+    println!(
+        "repack_in_place of the whole matrix ({:.0} MB): {:.1} ms",
+        (rows * rb) as f64 / 1e6,
+        t_repack * 1e3
+    );
+    for n_tok in toks {
+        let a = acts(&mut rng, n_tok, cols);
+        let mut out_p = vec![0.0f32; rows * n_tok];
+        let mut out_r = vec![0.0f32; rows * n_tok];
+        let (mut bp, mut br) = (f64::MAX, f64::MAX);
+        for _ in 0..reps {
+            let t0 = std::time::Instant::now();
+            matmul_rows(GgmlType::Q8_0, &feat, &w, rb, 0..rows, &a, rb, &mut out_p).unwrap();
+            bp = bp.min(t0.elapsed().as_secs_f64());
+            let t0 = std::time::Instant::now();
+            repack::matmul_rows(
+                Layout::Q8_0x4,
+                GgmlType::Q8_0,
+                &feat,
+                &wr,
+                rb,
+                0..rows,
+                &a,
+                rb,
+                &mut out_r,
+            )
+            .unwrap();
+            br = br.min(t0.elapsed().as_secs_f64());
+        }
+        assert!(out_p
+            .iter()
+            .zip(&out_r)
+            .all(|(x, y)| x.to_bits() == y.to_bits()));
+        let gb = (rows * rb) as f64 / 1e9;
+        println!(
+            "n_tok {n_tok}: plain {:.2} ms ({:.1} GB/s), repacked {:.2} ms ({:.1} GB/s), plain/repacked = {:.3}",
+            bp * 1e3,
+            gb / bp,
+            br * 1e3,
+            gb / br,
+            bp / br
+        );
+    }
+}
+
+/// The SIMD paths above are really taken (not the scalar fallback).
+#[test]
+fn simd_path_is_taken_where_the_cpu_has_one() {
+    let (rows, cols) = (6usize, 64usize);
+    let rb = cols / 32 * 34;
+    let mut rng = Rng(5);
+    let wr = repacked(&weights(&mut rng, rows, cols), rb);
+    let a = acts(&mut rng, 3, cols);
+    for feat in feature_sets() {
+        let mut out = vec![0.0f32; rows * 3];
+        let took = pinch_kernels::arch::repack_matmul_rows(
+            Layout::Q8_0x4,
+            &feat,
+            &wr,
+            rb,
+            0..rows,
+            &a,
+            &mut out,
+        );
+        assert_eq!(took, feat != CpuFeatures::SCALAR, "{feat:?}");
+        assert_eq!(
+            took,
+            repack::has_fast_kernel(Layout::Q8_0x4, &feat),
+            "{feat:?}"
+        );
+    }
+}

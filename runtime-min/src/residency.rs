@@ -1,0 +1,299 @@
+//! The residency plan: which weights stay in memory and which are streamed from flash.
+//!
+//! Computed from the GGUF header, the budget and the session's sizes before a weight
+//! byte is read. Every weight of a dense model is read once per token, so a resident
+//! byte saves the same read wherever it sits; what decides is granularity and use:
+//!
+//! - norm gains and biases: always resident (tiny, dequantized to f32 at load);
+//! - input embeddings: never resident for their own sake; rows are read on demand
+//!   into a small cache (a tied head that is resident serves them for free);
+//! - transformer layers: whole layers, resident from the first one on, because every
+//!   token (prompt tokens included) passes through every layer;
+//! - the LM head last, row by row with what is left: a prompt batch computes logits
+//!   only for its last position, so the head is the weight used least per byte.
+//!
+//! What is not resident is streamed: each streamed layer is one aligned read of its
+//! tensors' span, the head's streamed rows are read in chunks of the same size, into
+//! two zones (one being computed on, one being filled).
+use crate::gguf::{Gguf, TensorInfo};
+use crate::model::Config;
+
+/// Alignment of direct (uncached) reads: offsets, lengths and buffers.
+pub const IO_ALIGN: u64 = 4096;
+/// Zones the streamer cycles through: one computed on while the next is read.
+pub const STREAM_ZONES: usize = 2;
+/// Input-embedding rows cached after an on-demand read.
+pub const EMBD_CACHE_ROWS: usize = 64;
+/// The arena's per-allocation alignment slack.
+const SLACK: u64 = 64;
+
+/// The matrices of one transformer block, in the order the forward pass uses them.
+pub const LAYER_MATRICES: [&str; 7] = [
+    "attn_q.weight",
+    "attn_k.weight",
+    "attn_v.weight",
+    "attn_output.weight",
+    "ffn_gate.weight",
+    "ffn_up.weight",
+    "ffn_down.weight",
+];
+
+/// A byte range of the model file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Span {
+    pub offset: u64,
+    pub len: u64,
+}
+
+impl Span {
+    /// The span widened to whole `IO_ALIGN` blocks (what a direct read fetches).
+    pub fn aligned(&self) -> Span {
+        let start = self.offset / IO_ALIGN * IO_ALIGN;
+        let end = (self.offset + self.len).div_ceil(IO_ALIGN) * IO_ALIGN;
+        Span {
+            offset: start,
+            len: end - start,
+        }
+    }
+}
+
+impl Span {
+    /// Bytes a direct read of this span's aligned form returns from a file of
+    /// `file_len` bytes (the last block may be cut short by the end of the file).
+    pub fn read_len(&self, file_len: u64) -> u64 {
+        let a = self.aligned();
+        (a.offset + a.len).min(file_len).saturating_sub(a.offset)
+    }
+}
+
+/// What the plan decided, and what it costs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ResidencyPlan {
+    pub n_layer: usize,
+    /// Layers `0..resident_layers` are resident; the rest are streamed.
+    pub resident_layers: usize,
+    /// LM head rows (vocabulary size, or the pruned head's rows).
+    pub head_rows: usize,
+    pub head_row_bytes: u64,
+    /// Head rows `0..head_resident_rows` are resident; the rest are streamed in
+    /// chunks of `head_chunk_rows`.
+    pub head_resident_rows: usize,
+    pub head_chunk_rows: usize,
+    /// Bytes of each stream zone (0: nothing is streamed).
+    pub zone_bytes: u64,
+    /// Resident bytes by kind (each with the arena's alignment slack).
+    pub layer_bytes: u64,
+    pub head_bytes: u64,
+    pub vector_bytes: u64,
+    pub embd_cache_bytes: u64,
+    /// Bytes read from storage per weight pass (one generated token), aligned reads.
+    pub streamed_per_pass: u64,
+}
+
+impl ResidencyPlan {
+    /// Resident weight bytes plus stream zones and the embedding cache.
+    pub fn bytes(&self) -> u64 {
+        self.layer_bytes
+            + self.head_bytes
+            + self.vector_bytes
+            + self.embd_cache_bytes
+            + self.zone_total()
+    }
+    /// Bytes of all stream zones (with alignment slack).
+    pub fn zone_total(&self) -> u64 {
+        if self.zone_bytes == 0 {
+            0
+        } else {
+            STREAM_ZONES as u64 * self.zone_bytes + IO_ALIGN
+        }
+    }
+    pub fn streams(&self) -> bool {
+        self.zone_bytes > 0
+    }
+    pub fn streamed_layers(&self) -> usize {
+        self.n_layer - self.resident_layers
+    }
+    pub fn head_chunks(&self) -> usize {
+        let rest = self.head_rows - self.head_resident_rows;
+        if rest == 0 {
+            0
+        } else {
+            rest.div_ceil(self.head_chunk_rows.max(1))
+        }
+    }
+    /// Head rows of streamed chunk `i` (absolute row indices).
+    pub fn head_chunk(&self, i: usize) -> core::ops::Range<usize> {
+        let start = self.head_resident_rows + i * self.head_chunk_rows;
+        start..(start + self.head_chunk_rows).min(self.head_rows)
+    }
+}
+
+/// Why no plan fits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NoPlan {
+    /// The smallest weight memory any plan needs (everything streamed).
+    pub min_bytes: u64,
+}
+
+/// The file span of layer `il`'s matrices (one read fetches all of them).
+pub fn layer_span(g: &Gguf, il: usize) -> Option<Span> {
+    let mut lo = u64::MAX;
+    let mut hi = 0u64;
+    for m in LAYER_MATRICES {
+        let mut name: heapless::String<64> = heapless::String::new();
+        let _ = core::fmt::write(&mut name, format_args!("blk.{il}.{m}"));
+        let t = g.tensor(&name)?;
+        lo = lo.min(t.offset);
+        hi = hi.max(t.offset + t.bytes);
+    }
+    Some(Span {
+        offset: lo,
+        len: hi - lo,
+    })
+}
+
+/// Resident bytes of layer `il`'s matrices as the loader lays them out.
+fn layer_matrix_bytes(g: &Gguf, il: usize) -> u64 {
+    let mut sum = 0;
+    for m in LAYER_MATRICES {
+        let mut name: heapless::String<64> = heapless::String::new();
+        let _ = core::fmt::write(&mut name, format_args!("blk.{il}.{m}"));
+        if let Some(t) = g.tensor(&name) {
+            sum += t.bytes + SLACK;
+        }
+    }
+    sum
+}
+
+/// The tensor that holds the LM head rows in the file (output, or the tied embedding).
+pub fn head_tensor<'g>(g: &'g Gguf<'g>) -> Option<TensorInfo<'g>> {
+    g.tensor("output.weight")
+        .or_else(|| g.tensor("token_embd.weight"))
+}
+
+/// Bytes of the 1-D tensors (dequantized to f32 at load, read through a scratch copy).
+fn vector_bytes(g: &Gguf) -> u64 {
+    g.tensors()
+        .filter(|t| t.dims[1] == 1 && t.dims[2] == 1 && t.dims[3] == 1)
+        .map(|t| 4 * t.dims[0] + SLACK + t.bytes + SLACK)
+        .sum()
+}
+
+/// Plan residency so that the weights take at most `weight_budget` bytes (`None`: all
+/// resident). `pruned_rows`: a head pruned at load to that many rows (kept resident:
+/// its rows are scattered in the file). A recut file's smaller head is read from the
+/// file's own `output.weight` shape.
+pub fn plan(
+    g: &Gguf,
+    cfg: &Config,
+    weight_budget: Option<u64>,
+    pruned_rows: Option<usize>,
+) -> Result<ResidencyPlan, NoPlan> {
+    let n_layer = cfg.n_layer;
+    let head = head_tensor(g);
+    let (file_rows, head_total_bytes) = head.map_or((0, 0), |t| (t.dims[1] as usize, t.bytes));
+    let head_row_bytes = head_total_bytes / (file_rows.max(1) as u64);
+    let head_rows = pruned_rows.unwrap_or(file_rows);
+    let tied = g.tensor("output.weight").is_none();
+    let embd_row_bytes = g
+        .tensor("token_embd.weight")
+        .map_or(0, |t| t.bytes / t.dims[1].max(1));
+    let layers: u64 = (0..n_layer).map(|il| layer_matrix_bytes(g, il)).sum();
+    let head_all = head_rows as u64 * head_row_bytes + SLACK;
+    let vectors = vector_bytes(g);
+    let embd_cache = EMBD_CACHE_ROWS as u64 * embd_row_bytes + SLACK;
+    let all = ResidencyPlan {
+        n_layer,
+        resident_layers: n_layer,
+        head_rows,
+        head_row_bytes,
+        head_resident_rows: head_rows,
+        head_chunk_rows: 0,
+        zone_bytes: 0,
+        layer_bytes: layers,
+        head_bytes: head_all,
+        vector_bytes: vectors,
+        // A resident tied head serves the input rows.
+        embd_cache_bytes: if tied && pruned_rows.is_none() {
+            0
+        } else {
+            embd_cache
+        },
+        streamed_per_pass: 0,
+    };
+    let Some(budget) = weight_budget else {
+        return Ok(all);
+    };
+    if all.bytes() <= budget {
+        return Ok(all);
+    }
+    // Streaming: zones hold the largest layer span or a head chunk of the same size.
+    let zone = (0..n_layer)
+        .filter_map(|il| layer_span(g, il))
+        .map(|s| s.aligned().len + IO_ALIGN)
+        .max()
+        .unwrap_or(0)
+        .max(64 * head_row_bytes + 2 * IO_ALIGN);
+    let head_chunk_rows = if pruned_rows.is_some() {
+        0 // a head pruned at load stays resident
+    } else {
+        (((zone - 2 * IO_ALIGN) / head_row_bytes.max(1)) as usize / 16 * 16).max(16)
+    };
+    let mut p = ResidencyPlan {
+        zone_bytes: zone,
+        head_chunk_rows,
+        embd_cache_bytes: embd_cache,
+        resident_layers: 0,
+        layer_bytes: 0,
+        head_resident_rows: 0,
+        head_bytes: SLACK,
+        ..all
+    };
+    if pruned_rows.is_some() {
+        p.head_resident_rows = head_rows;
+        p.head_bytes = head_all;
+    }
+    if p.bytes() > budget {
+        return Err(NoPlan {
+            min_bytes: p.bytes(),
+        });
+    }
+    let mut left = budget - p.bytes();
+    for il in 0..n_layer {
+        let b = layer_matrix_bytes(g, il);
+        if b > left {
+            break;
+        }
+        left -= b;
+        p.layer_bytes += b;
+        p.resident_layers += 1;
+    }
+    if pruned_rows.is_none() && p.resident_layers == n_layer {
+        let rows = (left / head_row_bytes.max(1)) as usize / 16 * 16;
+        p.head_resident_rows = rows.min(head_rows);
+        p.head_bytes += p.head_resident_rows as u64 * head_row_bytes;
+    }
+    let mut per_pass = 0;
+    for il in p.resident_layers..n_layer {
+        per_pass += layer_span(g, il).map_or(0, |s| s.read_len(g.file_len));
+    }
+    if let Some(h) = head {
+        for i in 0..p.head_chunks() {
+            let r = p.head_chunk(i);
+            per_pass += head_rows_span(&h, head_row_bytes, r).read_len(g.file_len);
+        }
+    }
+    p.streamed_per_pass = per_pass;
+    if p.streamed_per_pass == 0 {
+        p.zone_bytes = 0;
+    }
+    Ok(p)
+}
+
+/// The file span of head rows `r` of tensor `h`.
+pub fn head_rows_span(h: &TensorInfo, row_bytes: u64, r: core::ops::Range<usize>) -> Span {
+    Span {
+        offset: h.offset + r.start as u64 * row_bytes,
+        len: (r.end - r.start) as u64 * row_bytes,
+    }
+}
