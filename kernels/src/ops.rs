@@ -61,11 +61,31 @@ pub enum RopeKind {
 /// Rotate one head vector `x` (len >= n_rot) for position `pos`. `freq_scale` is 1
 /// unless linear rope scaling is configured.
 pub fn rope(x: &mut [f32], pos: usize, n_rot: usize, base: f32, freq_scale: f32, kind: RopeKind) {
+    let mut angles = [0.0f32; 512];
+    let angles = &mut angles[..n_rot.min(512)];
+    rope_angles(pos, n_rot, base, freq_scale, angles);
+    rope_apply(x, angles, kind);
+}
+
+/// The (sin, cos) pairs [`rope`] rotates by at position `pos`, interleaved into `out`
+/// (length `n_rot`): every head of a token at one rope base shares them, so they are
+/// computed once per token rather than once per head.
+pub fn rope_angles(pos: usize, n_rot: usize, base: f32, freq_scale: f32, out: &mut [f32]) {
     let theta_scale = libm::powf(base, -2.0 / n_rot as f32);
     let mut theta = pos as f32;
-    for i in 0..n_rot / 2 {
+    for sc in out.chunks_exact_mut(2).take(n_rot / 2) {
         let t = theta * freq_scale;
-        let (s, c) = (libm::sinf(t), libm::cosf(t));
+        sc[0] = libm::sinf(t);
+        sc[1] = libm::cosf(t);
+        theta *= theta_scale;
+    }
+}
+
+/// Rotate `x` by the pairs [`rope_angles`] computed (`angles.len()` = n_rot).
+pub fn rope_apply(x: &mut [f32], angles: &[f32], kind: RopeKind) {
+    let n_rot = angles.len();
+    for (i, sc) in angles.chunks_exact(2).enumerate() {
+        let (s, c) = (sc[0], sc[1]);
         let (a, b) = match kind {
             RopeKind::Norm => (2 * i, 2 * i + 1),
             RopeKind::Neox => (i, i + n_rot / 2),
@@ -75,7 +95,6 @@ pub fn rope(x: &mut [f32], pos: usize, n_rot: usize, base: f32, freq_scale: f32,
         // (-ffp-contract=fast) into one fused multiply-add each.
         x[a] = libm::fmaf(x0, c, -(x1 * s));
         x[b] = libm::fmaf(x0, s, x1 * c);
-        theta *= theta_scale;
     }
 }
 

@@ -11,7 +11,7 @@ use core::ops::Range;
 
 use pinch_kernels::attn;
 use pinch_kernels::matvec::{dequantize_row, quantize_activation, KernelError};
-use pinch_kernels::ops::{self, rms_norm, rms_norm_inplace, rope};
+use pinch_kernels::ops::{self, rms_norm, rms_norm_inplace, rope_angles, rope_apply};
 use pinch_kernels::repack::matmul_rows as repack_rows;
 use pinch_kernels::{ActFormat, CpuFeatures};
 
@@ -170,6 +170,8 @@ struct Scratch<'a> {
     head_logits: &'a mut [f32],
     /// ggml's f16 GELU table (GELU models only; empty otherwise).
     gelu: &'a mut [u16],
+    /// Rope (sin, cos) pairs per batch token: global base, then sliding-window base.
+    rope: &'a mut [f32],
 }
 
 impl<'w, 'a> Session<'w, 'a> {
@@ -181,7 +183,8 @@ impl<'w, 'a> Session<'w, 'a> {
             + o.threads.clamp(1, MAX_WORKERS) * o.n_ctx
             + (nb * maxd).max(cfg.n_vocab * g)
             + maxd
-            + cfg.n_vocab * g;
+            + cfg.n_vocab * g
+            + nb * 2 * cfg.n_rot;
         let kv = KvCache::bytes_needed(o.kv, cfg.n_layer, o.n_ctx, cfg.kv_dim());
         floats * 4 + nb.max(g) * maxd * 4 + kv + 64 * 20 + (1 << 17)
     }
@@ -236,6 +239,7 @@ impl<'w, 'a> Session<'w, 'a> {
                     0
                 },
             )?,
+            rope: arena.slice("activations", nb * 2 * cfg.n_rot)?,
         };
         ops::gelu_table_fill(s.gelu);
         let mut zones = Zones::new();
@@ -494,6 +498,16 @@ impl<'w, 'a> Session<'w, 'a> {
             }
         }
 
+        // Rope angles per token, for the global and the sliding-window base: every head
+        // of every layer of a kind rotates by the same ones.
+        let nr = c.n_rot;
+        for t in 0..n {
+            let at = 2 * t * nr;
+            let (g, w) = self.s.rope[at..at + 2 * nr].split_at_mut(nr);
+            rope_angles(pos0 + t, nr, c.rope_base, c.rope_freq_scale, g);
+            rope_angles(pos0 + t, nr, c.rope_base_swa, 1.0, w);
+        }
+
         let s = &mut self.s;
         let prof = &mut self.profile;
         let mut lap = |op: Op, prof: &mut Profile| {
@@ -544,19 +558,17 @@ impl<'w, 'a> Session<'w, 'a> {
                 add_bias(&mut s.v[t * kvd..(t + 1) * kvd], lw.bv);
             }
             let swa = c.is_swa(il);
-            let (base, fscale) = if swa {
-                (c.rope_base_swa, 1.0)
-            } else {
-                (c.rope_base, c.rope_freq_scale)
-            };
             let q_scale = 1.0 / libm::sqrtf(hd as f32);
+            let nr = c.n_rot;
             for t in 0..n {
                 let pos = pos0 + t;
+                let table = (2 * t + swa as usize) * nr;
+                let angles = &s.rope[table..table + nr];
                 for h in s.q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
                     if let Some(g) = lw.q_norm {
                         rms_norm_inplace(h, g, c.rms_eps);
                     }
-                    rope(h, pos, c.n_rot, base, fscale, c.rope_kind);
+                    rope_apply(h, angles, c.rope_kind);
                     if c.scale_q {
                         ops::scale_inplace(h, q_scale);
                     }
@@ -565,7 +577,7 @@ impl<'w, 'a> Session<'w, 'a> {
                     if let Some(g) = lw.k_norm {
                         rms_norm_inplace(h, g, c.rms_eps);
                     }
-                    rope(h, pos, c.n_rot, base, fscale, c.rope_kind);
+                    rope_apply(h, angles, c.rope_kind);
                 }
                 self.kv.k[il].write(pos, &s.k[t * kvd..(t + 1) * kvd]);
                 self.kv.v[il].write(pos, &s.v[t * kvd..(t + 1) * kvd]);
@@ -632,12 +644,17 @@ impl<'w, 'a> Session<'w, 'a> {
                 s.row,
             )?;
             lap(Op::FfnGateUp, prof);
-            match c.ffn_act {
-                FfnAct::Silu => ops::swiglu(&mut s.gate[..n * f], &s.up[..n * f]),
-                FfnAct::GeluTanh => {
-                    ops::geglu_with_table(&mut s.gate[..n * f], &s.up[..n * f], s.gelu)
+            // Elementwise, so split across the workers by tokens (one token's 2048
+            // values are not worth waking them for).
+            let (up, gelu) = (&s.up[..n * f], &*s.gelu);
+            let act = |ts: Range<usize>, g: &mut [f32]| {
+                let u = &up[ts.start * f..ts.end * f];
+                match c.ffn_act {
+                    FfnAct::Silu => ops::swiglu(g, u),
+                    FfnAct::GeluTanh => ops::geglu_with_table(g, u, gelu),
                 }
-            }
+            };
+            par_chunks(p, self.opts.threads, n, &mut s.gate[..n * f], f, &act);
             lap(Op::FfnAct, prof);
             mm.linear(
                 &lw.w_down,
