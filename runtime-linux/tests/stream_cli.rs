@@ -1,6 +1,8 @@
 //! Weight streaming through the real binary: a model several times larger than the
 //! budget runs with the resident run's output, under the budget, reading what the plan
 //! says; and the same for Gemma 3 270M (release, `--ignored`, run by `cargo xtask test`).
+mod server_util;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -160,6 +162,49 @@ fn a_model_several_times_the_budget_runs_streamed_with_the_resident_output() {
     let budget = format!("{budget_mib}M");
     let (_, streamed) = check_streamed(model, "64", &budget, budget_bytes, true);
     assert!(streamed.stderr.contains("streamed"), "{}", streamed.stderr);
+    let _ = std::fs::remove_file(&path);
+}
+
+/// `pinch serve` under a budget that streams most of a 120-layer fixture: the plan counts
+/// the server's buffers, the answer equals the resident server's, RSS stays under.
+#[test]
+fn serve_streams_under_a_budget_with_the_resident_answer() {
+    let src = std::fs::read(repo().join("tests/data/tiny/tiny-llama-Q8_0.gguf")).unwrap();
+    let big = pinch_tests::scale_layers(&src, 120);
+    let path = scratch("tiny-llama-Q8_0-x120-serve.gguf");
+    std::fs::write(&path, &big).unwrap();
+    let stem = path.with_extension("");
+    let stem = stem.to_str().unwrap();
+    let o = pinch(&[
+        "serve",
+        "-m",
+        path.to_str().unwrap(),
+        "-c",
+        "64",
+        "--budget",
+        "9M",
+        "--port",
+        "0",
+    ]);
+    assert!(!o.status.success());
+    let need_mib = mib(&stderr(&o), "needs at least");
+    let budget_mib = (need_mib + 1.0).ceil() as u64;
+    assert!(big.len() as u64 > 2 * (budget_mib << 20), "{budget_mib} MiB");
+    let body = serde_json::json!({"prompt": "Once upon", "max_tokens": 10, "temperature": 0});
+    let answer = |extra: &[&str]| {
+        let s = server_util::Server::start_model(stem, extra);
+        let (status, v) = s.post_json("/v1/completions", &body);
+        assert_eq!(status, 200, "{v}");
+        (
+            v["choices"][0]["text"].as_str().unwrap().to_string(),
+            s.peak_rss(),
+        )
+    };
+    let (resident, _) = answer(&["-c", "64"]);
+    let budget = format!("{budget_mib}M");
+    let (streamed, rss) = answer(&["-c", "64", "--budget", &budget]);
+    assert_eq!(streamed, resident);
+    assert!(rss <= budget_mib << 20, "peak RSS {rss} over {budget}");
     let _ = std::fs::remove_file(&path);
 }
 

@@ -22,6 +22,8 @@ pub struct Plan {
     /// Resident weights, stream zones and the embedding-row cache.
     pub weights: u64,
     pub kv_and_scratch: u64,
+    /// The command's own buffers (the server's connection and text buffers).
+    pub buffers: u64,
     pub overhead: u64,
     pub budget: Option<u64>,
     /// What is resident and what is streamed.
@@ -35,7 +37,12 @@ pub struct Plan {
 
 impl Plan {
     pub fn total(&self) -> u64 {
-        self.header + self.tokenizer + self.weights + self.kv_and_scratch + self.overhead
+        self.header
+            + self.tokenizer
+            + self.weights
+            + self.kv_and_scratch
+            + self.buffers
+            + self.overhead
     }
     pub fn fits(&self) -> bool {
         self.possible && self.budget.is_none_or(|b| self.total() <= b)
@@ -123,6 +130,9 @@ impl Plan {
             "  kv cache + scratch      {:>12}",
             Mib(self.kv_and_scratch)
         )?;
+        if self.buffers > 0 {
+            writeln!(w, "  server buffers          {:>12}", Mib(self.buffers))?;
+        }
         writeln!(
             w,
             "  tokenizer + header      {:>12}",
@@ -171,12 +181,13 @@ pub fn plan(
     budget: Option<u64>,
     pruned_rows: Option<usize>,
     read_bw: Option<u64>,
+    buffers: u64,
 ) -> Plan {
     // A pruned head (at load, or a recut file's) adds its id list and logits scratch.
     let head_k = pruned_rows.or_else(|| g.get_array(crate::head::KEY_IDS).map(|a| a.len()));
     let kv_and_scratch = Session::bytes_needed(cfg, s) as u64
         + head_k.map_or(0, |k| (k * s.head_group.max(1) * 4 + k * 4 + 128) as u64);
-    let fixed = header + tokenizer + kv_and_scratch + PROCESS_OVERHEAD;
+    let fixed = header + tokenizer + kv_and_scratch + buffers + PROCESS_OVERHEAD;
     let weight_budget = budget.map(|b| b.saturating_sub(fixed));
     let (res, possible, weights) = match residency::plan(g, cfg, weight_budget, pruned_rows) {
         Ok(r) => (r, true, r.bytes()),
@@ -187,6 +198,7 @@ pub fn plan(
         tokenizer,
         weights,
         kv_and_scratch,
+        buffers,
         overhead: PROCESS_OVERHEAD,
         budget,
         res,
@@ -209,7 +221,9 @@ pub fn max_ctx_that_fits(
     while n <= s.n_ctx {
         let mut t = *s;
         t.n_ctx = n;
-        if plan(
+        // The server's buffers grow with the context (approximately linearly).
+        let buffers = p.buffers * n as u64 / s.n_ctx.max(1) as u64;
+        let q = plan(
             g,
             cfg,
             &t,
@@ -218,9 +232,9 @@ pub fn max_ctx_that_fits(
             p.budget,
             pruned_rows,
             None,
-        )
-        .fits()
-        {
+            buffers,
+        );
+        if q.fits() {
             best = Some(n);
         } else {
             break;

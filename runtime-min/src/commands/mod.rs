@@ -221,8 +221,13 @@ fn with_model<P: Platform>(
     }
     let requested = head_select::requested_ids(p, o, &tok, &mut arena)?;
     let pruned = requested.map(|h| h.len());
+    let buffers = if o.command == Command::Serve {
+        serve::buffer_bytes(o, sopts.n_ctx, &tok)
+    } else {
+        0
+    };
     let plan = engine::plan(
-        &g, &cfg, &sopts, header, tok_bytes, o.budget, pruned, o.read_bw,
+        &g, &cfg, &sopts, header, tok_bytes, o.budget, pruned, o.read_bw, buffers,
     );
     let mut err = Out::stderr(p);
     if o.verbose || o.budget.is_some() {

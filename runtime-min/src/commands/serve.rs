@@ -16,6 +16,26 @@ pub fn model_id(path: &str) -> &str {
     name.strip_suffix(".gguf").unwrap_or(name)
 }
 
+/// Bytes of arena `serve` takes for its buffers at context `n_ctx` (the plan counts
+/// them so a `--budget` that fits the model also fits the server).
+pub fn buffer_bytes(o: &crate::cli::Opts, n_ctx: usize, tok: &crate::tokenizer::Tokenizer) -> u64 {
+    let queue = o.queue.min(MAX_SLOTS - 1 - SPARE_SLOTS);
+    let n_slots = queue + 1 + SPARE_SLOTS;
+    let stride = MAX_TOP + 1;
+    let limit = gen::prompt_limit(n_ctx);
+    let sizes = [
+        n_slots * (http::MAX_HEAD + MAX_BODY),
+        2 * (MAX_BODY + 64 * MAX_MESSAGES),
+        tok.scratch_bytes(limit),
+        4 * n_ctx,
+        (n_ctx * 16).clamp(64 << 10, 1 << 20),
+        4 * n_ctx * stride,
+        4 * n_ctx * stride,
+        4 * n_ctx,
+    ];
+    sizes.iter().map(|&b| b as u64 + 64).sum()
+}
+
 /// `pinch serve`.
 pub fn serve<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
     let (p, o, g) = (ctx.p, ctx.o, ctx.g);
