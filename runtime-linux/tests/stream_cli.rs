@@ -189,7 +189,10 @@ fn serve_streams_under_a_budget_with_the_resident_answer() {
     assert!(!o.status.success());
     let need_mib = mib(&stderr(&o), "needs at least");
     let budget_mib = (need_mib + 1.0).ceil() as u64;
-    assert!(big.len() as u64 > 2 * (budget_mib << 20), "{budget_mib} MiB");
+    assert!(
+        big.len() as u64 > 2 * (budget_mib << 20),
+        "{budget_mib} MiB"
+    );
     let body = serde_json::json!({"prompt": "Once upon", "max_tokens": 10, "temperature": 0});
     let answer = |extra: &[&str]| {
         let s = server_util::Server::start_model(stem, extra);
