@@ -410,6 +410,19 @@ fn a_request_sent_too_slowly_times_out_with_408() {
     assert_eq!(s.get("/health").status, 200);
 }
 
+/// A server on Gemma 3 270M, or `None` (skipped) without the model when
+/// PINCH_SKIP_MODEL_TESTS=1 (`cargo xtask test` fetches it before the tests).
+fn gemma_server(extra: &[&str]) -> Option<Server> {
+    let gemma = repo().join("models/gemma-3-270m-q4_k_m");
+    if !gemma.with_extension("gguf").exists()
+        && std::env::var("PINCH_SKIP_MODEL_TESTS").as_deref() == Ok("1")
+    {
+        eprintln!("SKIPPED: no Gemma model and PINCH_SKIP_MODEL_TESTS=1");
+        return None;
+    }
+    Some(Server::start_model(gemma.to_str().unwrap(), extra))
+}
+
 /// Open a streamed generation that runs for a long time and read its head.
 fn long_stream(port: u16) -> BufReader<std::net::TcpStream> {
     let mut c = connect(port);
@@ -438,8 +451,10 @@ fn read_events(r: &mut BufReader<std::net::TcpStream>, n: usize) {
 
 #[test]
 fn a_client_that_disconnects_stops_its_generation() {
-    // A context of 2048 tokens takes the tiny model many seconds to fill.
-    let s = Server::start(&["-c", "2048"]);
+    // 2048 tokens take Gemma 3 270M many seconds (the tiny fixtures' context is 256).
+    let Some(s) = gemma_server(&["-c", "2048"]) else {
+        return;
+    };
     let mut r = long_stream(s.port);
     read_events(&mut r, 5);
     assert_eq!(s.metric("pinch_generating"), 1.0);
@@ -464,14 +479,9 @@ fn the_queue_holds_n_requests_and_refuses_more_with_503() {
     // The running request must outlast the checks: the tiny fixtures' 256-token context
     // fills in a fraction of a second, so this one runs on Gemma 3 270M (2048 tokens
     // take it many seconds; `cargo xtask test` fetches it before the tests).
-    let gemma = repo().join("models/gemma-3-270m-q4_k_m");
-    if !gemma.with_extension("gguf").exists()
-        && std::env::var("PINCH_SKIP_MODEL_TESTS").as_deref() == Ok("1")
-    {
-        eprintln!("SKIPPED: no Gemma model and PINCH_SKIP_MODEL_TESTS=1");
+    let Some(s) = gemma_server(&["-c", "2048", "--queue", "1"]) else {
         return;
-    }
-    let s = Server::start_model(gemma.to_str().unwrap(), &["-c", "2048", "--queue", "1"]);
+    };
     let mut running = long_stream(s.port);
     read_events(&mut running, 2);
     // One may wait ...
