@@ -725,8 +725,11 @@ impl<'w, 'a> Session<'w, 'a> {
                 None => &mut s.logits[..m * nv],
                 Some(_) => &mut s.head_logits[..m * k],
             };
+            // The resident rows and every streamed chunk share one quantized input.
+            let mut have = None;
             if w.output.rows > 0 {
-                mm.linear_to(&w.output, xn, m, dst, k, 0, s.act_q, s.mm_tmp, s.row)?;
+                let (aq, tmp, row) = (&mut *s.act_q, &mut *s.mm_tmp, &mut *s.row);
+                mm.linear_reusing(&w.output, xn, m, dst, k, 0, aq, tmp, row, &mut have)?;
             }
             for ci in 0..sched.head_chunks_per_group() {
                 let tw = p.now_ns();
@@ -741,7 +744,9 @@ impl<'w, 'a> Session<'w, 'a> {
                     data: &zone[lead..lead + rows.len() * rb],
                     layout: pinch_kernels::repack::Layout::Plain,
                 };
-                let r = mm.linear_to(&chunk, xn, m, dst, k, rows.start, s.act_q, s.mm_tmp, s.row);
+                let (aq, tmp, row) = (&mut *s.act_q, &mut *s.mm_tmp, &mut *s.row);
+                let r0 = rows.start;
+                let r = mm.linear_reusing(&chunk, xn, m, dst, k, r0, aq, tmp, row, &mut have);
                 src.release(zone);
                 r?;
             }
@@ -860,20 +865,38 @@ impl<P: Platform> MatMul<'_, P> {
         tmp: &mut [f32],
         row: &mut [f32],
     ) -> Result<(), ModelError> {
-        let mut have: Option<ActFormat> = None;
+        let mut have = None;
         for (w, out) in jobs.iter_mut() {
-            if self.math == Math::Reference {
-                self.linear(w, x, n, out, act_q, tmp, row)?;
-                continue;
-            }
-            let fmt = w.ty.act_format().ok_or(KernelError::Unsupported(w.ty))?;
-            if have != Some(fmt) {
-                self.quantize(fmt, x, n, w.cols, act_q)?;
-                have = Some(fmt);
-            }
-            self.linear_pre(w, fmt, n, out, w.rows, 0, act_q, tmp)?;
+            self.linear_reusing(w, x, n, out, w.rows, 0, act_q, tmp, row, &mut have)?;
         }
         Ok(())
+    }
+
+    /// [`Self::linear_to`] where `have` is the format `act_q` already holds `x` in (if
+    /// any): the input is quantized only when the format changes, and `have` updated.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_reusing(
+        &self,
+        w: &Tensor,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        stride: usize,
+        row0: usize,
+        act_q: &mut [u8],
+        tmp: &mut [f32],
+        row: &mut [f32],
+        have: &mut Option<ActFormat>,
+    ) -> Result<(), ModelError> {
+        if self.math == Math::Reference {
+            return self.linear_to(w, x, n, out, stride, row0, act_q, tmp, row);
+        }
+        let fmt = w.ty.act_format().ok_or(KernelError::Unsupported(w.ty))?;
+        if *have != Some(fmt) {
+            self.quantize(fmt, x, n, w.cols, act_q)?;
+            *have = Some(fmt);
+        }
+        self.linear_pre(w, fmt, n, out, stride, row0, act_q, tmp)
     }
 
     /// Quantize `n` rows of `cols` values of `x` into `act_q` (rows split across the
