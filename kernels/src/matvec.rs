@@ -148,12 +148,24 @@ pub fn vec_dot_scalar(ty: GgmlType, w: &[u8], act: &[u8]) -> f32 {
     }
 }
 
+/// Scalar reference of the arithmetic the SIMD kernels for `feat` compute: what
+/// [`vec_dot`] returns bit for bit. The same as [`vec_dot_scalar`] except Q8_0/Q5_0 on
+/// NEON, which sum per block ([`q8_0::Order::BlockSum`]).
+pub fn vec_dot_reference(ty: GgmlType, feat: &CpuFeatures, w: &[u8], act: &[u8]) -> f32 {
+    let order = q8_0::Order::of(feat);
+    match ty {
+        GgmlType::Q8_0 => q8_0::vec_dot_in(order, w, act),
+        GgmlType::Q5_0 => q5_0::vec_dot_in(order, w, act),
+        _ => vec_dot_scalar(ty, w, act),
+    }
+}
+
 /// Dot product on the fastest path `feat` allows.
 #[inline]
 pub fn vec_dot(ty: GgmlType, feat: &CpuFeatures, w: &[u8], act: &[u8]) -> f32 {
     match crate::arch::vec_dot(ty, feat, w, act) {
         Some(v) => v,
-        None => vec_dot_scalar(ty, w, act),
+        None => vec_dot_reference(ty, feat, w, act),
     }
 }
 

@@ -3,27 +3,40 @@
 //! A weight matrix in GGUF is stored row after row, so a kernel that computes four rows
 //! at once reads four streams a whole row apart (for the 262144 x 640 Q8_0 head of
 //! Gemma 3 270M, 680 bytes apart), which the hardware prefetcher follows badly. A
-//! repacked matrix stores the rows of a group interleaved block by block, so the same
-//! tile reads one sequential stream.
+//! repacked matrix stores the rows of a group of four interleaved block by block, so the
+//! same tile reads one sequential stream, and arranges each group-block for the
+//! instructions that consume it:
 //!
-//! [`Layout::Q8_0x4`] (Q8_0 weights only): rows are taken in groups of four. For group
-//! `g` (rows `4g..4g+4`) and block `b`, one 136-byte [`BlockQ8_0x4`] holds the four f16
-//! scales first (`d[r]`, 8 bytes, so the NEON kernel converts them with one
-//! instruction) and then the four rows' 32 quants (`qs[r]`). The group-blocks of group `g`
-//! fill bytes `4g * row_bytes .. 4(g+1) * row_bytes`, exactly the bytes the four plain
-//! rows occupied, so the repacked tensor has the plain tensor's size and
-//! [`repack_in_place`] needs no second copy of it. When the row count is not a multiple
-//! of four, the last `rows % 4` rows stay plain at the end (no padding, so sizes never
-//! change and offsets into a cache file are the plain ones).
+//! - [`Layout::Q8_0x4`] ([`BlockQ8_0x4`]): the four f16 scales (one `fcvtl` on NEON),
+//!   then the four rows' 32 quants. x86 (AVX2/AVX-512) and baseline NEON, whose products
+//!   run along one row.
+//! - [`Layout::Q8_0x4s`] ([`BlockQ8_0x4s`]): eight 16-byte chunks, chunk `k` holding
+//!   quants `4k..4k+4` of rows 0, 1, 2, 3, then the scales: one `sdot` by element multiplies a
+//!   chunk by four activation bytes and leaves the four rows' sums in its four lanes,
+//!   so a group-block costs eight `sdot` and no reduction. NEON with dotprod.
+//! - [`Layout::Q5_0x4s`] ([`BlockQ5_0x4s`]): four chunks of the rows' nibble
+//!   bytes in the same order (chunk `k`: bytes `4k..4k+4` of each row, whose low nibbles
+//!   are weights `4k..` and high nibbles `16 + 4k..`), then the 128 fifth bits
+//!   bit-sliced over 16 bytes: byte `4r + j`, bit `k` is weight `4k + j` of row `r`, bit
+//!   `4 + k` weight `16 + 4k + j`, then the scales. A shift and a mask then give any chunk's fifth bits
+//!   (the plain layout needs a table lookup and a compare per 16 weights). NEON.
+//!
+//! The group-blocks of group `g` (rows `4g..4g+4`) fill bytes `4g * row_bytes ..
+//! 4(g+1) * row_bytes`, exactly the bytes the four plain rows occupied, so a repacked
+//! tensor has the plain tensor's size and [`repack_in_place`] needs no second copy of
+//! it. When the row count is not a multiple of four, the last `rows % 4` rows stay plain
+//! at the end (no padding, so sizes never change and offsets into a cache file are the
+//! plain ones).
 //!
 //! Every product over a repacked matrix ([`matmul_rows`]) gives, per (row, token), the
-//! plain kernels' bits: the same blocks in the same order with the same fused steps
-//! ([`crate::quant::q8_0::lanes8_dot`]).
+//! plain kernels' bits for the same CPU features: the same blocks in the same order with
+//! the same float steps ([`crate::quant::q8_0::Order`]).
 use core::ops::Range;
 
-use crate::blocks::{cast, cast_mut};
+use crate::blocks::{cast, cast_mut, Pod};
 use crate::matvec::KernelError;
-use crate::quant::q8_0::{self, BlockQ8_0, BLOCK_BYTES, QK};
+use crate::quant::q5_0::{self, BlockQ5_0};
+use crate::quant::q8_0::{self, BlockQ8_0, Order, QK};
 use crate::{CpuFeatures, GgmlType};
 
 /// How a weight tensor's bytes are arranged in memory.
@@ -33,9 +46,13 @@ pub enum Layout {
     /// As in GGUF: row after row.
     #[default]
     Plain,
-    /// Q8_0, groups of four rows interleaved block by block ([`BlockQ8_0x4`]); the last
-    /// `rows % 4` rows plain.
+    /// Q8_0, groups of four rows interleaved block by block ([`BlockQ8_0x4`]).
     Q8_0x4,
+    /// Q8_0, groups of four rows interleaved four bytes at a time ([`BlockQ8_0x4s`]).
+    Q8_0x4s,
+    /// Q5_0, groups of four rows, nibbles four bytes at a time and fifth bits
+    /// bit-sliced ([`BlockQ5_0x4s`]).
+    Q5_0x4s,
 }
 
 impl Layout {
@@ -44,6 +61,8 @@ impl Layout {
         match self {
             Layout::Plain => 0,
             Layout::Q8_0x4 => 1,
+            Layout::Q8_0x4s => 2,
+            Layout::Q5_0x4s => 3,
         }
     }
     /// The layout of id `id`, if known.
@@ -51,6 +70,8 @@ impl Layout {
         match id {
             0 => Some(Layout::Plain),
             1 => Some(Layout::Q8_0x4),
+            2 => Some(Layout::Q8_0x4s),
+            3 => Some(Layout::Q5_0x4s),
             _ => None,
         }
     }
@@ -58,7 +79,7 @@ impl Layout {
     pub fn group_rows(self) -> usize {
         match self {
             Layout::Plain => 1,
-            Layout::Q8_0x4 => 4,
+            _ => 4,
         }
     }
     /// Short name for messages.
@@ -66,41 +87,49 @@ impl Layout {
         match self {
             Layout::Plain => "plain",
             Layout::Q8_0x4 => "q8_0x4",
+            Layout::Q8_0x4s => "q8_0x4s",
+            Layout::Q5_0x4s => "q5_0x4s",
         }
     }
-    /// The repacked layout pinch uses for weights of type `ty`, if any.
-    pub fn preferred(ty: GgmlType) -> Option<Layout> {
-        match ty {
-            GgmlType::Q8_0 => Some(Layout::Q8_0x4),
-            _ => None,
+    /// The repacked layout pinch uses for weights of type `ty` on a CPU with `feat`, if
+    /// any (only layouts with a SIMD kernel there: without one, plain rows are faster).
+    pub fn preferred(ty: GgmlType, feat: &CpuFeatures) -> Option<Layout> {
+        let l = match ty {
+            GgmlType::Q8_0 if feat.dotprod => Layout::Q8_0x4s,
+            GgmlType::Q8_0 => Layout::Q8_0x4,
+            GgmlType::Q5_0 => Layout::Q5_0x4s,
+            _ => return None,
+        };
+        has_fast_kernel(l, feat).then_some(l)
+    }
+    /// The type tensors in this layout have (`None` for [`Layout::Plain`]: any).
+    fn ty(self) -> Option<GgmlType> {
+        match self {
+            Layout::Plain => None,
+            Layout::Q8_0x4 | Layout::Q8_0x4s => Some(GgmlType::Q8_0),
+            Layout::Q5_0x4s => Some(GgmlType::Q5_0),
         }
     }
     /// Whether tensors of type `ty` can have this layout.
     pub fn fits(self, ty: GgmlType) -> bool {
-        match self {
-            Layout::Plain => true,
-            Layout::Q8_0x4 => ty == GgmlType::Q8_0,
-        }
+        self.ty().is_none_or(|t| t == ty)
     }
     /// Scratch bytes [`repack_in_place`] / [`unpack_in_place`] need for rows of
     /// `row_bytes`: one group of rows.
     pub fn scratch_bytes(self, row_bytes: usize) -> usize {
-        match self {
-            Layout::Plain => 0,
-            Layout::Q8_0x4 => 4 * row_bytes,
-        }
+        self.group_rows() * row_bytes * usize::from(self != Layout::Plain)
     }
 }
 
 /// Whether `layout` has a SIMD kernel on this CPU (without one, [`matmul_rows`] falls
 /// back to a scalar loop slower than the plain scalar path: do not repack then).
 pub fn has_fast_kernel(layout: Layout, feat: &CpuFeatures) -> bool {
+    let arm = cfg!(target_arch = "aarch64") && feat.neon;
     match layout {
         Layout::Plain => true,
-        Layout::Q8_0x4 => {
-            (cfg!(target_arch = "x86_64") && feat.avx2)
-                || (cfg!(target_arch = "aarch64") && feat.neon)
-        }
+        Layout::Q8_0x4 => (cfg!(target_arch = "x86_64") && feat.avx2) || arm,
+        Layout::Q8_0x4s => arm && feat.dotprod,
+        Layout::Q5_0x4s => arm,
     }
 }
 
@@ -114,7 +143,130 @@ pub struct BlockQ8_0x4 {
     pub qs: [[u8; QK]; 4],
 }
 crate::pod_block!(BlockQ8_0x4);
-static_assertions::const_assert_eq!(core::mem::size_of::<BlockQ8_0x4>(), 4 * BLOCK_BYTES);
+static_assertions::const_assert_eq!(core::mem::size_of::<BlockQ8_0x4>(), 4 * q8_0::BLOCK_BYTES);
+
+/// One block of four Q8_0 rows for `sdot` by element: `qs[k][4r + j]` is quant `4k + j`
+/// of row `r`. The scales come last, so the chunks sit at multiples of 16 bytes from
+/// the block's start and load in pairs (`ldp`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ8_0x4s {
+    /// Chunk `k`: quants `4k..4k+4` of rows 0, 1, 2, 3.
+    pub qs: [[u8; 16]; 8],
+    /// Scales (f16 little-endian) of rows 0..4 of the group.
+    pub d: [[u8; 2]; 4],
+}
+crate::pod_block!(BlockQ8_0x4s);
+static_assertions::const_assert_eq!(core::mem::size_of::<BlockQ8_0x4s>(), 4 * q8_0::BLOCK_BYTES);
+
+/// One block of four Q5_0 rows: `qs[k][4r + j]` is byte `4k + j` of row `r`'s nibbles;
+/// `qh[4r + j]` bit `k` is the fifth bit of weight `4k + j` of row `r`, bit `4 + k` of
+/// weight `16 + 4k + j`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ5_0x4s {
+    /// Chunk `k`: nibble bytes `4k..4k+4` of rows 0, 1, 2, 3.
+    pub qs: [[u8; 16]; 4],
+    /// The fifth bits, bit-sliced.
+    pub qh: [u8; 16],
+    /// Scales (f16 little-endian) of rows 0..4 of the group (last, as in Q8_0x4s).
+    pub d: [[u8; 2]; 4],
+}
+crate::pod_block!(BlockQ5_0x4s);
+static_assertions::const_assert_eq!(core::mem::size_of::<BlockQ5_0x4s>(), 4 * q5_0::BLOCK_BYTES);
+
+/// A group-block layout: four plain blocks (one per row) in, four out.
+trait Group: Pod {
+    type Plain: Pod;
+    fn pack(rows: [&Self::Plain; 4]) -> Self;
+    fn unpack(&self, r: usize) -> Self::Plain;
+}
+
+impl Group for BlockQ8_0x4 {
+    type Plain = BlockQ8_0;
+    fn pack(rows: [&BlockQ8_0; 4]) -> Self {
+        BlockQ8_0x4 {
+            d: rows.map(|b| b.d),
+            qs: rows.map(|b| b.qs),
+        }
+    }
+    fn unpack(&self, r: usize) -> BlockQ8_0 {
+        BlockQ8_0 {
+            d: self.d[r],
+            qs: self.qs[r],
+        }
+    }
+}
+
+impl Group for BlockQ8_0x4s {
+    type Plain = BlockQ8_0;
+    fn pack(rows: [&BlockQ8_0; 4]) -> Self {
+        BlockQ8_0x4s {
+            d: rows.map(|b| b.d),
+            qs: core::array::from_fn(|k| core::array::from_fn(|i| rows[i / 4].qs[4 * k + i % 4])),
+        }
+    }
+    fn unpack(&self, r: usize) -> BlockQ8_0 {
+        BlockQ8_0 {
+            d: self.d[r],
+            qs: core::array::from_fn(|q| self.qs[q / 4][4 * r + q % 4]),
+        }
+    }
+}
+
+impl Group for BlockQ5_0x4s {
+    type Plain = BlockQ5_0;
+    fn pack(rows: [&BlockQ5_0; 4]) -> Self {
+        let h = rows.map(|b| u32::from_le_bytes(b.qh));
+        BlockQ5_0x4s {
+            d: rows.map(|b| b.d),
+            qs: core::array::from_fn(|k| core::array::from_fn(|i| rows[i / 4].qs[4 * k + i % 4])),
+            qh: core::array::from_fn(|i| {
+                let (r, j) = (i / 4, i % 4);
+                (0..4).fold(0u8, |acc, k| {
+                    let lo = (h[r] >> (4 * k + j)) & 1;
+                    let hi = (h[r] >> (16 + 4 * k + j)) & 1;
+                    acc | (lo as u8) << k | (hi as u8) << (4 + k)
+                })
+            }),
+        }
+    }
+    fn unpack(&self, r: usize) -> BlockQ5_0 {
+        let mut h = 0u32;
+        for j in 0..4 {
+            let b = self.qh[4 * r + j] as u32;
+            for k in 0..4 {
+                h |= ((b >> k) & 1) << (4 * k + j) | ((b >> (4 + k)) & 1) << (16 + 4 * k + j);
+            }
+        }
+        BlockQ5_0 {
+            d: self.d[r],
+            qh: h.to_le_bytes(),
+            qs: core::array::from_fn(|q| self.qs[q / 4][4 * r + q % 4]),
+        }
+    }
+}
+
+/// Run `$body` with `$G` bound to the group-block type of `$layout` (not `Plain`).
+macro_rules! with_group {
+    ($layout:expr, $G:ident => $body:expr, plain => $plain:expr) => {
+        match $layout {
+            Layout::Plain => $plain,
+            Layout::Q8_0x4 => {
+                type $G = BlockQ8_0x4;
+                $body
+            }
+            Layout::Q8_0x4s => {
+                type $G = BlockQ8_0x4s;
+                $body
+            }
+            Layout::Q5_0x4s => {
+                type $G = BlockQ5_0x4s;
+                $body
+            }
+        }
+    };
+}
 
 /// Check that `data` is whole rows of `row_bytes` of type `ty` that `layout` fits.
 fn check_shape(
@@ -149,6 +301,34 @@ fn check_scratch(layout: Layout, row_bytes: usize, scratch: &[u8]) -> Result<(),
     Ok(())
 }
 
+fn pack_groups<G: Group>(data: &mut [u8], row_bytes: usize, scratch: &mut [u8]) {
+    let nb = row_bytes / core::mem::size_of::<G::Plain>();
+    let scratch = &mut scratch[..4 * row_bytes];
+    for group in data.chunks_exact_mut(4 * row_bytes) {
+        scratch.copy_from_slice(group);
+        let src = cast::<G::Plain>(scratch).unwrap_or(&[]);
+        let dst = cast_mut::<G>(group).unwrap_or(&mut []);
+        for (b, out) in dst.iter_mut().enumerate() {
+            *out = G::pack(core::array::from_fn(|r| &src[r * nb + b]));
+        }
+    }
+}
+
+fn unpack_groups<G: Group>(data: &mut [u8], row_bytes: usize, scratch: &mut [u8]) {
+    let nb = row_bytes / core::mem::size_of::<G::Plain>();
+    let scratch = &mut scratch[..4 * row_bytes];
+    for group in data.chunks_exact_mut(4 * row_bytes) {
+        scratch.copy_from_slice(group);
+        let src = cast::<G>(scratch).unwrap_or(&[]);
+        let dst = cast_mut::<G::Plain>(group).unwrap_or(&mut []);
+        for (b, x) in src.iter().enumerate() {
+            for r in 0..4 {
+                dst[r * nb + b] = x.unpack(r);
+            }
+        }
+    }
+}
+
 /// Rearrange a plain tensor of type `ty` (`data`: whole rows of `row_bytes`) into
 /// `layout`, in place, one group of rows at a time through `scratch` (at least
 /// [`Layout::scratch_bytes`]). The tensor never exists twice.
@@ -161,27 +341,8 @@ pub fn repack_in_place(
 ) -> Result<(), KernelError> {
     check_shape(layout, ty, data.len(), row_bytes)?;
     check_scratch(layout, row_bytes, scratch)?;
-    match layout {
-        Layout::Plain => Ok(()),
-        Layout::Q8_0x4 => {
-            let gb = 4 * row_bytes;
-            let nb = row_bytes / BLOCK_BYTES;
-            let scratch = &mut scratch[..gb];
-            for group in data.chunks_exact_mut(gb) {
-                scratch.copy_from_slice(group);
-                let src = cast::<BlockQ8_0>(scratch).unwrap_or(&[]);
-                let dst = cast_mut::<BlockQ8_0x4>(group).unwrap_or(&mut []);
-                for (b, out) in dst.iter_mut().enumerate() {
-                    for r in 0..4 {
-                        let x = &src[r * nb + b];
-                        out.d[r] = x.d;
-                        out.qs[r] = x.qs;
-                    }
-                }
-            }
-            Ok(())
-        }
-    }
+    with_group!(layout, G => pack_groups::<G>(data, row_bytes, scratch), plain => ());
+    Ok(())
 }
 
 /// The inverse of [`repack_in_place`]: back to plain rows.
@@ -194,43 +355,22 @@ pub fn unpack_in_place(
 ) -> Result<(), KernelError> {
     check_shape(layout, ty, data.len(), row_bytes)?;
     check_scratch(layout, row_bytes, scratch)?;
-    match layout {
-        Layout::Plain => Ok(()),
-        Layout::Q8_0x4 => {
-            let gb = 4 * row_bytes;
-            let nb = row_bytes / BLOCK_BYTES;
-            let scratch = &mut scratch[..gb];
-            for group in data.chunks_exact_mut(gb) {
-                scratch.copy_from_slice(group);
-                let src = cast::<BlockQ8_0x4>(scratch).unwrap_or(&[]);
-                let dst = cast_mut::<BlockQ8_0>(group).unwrap_or(&mut []);
-                for (b, x) in src.iter().enumerate() {
-                    for r in 0..4 {
-                        let out = &mut dst[r * nb + b];
-                        out.d = x.d[r];
-                        out.qs = x.qs[r];
-                    }
-                }
-            }
-            Ok(())
-        }
-    }
+    with_group!(layout, G => unpack_groups::<G>(data, row_bytes, scratch), plain => ());
+    Ok(())
 }
 
-/// Block `b` of row `r` of a Q8_0x4 tensor of `n_rows` rows (plain blocks for the tail).
+/// Block `b` of row `r` of a tensor of `n_rows` rows in `G`'s layout (plain blocks for
+/// the tail rows).
 #[inline]
-fn q8_0x4_block(w: &[u8], row_bytes: usize, n_rows: usize, r: usize, b: usize) -> BlockQ8_0 {
+fn row_block<G: Group>(w: &[u8], row_bytes: usize, n_rows: usize, r: usize, b: usize) -> G::Plain {
     let n4 = n_rows / 4 * 4;
+    let size = core::mem::size_of::<G::Plain>();
     if r >= n4 {
-        let o = r * row_bytes + b * BLOCK_BYTES;
-        return cast::<BlockQ8_0>(&w[o..o + BLOCK_BYTES]).unwrap_or(&[])[0];
+        let o = r * row_bytes + b * size;
+        return cast::<G::Plain>(&w[o..o + size]).unwrap_or(&[])[0];
     }
-    let o = (r / 4) * 4 * row_bytes + b * 4 * BLOCK_BYTES;
-    let g = &cast::<BlockQ8_0x4>(&w[o..o + 4 * BLOCK_BYTES]).unwrap_or(&[])[0];
-    BlockQ8_0 {
-        d: g.d[r % 4],
-        qs: g.qs[r % 4],
-    }
+    let o = (r / 4) * 4 * row_bytes + b * 4 * size;
+    cast::<G>(&w[o..o + 4 * size]).unwrap_or(&[])[0].unpack(r % 4)
 }
 
 /// Copy row `r` of a tensor in `layout` (`w`: all of its rows) out as a plain row
@@ -252,15 +392,12 @@ pub fn row_to_plain(
             found: if r >= n_rows { 0 } else { dst.len() },
         });
     }
-    match layout {
-        Layout::Plain => dst.copy_from_slice(&w[r * row_bytes..(r + 1) * row_bytes]),
-        Layout::Q8_0x4 => {
-            let out = cast_mut::<BlockQ8_0>(dst).unwrap_or(&mut []);
-            for (b, o) in out.iter_mut().enumerate() {
-                *o = q8_0x4_block(w, row_bytes, n_rows, r, b);
-            }
+    with_group!(layout, G => {
+        let out = cast_mut::<<G as Group>::Plain>(dst).unwrap_or(&mut []);
+        for (b, o) in out.iter_mut().enumerate() {
+            *o = row_block::<G>(w, row_bytes, n_rows, r, b);
         }
-    }
+    }, plain => dst.copy_from_slice(&w[r * row_bytes..(r + 1) * row_bytes]));
     Ok(())
 }
 
@@ -273,58 +410,77 @@ pub fn dequantize_row(
     r: usize,
     dst: &mut [f32],
 ) -> Result<(), KernelError> {
-    match layout {
-        Layout::Plain => {
-            let n_rows = w.len() / row_bytes.max(1);
-            if r >= n_rows {
-                return Err(KernelError::BadLength {
-                    what: "dequantize: row",
-                    expected: row_bytes,
-                    found: 0,
-                });
-            }
-            crate::matvec::dequantize_row(ty, &w[r * row_bytes..(r + 1) * row_bytes], dst)
-        }
-        Layout::Q8_0x4 => {
-            check_shape(layout, ty, w.len(), row_bytes)?;
-            let n_rows = w.len() / row_bytes;
-            let nb = row_bytes / BLOCK_BYTES;
-            if r >= n_rows || dst.len() != nb * QK {
-                return Err(KernelError::BadLength {
-                    what: "dequantize: row",
-                    expected: nb * QK,
-                    found: dst.len(),
-                });
-            }
-            for (b, out) in dst.chunks_exact_mut(QK).enumerate() {
-                let x = q8_0x4_block(w, row_bytes, n_rows, r, b);
-                let d = x.scale();
-                for (j, o) in out.iter_mut().enumerate() {
-                    *o = x.q(j) as f32 * d;
-                }
-            }
-            Ok(())
-        }
+    let n_rows = w.len() / row_bytes.max(1);
+    if r >= n_rows {
+        return Err(KernelError::BadLength {
+            what: "dequantize: row",
+            expected: row_bytes,
+            found: 0,
+        });
     }
+    if layout == Layout::Plain {
+        return crate::matvec::dequantize_row(ty, &w[r * row_bytes..(r + 1) * row_bytes], dst);
+    }
+    check_shape(layout, ty, w.len(), row_bytes)?;
+    let (qk, bytes) = ty.block_geometry();
+    let nb = row_bytes / bytes;
+    if dst.len() != nb * qk {
+        return Err(KernelError::BadLength {
+            what: "dequantize: row",
+            expected: nb * qk,
+            found: dst.len(),
+        });
+    }
+    with_group!(layout, G => {
+        for (b, out) in dst.chunks_exact_mut(qk).enumerate() {
+            let x = row_block::<G>(w, row_bytes, n_rows, r, b);
+            crate::matvec::dequantize_row(ty, crate::blocks::bytes_of(core::slice::from_ref(&x)), out)?;
+        }
+    }, plain => ());
+    Ok(())
 }
 
-/// Scalar reference: dot product of row `r` of a Q8_0x4 tensor (`w`: all its rows) with
-/// one Q8_0 activation row, in the arithmetic of [`q8_0::vec_dot`].
-pub fn dot_row_scalar(w: &[u8], row_bytes: usize, r: usize, act: &[u8]) -> f32 {
+/// Scalar reference: dot product of row `r` of a tensor in `layout` (`w`: all of its
+/// rows) with one Q8_0 activation row, in `order`.
+pub fn dot_row_scalar(
+    layout: Layout,
+    order: Order,
+    w: &[u8],
+    row_bytes: usize,
+    r: usize,
+    act: &[u8],
+) -> f32 {
     let n_rows = w.len() / row_bytes.max(1);
     let a = q8_0::act_blocks(act);
-    let nb = row_bytes / BLOCK_BYTES;
-    q8_0::lanes8_dot((0..nb).zip(a).map(|(b, y)| {
-        let x = q8_0x4_block(w, row_bytes, n_rows, r, b);
-        let q: [i32; QK] = core::array::from_fn(|j| x.q(j));
-        (x.scale() * y.scale(), q8_0::lane_sums(&q, y))
-    }))
+    with_group!(layout, G => {
+        let nb = row_bytes / core::mem::size_of::<<G as Group>::Plain>();
+        q8_0::dot_in(order, (0..nb).zip(a).map(|(b, y)| {
+            let x = row_block::<G>(w, row_bytes, n_rows, r, b);
+            let (d, q) = quants_of(crate::blocks::bytes_of(core::slice::from_ref(&x)), layout);
+            (d * y.scale(), q, y)
+        }))
+    }, plain => 0.0)
+}
+
+/// Scale and signed quants of one plain block of `layout`'s type.
+fn quants_of(block: &[u8], layout: Layout) -> (f32, [i32; QK]) {
+    match layout.ty() {
+        Some(GgmlType::Q5_0) => {
+            let b = cast::<BlockQ5_0>(block).unwrap_or(&[])[0];
+            (crate::f16::read_f16(b.d), b.quants())
+        }
+        _ => {
+            let b = cast::<BlockQ8_0>(block).unwrap_or(&[])[0];
+            (b.scale(), core::array::from_fn(|j| b.q(j)))
+        }
+    }
 }
 
 /// [`crate::matvec::matmul_rows`] for a tensor in `layout`: `w` holds *all* rows of the
 /// tensor (the layout's groups are counted from row 0), `rows` is any range of them
 /// (ranges aligned to [`Layout::group_rows`] are fastest), `out[i * n_tok + t] =
-/// dot(row rows.start + i, activation t)`, bit for bit what the plain kernels give.
+/// dot(row rows.start + i, activation t)`, bit for bit what the plain kernels give for
+/// `feat`.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_rows(
     layout: Layout,
@@ -342,11 +498,12 @@ pub fn matmul_rows(
     }
     check_shape(layout, ty, w.len(), row_bytes)?;
     let n_rows = w.len() / row_bytes;
-    if act_row_bytes != row_bytes || !acts.len().is_multiple_of(act_row_bytes) {
-        // Q8_0 weights pair with Q8_0 activations of the same block count.
+    let act_bytes = row_bytes / ty.block_geometry().1 * q8_0::BLOCK_BYTES;
+    if act_row_bytes != act_bytes || !acts.len().is_multiple_of(act_row_bytes) {
+        // Block-32 weights pair with Q8_0 activations of the same block count.
         return Err(KernelError::BadLength {
             what: "activation rows",
-            expected: row_bytes,
+            expected: act_bytes,
             found: act_row_bytes,
         });
     }
@@ -368,23 +525,36 @@ pub fn matmul_rows(
     if crate::arch::repack_matmul_rows(layout, feat, w, row_bytes, rows.clone(), acts, out) {
         return Ok(());
     }
-    matmul_rows_scalar(w, row_bytes, rows, acts, out);
+    matmul_rows_scalar(layout, Order::of(feat), w, row_bytes, rows, acts, out);
     Ok(())
 }
 
-/// The scalar loop of [`matmul_rows`] for [`Layout::Q8_0x4`] (shapes already checked).
+/// The scalar loop of [`matmul_rows`] (shapes already checked).
 pub fn matmul_rows_scalar(
+    layout: Layout,
+    order: Order,
     w: &[u8],
     row_bytes: usize,
     rows: Range<usize>,
     acts: &[u8],
     out: &mut [f32],
 ) {
-    let n_tok = acts.len() / row_bytes;
+    let arb = row_bytes
+        / layout
+            .ty()
+            .map_or(q8_0::BLOCK_BYTES, |t| t.block_geometry().1)
+        * q8_0::BLOCK_BYTES;
+    let n_tok = acts.len() / arb.max(1);
     for (i, r) in rows.enumerate() {
         for t in 0..n_tok {
-            out[i * n_tok + t] =
-                dot_row_scalar(w, row_bytes, r, &acts[t * row_bytes..(t + 1) * row_bytes]);
+            out[i * n_tok + t] = dot_row_scalar(
+                layout,
+                order,
+                w,
+                row_bytes,
+                r,
+                &acts[t * arb..(t + 1) * arb],
+            );
         }
     }
 }
@@ -393,15 +563,21 @@ pub fn matmul_rows_scalar(
 mod tests {
     use super::*;
     use crate::f16::f32_to_f16;
+    use crate::quant::q8_0::BLOCK_BYTES;
     use crate::testutil::Rng;
 
     /// A random Q8_0 tensor with realistic scales and the activation rows for it.
     fn tensor(rows: usize, nb: usize, seed: u64) -> ([u8; 4096], usize) {
+        tensor_of(GgmlType::Q8_0, rows, nb, seed)
+    }
+
+    fn tensor_of(ty: GgmlType, rows: usize, nb: usize, seed: u64) -> ([u8; 4096], usize) {
+        let bb = ty.block_geometry().1;
         let mut rng = Rng(seed);
         let mut w = [0u8; 4096];
-        let n = rows * nb * BLOCK_BYTES;
+        let n = rows * nb * bb;
         rng.fill_bytes(&mut w[..n]);
-        for blk in w[..n].chunks_mut(BLOCK_BYTES) {
+        for blk in w[..n].chunks_mut(bb) {
             let d = 0.001 + (rng.f32().abs() * 0.05);
             blk[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
         }
@@ -425,45 +601,68 @@ mod tests {
 
     #[test]
     fn repack_then_unpack_is_the_identity_and_rows_read_back() {
-        for rows in [1usize, 3, 4, 5, 8, 9, 11] {
-            let nb = 3;
-            let rb = nb * BLOCK_BYTES;
-            let (orig, n) = tensor(rows, nb, rows as u64 + 1);
-            let mut w = orig;
-            let mut scratch = [0u8; 4 * 3 * BLOCK_BYTES];
-            repack_in_place(
-                Layout::Q8_0x4,
-                GgmlType::Q8_0,
-                &mut w[..n],
-                rb,
-                &mut scratch,
-            )
-            .unwrap();
-            if rows >= 4 {
-                assert_ne!(&w[..n], &orig[..n], "rows {rows}: repack changed nothing");
+        for (layout, ty) in [
+            (Layout::Q8_0x4, GgmlType::Q8_0),
+            (Layout::Q8_0x4s, GgmlType::Q8_0),
+            (Layout::Q5_0x4s, GgmlType::Q5_0),
+        ] {
+            for rows in [1usize, 3, 4, 5, 8, 9, 11] {
+                let nb = 3;
+                let rb = nb * ty.block_geometry().1;
+                let (orig, n) = tensor_of(ty, rows, nb, rows as u64 + 1);
+                let mut w = orig;
+                let mut scratch = [0u8; 4 * 3 * BLOCK_BYTES];
+                repack_in_place(layout, ty, &mut w[..n], rb, &mut scratch).unwrap();
+                if rows >= 4 {
+                    assert_ne!(
+                        &w[..n],
+                        &orig[..n],
+                        "{layout:?} rows {rows}: nothing changed"
+                    );
+                }
+                // Tail rows stay plain.
+                let n4 = rows / 4 * 4;
+                assert_eq!(&w[n4 * rb..n], &orig[n4 * rb..n]);
+                let mut row = [0u8; 3 * BLOCK_BYTES];
+                let mut f1 = [0.0f32; 3 * QK];
+                let mut f2 = [0.0f32; 3 * QK];
+                for r in 0..rows {
+                    row_to_plain(layout, ty, &w[..n], rb, r, &mut row[..rb]).unwrap();
+                    assert_eq!(
+                        &row[..rb],
+                        &orig[r * rb..(r + 1) * rb],
+                        "{layout:?} {rows} row {r}"
+                    );
+                    dequantize_row(layout, ty, &w[..n], rb, r, &mut f1).unwrap();
+                    dequantize_row(Layout::Plain, ty, &orig[..n], rb, r, &mut f2).unwrap();
+                    assert_eq!(f1, f2);
+                }
+                unpack_in_place(layout, ty, &mut w[..n], rb, &mut scratch).unwrap();
+                assert_eq!(&w[..n], &orig[..n], "{layout:?} rows {rows}");
             }
-            // Tail rows stay plain.
-            let n4 = rows / 4 * 4;
-            assert_eq!(&w[n4 * rb..n], &orig[n4 * rb..n]);
-            let mut row = [0u8; 3 * BLOCK_BYTES];
-            let mut f1 = [0.0f32; 3 * QK];
-            let mut f2 = [0.0f32; 3 * QK];
-            for r in 0..rows {
-                row_to_plain(Layout::Q8_0x4, GgmlType::Q8_0, &w[..n], rb, r, &mut row).unwrap();
-                assert_eq!(&row[..], &orig[r * rb..(r + 1) * rb], "rows {rows} row {r}");
-                dequantize_row(Layout::Q8_0x4, GgmlType::Q8_0, &w[..n], rb, r, &mut f1).unwrap();
-                dequantize_row(Layout::Plain, GgmlType::Q8_0, &orig[..n], rb, r, &mut f2).unwrap();
-                assert_eq!(f1, f2);
+        }
+    }
+
+    /// The bit-sliced fifth bits of Q5_0x4s: every single bit of every row lands where
+    /// the layout's doc says and comes back.
+    #[test]
+    fn q5_0x4s_fifth_bits_are_sliced_as_documented() {
+        for r in 0..4 {
+            for bit in 0..32 {
+                let mut rows = [q5_0::BlockQ5_0 {
+                    d: [0; 2],
+                    qh: [0; 4],
+                    qs: [0; 16],
+                }; 4];
+                rows[r].qh = (1u32 << bit).to_le_bytes();
+                let g = BlockQ5_0x4s::pack([&rows[0], &rows[1], &rows[2], &rows[3]]);
+                let (half, w) = (bit / 16, bit % 16);
+                let (k, j) = (w / 4, w % 4);
+                let mut want = [0u8; 16];
+                want[4 * r + j] = 1 << (4 * half + k);
+                assert_eq!(g.qh, want, "row {r} bit {bit}");
+                assert_eq!(g.unpack(r).qh, rows[r].qh);
             }
-            unpack_in_place(
-                Layout::Q8_0x4,
-                GgmlType::Q8_0,
-                &mut w[..n],
-                rb,
-                &mut scratch,
-            )
-            .unwrap();
-            assert_eq!(&w[..n], &orig[..n], "rows {rows}");
         }
     }
 

@@ -13,7 +13,7 @@
 //!   SIMD lanes; the f64 sums differ by at most ~n * 2^-53 * sum|terms| and the final
 //!   rounding to f32 can move by one f32 ulp, so we allow `1e-6 * sum|x*a|` (plus 1e-30).
 use pinch_kernels::arch::has_fast_kernel;
-use pinch_kernels::matvec::{vec_dot, vec_dot_scalar};
+use pinch_kernels::matvec::{vec_dot, vec_dot_reference};
 use pinch_kernels::{CpuFeatures, GgmlType};
 
 struct Rng(u64);
@@ -171,7 +171,7 @@ fn check_type(ty: GgmlType, lengths: &[usize]) {
                 };
                 let act = activations(&mut rng, ty, n);
                 let fast = vec_dot(ty, feat, &w, &act);
-                let slow = vec_dot_scalar(ty, &w, &act);
+                let slow = vec_dot_reference(ty, feat, &w, &act);
                 if ty == GgmlType::F32 {
                     let tol = 1e-6 * float_abs_sum(ty, &w, &act) + 1e-30;
                     assert!(

@@ -1,12 +1,12 @@
 //! The prompt-processing tiles (x86: `arch::x86_gemm` for Q4_K/Q6_K, `x86_gemm_lanes`
-//! and `x86_rows`' 4 x 4 tiles for Q8_0/Q5_0) against the scalar reference `vec_dot_scalar`, **bit for
+//! and `x86_rows`' 4 x 4 tiles for Q8_0/Q5_0) against the scalar reference of their arithmetic (`vec_dot_reference`: Q8_0/Q5_0 sum per block on NEON), **bit for
 //! bit**, for every feature set the running CPU has: token counts that leave every tile
 //! remainder (1, 2, 3, 5, 8, 13, 64), row counts with and without a partial row tile,
 //! row sub-ranges starting inside a tile, and K-quant activations whose raw bytes hit
 //! the extremes (quants -128 and 127, bsums that do not match the quants).
 mod common;
 use common::{feature_sets, Rng};
-use pinch_kernels::matvec::{matmul_rows, quantize_activation, vec_dot_scalar};
+use pinch_kernels::matvec::{matmul_rows, quantize_activation, vec_dot_reference};
 use pinch_kernels::GgmlType;
 
 /// Random blocks with plausible f16 scales where each format keeps them.
@@ -53,8 +53,9 @@ fn check(ty: GgmlType, w: &[u8], rows: usize, a: &[u8], arb: usize, what: &str) 
             matmul_rows(ty, &feat, w, rb, r.clone(), a, arb, &mut out).unwrap();
             for (i, row) in r.clone().enumerate() {
                 for t in 0..n_tok {
-                    let want = vec_dot_scalar(
+                    let want = vec_dot_reference(
                         ty,
+                        &feat,
                         &w[row * rb..(row + 1) * rb],
                         &a[t * arb..(t + 1) * arb],
                     );

@@ -1,5 +1,5 @@
 //! `matvec_rows` / `matmul_rows` (tiled, ISA picked once per call) against the scalar
-//! reference `vec_dot_scalar`, one (row, token) pair at a time, **bit for bit**, for
+//! reference of their arithmetic `vec_dot_reference` (Q8_0/Q5_0 sum per block on NEON), one (row, token) pair at a time, **bit for bit**, for
 //! every feature set the running CPU has (x86: AVX2; aarch64: NEON, NEON+dotprod).
 //!
 //! Row and token counts cover full tiles and every remainder (1..=9 rows, 1..=9
@@ -9,7 +9,7 @@
 //! (the i16 pair sums closest to saturation) and the degenerate all-zero block.
 mod common;
 use common::{feature_sets, Rng};
-use pinch_kernels::matvec::{matmul_rows, matvec_rows, quantize_activation, vec_dot_scalar};
+use pinch_kernels::matvec::{matmul_rows, matvec_rows, quantize_activation, vec_dot_reference};
 use pinch_kernels::GgmlType;
 
 /// Random blocks with plausible f16 scales in the places each format keeps them.
@@ -71,8 +71,9 @@ fn check(ty: GgmlType, w: &[u8], rows: usize, a: &[u8], arb: usize, what: &str) 
             matmul_rows(ty, &feat, w, rb, r.clone(), a, arb, &mut out).unwrap();
             for (i, row) in r.clone().enumerate() {
                 for t in 0..n_tok {
-                    let want = vec_dot_scalar(
+                    let want = vec_dot_reference(
                         ty,
+                        &feat,
                         &w[row * rb..(row + 1) * rb],
                         &a[t * arb..(t + 1) * arb],
                     );

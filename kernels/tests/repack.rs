@@ -1,26 +1,105 @@
-//! Products over repacked Q8_0 weights (`pinch_kernels::repack`) against the plain scalar
-//! reference, **bit for bit** per (row, token), for every feature set the running CPU
-//! has (x86: AVX2, AVX-512 VNNI; aarch64: NEON, NEON+dotprod), over odd row counts (plain tail rows),
-//! unaligned row ranges and token counts around the tiles.
+//! Products over repacked weights (`pinch_kernels::repack`: Q8_0x4, Q8_0x4s, Q5_0x4s)
+//! against the plain scalar reference of the CPU's arithmetic (`vec_dot_reference`),
+//! **bit for bit** per (row, token), for every feature set the running CPU has (x86:
+//! AVX2, AVX-512 VNNI; aarch64: NEON, NEON+dotprod) and every layout (without a SIMD
+//! kernel the scalar loop runs and must agree too), over odd row counts (plain tail
+//! rows), unaligned row ranges and token counts around the tiles.
 //!
 //! `repack_vs_plain_speed` (ignored) times plain vs repacked on Gemma 3 270M's output
 //! matrix (262144 x 640 Q8_0), one thread, alternating:
 //! `cargo test --release -p pinch-kernels --test repack -- --ignored --nocapture`.
 mod common;
 use common::{feature_sets, Rng};
-use pinch_kernels::matvec::{matmul_rows, quantize_activation, vec_dot_scalar};
+use pinch_kernels::matvec::{matmul_rows, quantize_activation, vec_dot_reference};
 use pinch_kernels::repack::{self, Layout};
 use pinch_kernels::{ActFormat, CpuFeatures, GgmlType};
 
 fn weights(rng: &mut Rng, rows: usize, cols: usize) -> Vec<u8> {
-    let mut w: Vec<u8> = (0..rows * cols / 32 * 34)
+    weights_of(rng, GgmlType::Q8_0, rows, cols)
+}
+
+/// Random blocks of `ty` (Q8_0 or Q5_0) with small positive f16 scales first.
+fn weights_of(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let bb = ty.block_geometry().1;
+    let mut w: Vec<u8> = (0..rows * cols / 32 * bb)
         .map(|_| rng.next() as u8)
         .collect();
-    for blk in w.chunks_mut(34) {
+    for blk in w.chunks_mut(bb) {
         let d = pinch_kernels::f16::f32_to_f16(0.01 + 0.05 * rng.f32().abs()).to_le_bytes();
         blk[..2].copy_from_slice(&d);
     }
     w
+}
+
+/// The repacked layouts and their weight types.
+const LAYOUTS: [(Layout, GgmlType); 3] = [
+    (Layout::Q8_0x4, GgmlType::Q8_0),
+    (Layout::Q8_0x4s, GgmlType::Q8_0),
+    (Layout::Q5_0x4s, GgmlType::Q5_0),
+];
+
+fn repacked_as(layout: Layout, ty: GgmlType, w: &[u8], rb: usize) -> Vec<u8> {
+    let mut r = w.to_vec();
+    let mut scratch = vec![0u8; layout.scratch_bytes(rb)];
+    repack::repack_in_place(layout, ty, &mut r, rb, &mut scratch).unwrap();
+    r
+}
+
+/// The SIMD kernels exist where `Layout::preferred` says so, and run (no scalar loop).
+#[test]
+fn preferred_layouts_have_simd_kernels_that_run() {
+    for feat in feature_sets() {
+        for ty in [GgmlType::Q8_0, GgmlType::Q5_0] {
+            let Some(layout) = Layout::preferred(ty, &feat) else {
+                continue;
+            };
+            let (rows, cols) = (8usize, 64usize);
+            let rb = ty.row_bytes(cols as u64).unwrap() as usize;
+            let mut rng = Rng(3);
+            let w = repacked_as(layout, ty, &weights_of(&mut rng, ty, rows, cols), rb);
+            let a = acts(&mut rng, 1, cols);
+            let mut out = vec![0.0f32; rows];
+            assert!(
+                pinch_kernels::arch::repack_matmul_rows(
+                    layout,
+                    &feat,
+                    &w,
+                    rb,
+                    0..rows,
+                    &a,
+                    &mut out
+                ),
+                "{layout:?} on {feat:?}: no SIMD kernel ran"
+            );
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        let neon = CpuFeatures {
+            neon: true,
+            ..CpuFeatures::SCALAR
+        };
+        let dot = CpuFeatures {
+            dotprod: true,
+            ..neon
+        };
+        assert_eq!(
+            Layout::preferred(GgmlType::Q8_0, &neon),
+            Some(Layout::Q8_0x4)
+        );
+        assert_eq!(
+            Layout::preferred(GgmlType::Q8_0, &dot),
+            Some(Layout::Q8_0x4s)
+        );
+        assert_eq!(
+            Layout::preferred(GgmlType::Q5_0, &neon),
+            Some(Layout::Q5_0x4s)
+        );
+        assert_eq!(
+            Layout::preferred(GgmlType::Q5_0, &dot),
+            Some(Layout::Q5_0x4s)
+        );
+    }
 }
 
 fn acts(rng: &mut Rng, n_tok: usize, cols: usize) -> Vec<u8> {
@@ -43,56 +122,60 @@ fn repacked(w: &[u8], rb: usize) -> Vec<u8> {
 #[test]
 fn simd_on_repacked_rows_equals_plain_scalar_bits() {
     let mut rng = Rng(0x5eed_4e9a);
-    for rows in [1usize, 3, 4, 5, 8, 11, 16, 17] {
-        for cols in [32usize, 64, 160, 640] {
-            let rb = cols / 32 * 34;
-            let w = weights(&mut rng, rows, cols);
-            let wr = repacked(&w, rb);
-            for n_tok in [1usize, 2, 3, 4, 5, 7, 9] {
-                let a = acts(&mut rng, n_tok, cols);
-                let want: Vec<f32> = (0..rows * n_tok)
-                    .map(|k| {
-                        let (r, t) = (k / n_tok, k % n_tok);
-                        vec_dot_scalar(
-                            GgmlType::Q8_0,
-                            &w[r * rb..(r + 1) * rb],
-                            &a[t * rb..(t + 1) * rb],
-                        )
-                    })
-                    .collect();
-                let ranges = [
-                    0..rows,
-                    1.min(rows)..rows,
-                    0..rows.saturating_sub(1),
-                    rows / 2..rows,
-                    (rows / 4 * 4).min(rows)..rows,
-                    2.min(rows)..rows.min(6),
-                    rows..rows,
-                ];
-                for feat in feature_sets() {
-                    for range in ranges.iter().filter(|r| r.start <= r.end) {
-                        let mut out = vec![f32::NAN; range.len() * n_tok];
-                        repack::matmul_rows(
-                            Layout::Q8_0x4,
-                            GgmlType::Q8_0,
-                            &feat,
-                            &wr,
-                            rb,
-                            range.clone(),
-                            &a,
-                            rb,
-                            &mut out,
-                        )
-                        .unwrap();
-                        for (i, r) in range.clone().enumerate() {
-                            for t in 0..n_tok {
-                                let (g, e) = (out[i * n_tok + t], want[r * n_tok + t]);
-                                assert_eq!(
-                                    g.to_bits(),
-                                    e.to_bits(),
-                                    "{feat:?} rows {rows} cols {cols} n_tok {n_tok} \
-                                     range {range:?} row {r} tok {t}: {g} vs {e}"
-                                );
+    for (layout, ty) in LAYOUTS {
+        for rows in [1usize, 3, 4, 5, 8, 11, 16, 17] {
+            for cols in [32usize, 64, 160, 640] {
+                let rb = ty.row_bytes(cols as u64).unwrap() as usize;
+                let arb = cols / 32 * 34;
+                let w = weights_of(&mut rng, ty, rows, cols);
+                let wr = repacked_as(layout, ty, &w, rb);
+                for n_tok in [1usize, 2, 3, 4, 5, 7, 9] {
+                    let a = acts(&mut rng, n_tok, cols);
+                    let ranges = [
+                        0..rows,
+                        1.min(rows)..rows,
+                        0..rows.saturating_sub(1),
+                        rows / 2..rows,
+                        (rows / 4 * 4).min(rows)..rows,
+                        2.min(rows)..rows.min(6),
+                        rows..rows,
+                    ];
+                    for feat in feature_sets() {
+                        let want: Vec<f32> = (0..rows * n_tok)
+                            .map(|k| {
+                                let (r, t) = (k / n_tok, k % n_tok);
+                                vec_dot_reference(
+                                    ty,
+                                    &feat,
+                                    &w[r * rb..(r + 1) * rb],
+                                    &a[t * arb..(t + 1) * arb],
+                                )
+                            })
+                            .collect();
+                        for range in ranges.iter().filter(|r| r.start <= r.end) {
+                            let mut out = vec![f32::NAN; range.len() * n_tok];
+                            repack::matmul_rows(
+                                layout,
+                                ty,
+                                &feat,
+                                &wr,
+                                rb,
+                                range.clone(),
+                                &a,
+                                arb,
+                                &mut out,
+                            )
+                            .unwrap();
+                            for (i, r) in range.clone().enumerate() {
+                                for t in 0..n_tok {
+                                    let (g, e) = (out[i * n_tok + t], want[r * n_tok + t]);
+                                    assert_eq!(
+                                        g.to_bits(),
+                                        e.to_bits(),
+                                        "{layout:?} {feat:?} rows {rows} cols {cols} n_tok {n_tok} \
+                                         range {range:?} row {r} tok {t}: {g} vs {e}"
+                                    );
+                                }
                             }
                         }
                     }
@@ -114,7 +197,6 @@ fn simd_on_repacked_edge_values_equals_plain_scalar_bits() {
             *q = if (i + j) % 3 == 0 { 0x80 } else { 0x7f };
         }
     }
-    let wr = repacked(&w, rb);
     let mut x = vec![0.0f32; 2 * cols];
     for (j, v) in x[..cols].iter_mut().enumerate() {
         *v = if j % 2 == 0 { 1.0 } else { -1.0 };
@@ -122,10 +204,14 @@ fn simd_on_repacked_edge_values_equals_plain_scalar_bits() {
     let mut a = vec![0u8; 2 * rb];
     quantize_activation(ActFormat::Q8_0, &x[..cols], &mut a[..rb]).unwrap();
     quantize_activation(ActFormat::Q8_0, &x[cols..], &mut a[rb..]).unwrap();
-    for feat in feature_sets() {
+    for (feat, layout) in feature_sets()
+        .into_iter()
+        .flat_map(|f| [(f, Layout::Q8_0x4), (f, Layout::Q8_0x4s)])
+    {
+        let wr = repacked_as(layout, GgmlType::Q8_0, &w, rb);
         let mut out = vec![0.0f32; rows * 2];
         repack::matmul_rows(
-            Layout::Q8_0x4,
+            layout,
             GgmlType::Q8_0,
             &feat,
             &wr,
@@ -138,15 +224,16 @@ fn simd_on_repacked_edge_values_equals_plain_scalar_bits() {
         .unwrap();
         for r in 0..rows {
             for t in 0..2 {
-                let e = vec_dot_scalar(
+                let e = vec_dot_reference(
                     GgmlType::Q8_0,
+                    &feat,
                     &w[r * rb..(r + 1) * rb],
                     &a[t * rb..(t + 1) * rb],
                 );
                 assert_eq!(
                     out[r * 2 + t].to_bits(),
                     e.to_bits(),
-                    "{feat:?} row {r} tok {t}"
+                    "{layout:?} {feat:?} row {r} tok {t}"
                 );
             }
         }

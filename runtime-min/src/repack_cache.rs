@@ -427,7 +427,7 @@ impl<'p, 's, P: Platform> Repacking<'p, 's, P> {
         let mut scratch = 0usize;
         let cpu = inner.cpu();
         for t in g.tensors() {
-            let Some(layout) = Layout::preferred(t.ty) else {
+            let Some(layout) = Layout::preferred(t.ty, &cpu) else {
                 continue;
             };
             // Without a SIMD kernel for the layout, plain rows are faster.

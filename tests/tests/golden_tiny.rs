@@ -168,7 +168,12 @@ fn fast_path_matches_llama_cpp_f32kv() {
             }
         }
         report += &format!("{name:32} positions>1e-4 {over:2}/24 max|diff| {worst:.3} (bound {bound:.3}) top1 mismatches {top1_bad}\n");
-        if over > 3 || worst > bound || top1_bad > 0 {
+        // x86 reproduces llama.cpp's x86 sums, so all but a few positions agree to 1e-4.
+        // NEON sums Q8_0/Q5_0 per block (`q8_0::Order::BlockSum`, as llama.cpp's own ARM
+        // code does in its way): the int8 rounding flips that follow then reach most
+        // positions, still bounded by the quantization noise and with the same top-1.
+        let few = over <= 3 || cfg!(target_arch = "aarch64");
+        if !few || worst > bound || top1_bad > 0 {
             failures.push(format!("{name}: {over} positions > 1e-4, max {worst:.3e} (bound {bound:.3}), top-1 mismatches {top1_bad}"));
         }
     }

@@ -263,6 +263,20 @@ fn test_aarch64(cpu: &'static str) -> Result<Outcome> {
     let mut platform = cargo(["test", "-p", "pinch-linux", "--lib", "--target", LINUX_ARM]);
     platform.env("QEMU_CPU", cpu);
     counts.add(run_tests(&mut platform)?);
+    // The tiny fixtures against llama.cpp's logits on ARM arithmetic (NEON sums Q8_0/Q5_0
+    // per block, unlike x86): release, as a debug build takes minutes under emulation.
+    let mut golden = cargo([
+        "test",
+        "--release",
+        "-p",
+        "pinch-tests",
+        "--test",
+        "golden_tiny",
+        "--target",
+        LINUX_ARM,
+    ]);
+    golden.env("QEMU_CPU", cpu);
+    counts.add(run_tests(&mut golden)?);
     Ok(Outcome::Tested(counts))
 }
 

@@ -11,11 +11,11 @@
 //! ±1 from sign bits, 2-bit code - 1) and computes its integer sums exactly. The float
 //! arithmetic is the scalar reference's, step for step, so the results are bit-identical
 //! to `crate::quant` (F32 excepted: its f64 accumulator is split over two lanes):
-//! Q8_0/Q5_0 keep llama.cpp's x86 lanes (eight lanes of four consecutive weights, `fmla`
-//! per block, the x86 reduction tree) in two vector registers, F16 keeps sixteen f32
-//! lanes in four; the other formats do their per-block float steps in scalar code.
-//! Matching the x86 arithmetic on ARM is deliberate: one set of llama.cpp goldens (made
-//! on x86) holds on every device.
+//! Q8_0/Q5_0 sum each block exactly and feed one accumulator with `fmadd`
+//! ([`crate::quant::q8_0::Order::BlockSum`], the order of every NEON Q8_0/Q5_0 kernel:
+//! half the conversions and fused steps of llama.cpp's x86 lanes, which the scalar path
+//! and AVX2 keep), F16 keeps sixteen f32 lanes in four registers; the other formats do
+//! their per-block float steps in scalar code as the reference does.
 #![allow(unsafe_code)]
 
 use core::arch::aarch64::*;
@@ -139,6 +139,25 @@ pub(super) fn h2f(h: [u8; 2]) -> f32 {
     out
 }
 
+/// `a * b + c` with one rounding (`fmadd`, base ARMv8-A FP; `f32::mul_add` needs std).
+#[inline(always)]
+pub(super) fn fmadd(a: f32, b: f32, c: f32) -> f32 {
+    let out: f32;
+    // SAFETY: `fmadd` is part of the ARMv8-A base FP unit; it reads and writes only the
+    // named registers.
+    unsafe {
+        core::arch::asm!(
+            "fmadd {o:s}, {a:s}, {b:s}, {c:s}",
+            a = in(vreg) a,
+            b = in(vreg) b,
+            c = in(vreg) c,
+            o = lateout(vreg) out,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    out
+}
+
 /// Plain NEON: `acc + sum(w * a)` over 32 bytes, via `smull` + `sadalp`.
 mod base_dot {
     use core::arch::aarch64::*;
@@ -160,16 +179,6 @@ mod base_dot {
         let acc = vpadalq_s16(acc, p1);
         let acc = vpadalq_s16(acc, p2);
         vpadalq_s16(acc, p3)
-    }
-
-    /// `sum(w[j] * a[j])` for each group of four consecutive bytes (j in 4l..4l+4).
-    #[inline]
-    #[target_feature(enable = "neon")]
-    pub unsafe fn groups16(w: int8x16_t, a: int8x16_t) -> int32x4_t {
-        // Pair sums of the exact i16 products, then neighbouring pairs joined.
-        let lo = vpaddlq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(a)));
-        let hi = vpaddlq_s16(vmull_high_s8(w, a));
-        vpaddq_s32(lo, hi)
     }
 }
 
@@ -205,47 +214,17 @@ mod dot_dot {
         }
         acc
     }
-
-    /// `sum(w[j] * a[j])` for each group of four consecutive bytes (one `sdot`).
-    #[inline]
-    #[target_feature(enable = "neon,dotprod")]
-    pub unsafe fn groups16(w: int8x16_t, a: int8x16_t) -> int32x4_t {
-        let mut acc = vdupq_n_s32(0);
-        // SAFETY: as in `dot32`.
-        unsafe {
-            core::arch::asm!(
-                "sdot {acc:v}.4s, {w:v}.16b, {a:v}.16b",
-                acc = inout(vreg) acc,
-                w = in(vreg) w,
-                a = in(vreg) a,
-                options(pure, nomem, nostack, preserves_flags),
-            );
-        }
-        acc
-    }
-}
-
-/// Eight f32 lanes held as two registers (lanes 0..4, 4..8) reduced like
-/// [`crate::quant::q8_0::hsum8`]: `v = lo + hi`, then `(v0 + v2) + (v1 + v3)`
-/// (`faddp`-based `vaddvq_f32` would pair them differently).
-#[inline]
-#[target_feature(enable = "neon")]
-unsafe fn hsum8(lo: float32x4_t, hi: float32x4_t) -> f32 {
-    let v = vaddq_f32(lo, hi);
-    (vgetq_lane_f32::<0>(v) + vgetq_lane_f32::<2>(v))
-        + (vgetq_lane_f32::<1>(v) + vgetq_lane_f32::<3>(v))
 }
 
 /// The kernels, instantiated once per feature set so that every helper is inlined
 /// under the same `target_feature` (a generic over the feature would leave `sdot`
 /// behind a call).
 macro_rules! kernels {
-    ($name:ident, $feat:literal, $dot:path, $groups:path) => {
+    ($name:ident, $feat:literal, $dot:path) => {
         mod $name {
             use super::h2f as read_f16;
             use super::*;
             use $dot as dot32;
-            use $groups as groups16;
 
             #[inline]
             #[target_feature(enable = $feat)]
@@ -263,33 +242,20 @@ macro_rules! kernels {
                 vtstq_u8(vcombine_u8(vdup_n_u8(lo), vdup_n_u8(hi)), sel)
             }
 
-            /// One block's eight lanes (`w` and `a` as two halves of 16 bytes) added to
-            /// `acc` as `fma(d, lane, acc)`.
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn fma_groups(
-                acc: (float32x4_t, float32x4_t),
-                d: f32,
-                w: (int8x16_t, int8x16_t),
-                a: (int8x16_t, int8x16_t),
-            ) -> (float32x4_t, float32x4_t) {
-                let g0 = vcvtq_f32_s32(groups16(w.0, a.0));
-                let g1 = vcvtq_f32_s32(groups16(w.1, a.1));
-                (vfmaq_n_f32(acc.0, g0, d), vfmaq_n_f32(acc.1, g1, d))
-            }
-
+            /// Q8_0 in [`crate::quant::q8_0::Order::BlockSum`]: one exact sum and one
+            /// fused step per block.
             #[target_feature(enable = $feat)]
             pub unsafe fn q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
-                let mut acc = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
+                let mut acc = 0.0f32;
                 for (bx, by) in x.iter().zip(y) {
-                    acc = fma_groups(
-                        acc,
-                        read_f16(bx.d) * read_f16(by.d),
+                    let (w, a) = (
                         (ld(&bx.qs[..16]), ld(&bx.qs[16..])),
                         (ld(&by.qs[..16]), ld(&by.qs[16..])),
                     );
+                    let s = vaddvq_s32(dot32(vdupq_n_s32(0), w.0, w.1, a.0, a.1));
+                    acc = fmadd(read_f16(bx.d) * read_f16(by.d), s as f32, acc);
                 }
-                hsum8(acc.0, acc.1)
+                acc
             }
 
             #[target_feature(enable = $feat)]
@@ -313,7 +279,7 @@ macro_rules! kernels {
                 let m4 = vdupq_n_u8(0x0f);
                 let b4 = vdupq_n_u8(0x10);
                 let s16 = vdupq_n_s8(16);
-                let mut acc = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
+                let mut acc = 0.0f32;
                 for (bx, by) in x.iter().zip(y) {
                     let q = vld1q_u8(bx.qs.as_ptr());
                     let h = bx.qh;
@@ -323,14 +289,10 @@ macro_rules! kernels {
                     let hi = vorrq_u8(vshrq_n_u8::<4>(q), hhi);
                     let lo = vsubq_s8(vreinterpretq_s8_u8(lo), s16);
                     let hi = vsubq_s8(vreinterpretq_s8_u8(hi), s16);
-                    acc = fma_groups(
-                        acc,
-                        read_f16(bx.d) * read_f16(by.d),
-                        (lo, hi),
-                        (ld(&by.qs[..16]), ld(&by.qs[16..])),
-                    );
+                    let v = dot32(vdupq_n_s32(0), lo, hi, ld(&by.qs[..16]), ld(&by.qs[16..]));
+                    acc = fmadd(read_f16(bx.d) * read_f16(by.d), vaddvq_s32(v) as f32, acc);
                 }
-                hsum8(acc.0, acc.1)
+                acc
             }
 
             #[target_feature(enable = $feat)]
@@ -422,18 +384,8 @@ macro_rules! kernels {
     };
 }
 
-kernels!(
-    base,
-    "neon",
-    super::base_dot::dot32,
-    super::base_dot::groups16
-);
-kernels!(
-    dot,
-    "neon,dotprod",
-    super::dot_dot::dot32,
-    super::dot_dot::groups16
-);
+kernels!(base, "neon", super::base_dot::dot32);
+kernels!(dot, "neon,dotprod", super::dot_dot::dot32);
 
 /// F32 weights: the same f32 products as the reference, f64 sums in two lanes.
 #[target_feature(enable = "neon")]

@@ -1,31 +1,42 @@
-//! NEON (and NEON + dotprod) row-range products over repacked Q8_0 weights
-//! ([`crate::repack::Layout::Q8_0x4`]).
+//! NEON (and NEON + dotprod) row-range products over repacked weights
+//! ([`crate::repack::Layout`]): Q8_0x4 (baseline NEON, and dotprod when given that
+//! layout), Q8_0x4s (dotprod) and Q5_0x4s (both).
 //!
-//! The arithmetic is [`super::neon_rows`]'s for Q8_0 (exact integer lane sums by
-//! `smull` + pairwise adds or by `sdot`, one fused multiply-add per block and lane, the
-//! x86 `hsum8` tree), in tiles of one group (4 rows) x 2 tokens. What the layout saves:
-//! the four rows come as one sequential stream, and their four f16 scales are adjacent,
-//! so one `fcvtl` converts them (the plain kernel inserts them lane by lane). Rows of a
-//! partial group at the ends of the range are computed with their group and dropped;
-//! the plain tail rows (`rows % 4`) go to the plain kernel. Each (row, token) therefore
-//! has the plain kernels' bits.
+//! The arithmetic is [`super::neon_rows`]'s ([`crate::quant::q8_0::Order::BlockSum`]):
+//! per (row, token) one f32 accumulator, fed once per block with the block's exact
+//! integer sum, `acc = fma(d_w * d_a, sum, acc)`; the four rows of a group share one
+//! vector, so a block costs one `scvtf` and one `fmla` per group and token. What the
+//! layouts save on top:
+//! - all of them: the four rows come as one sequential stream and their four f16 scales
+//!   are adjacent (one `fcvtl`);
+//! - Q8_0x4s: `sdot` by element leaves the four rows' sums in the four lanes, so a
+//!   group-block is eight `sdot` (no per-row reduction, no activation shuffles);
+//! - Q5_0x4s: the fifth bits of a chunk are one shift and one mask away; `sli`/`sri`
+//!   merge them with the nibbles, and the `- 16` of every weight is taken out once per
+//!   block and token as `16 * sum(a)` instead of once per weight.
+//!
+//! Rows of a partial group at the ends of the range are computed with their group and
+//! dropped; the plain tail rows (`rows % 4`) go to the plain kernel. Each (row, token)
+//! therefore has the plain kernels' bits.
 #![allow(unsafe_code)]
 
 use core::arch::aarch64::*;
 use core::ops::Range;
 
-use super::neon_kquant::{load16, sdot};
+use super::neon_kquant::load16;
 use super::neon_legacy::{h2f, h2f4};
-use crate::blocks::cast;
+use super::neon_rows::{lane, rows4, Dot, Mull, Sdot};
+use crate::blocks::{cast, Pod};
 use crate::quant::q8_0::{BlockQ8_0, BLOCK_BYTES};
-use crate::repack::{BlockQ8_0x4, Layout};
+use crate::repack::{BlockQ5_0x4s, BlockQ8_0x4, BlockQ8_0x4s, Layout};
 use crate::{CpuFeatures, GgmlType};
 
-/// Tokens per tile (4 x 2 tiles keep their 16 accumulators in registers).
+/// Tokens per tile.
 const T: usize = 2;
 
 /// Product over a repacked tensor (`w`: all of its rows) for `rows`, or `false` (nothing
-/// written) without NEON, for another layout, or when the shapes do not fit.
+/// written) without NEON (or dotprod for Q8_0x4s), for the plain layout, or when the
+/// shapes do not fit.
 pub fn matmul(
     layout: Layout,
     feat: &CpuFeatures,
@@ -35,19 +46,26 @@ pub fn matmul(
     acts: &[u8],
     out: &mut [f32],
 ) -> bool {
-    if !feat.neon || layout != Layout::Q8_0x4 {
-        return false;
-    }
-    if row_bytes == 0
-        || !row_bytes.is_multiple_of(BLOCK_BYTES)
+    let (ty, block) = match layout {
+        Layout::Q8_0x4 => (GgmlType::Q8_0, BLOCK_BYTES),
+        Layout::Q8_0x4s if feat.dotprod => (GgmlType::Q8_0, BLOCK_BYTES),
+        Layout::Q5_0x4s => (GgmlType::Q5_0, crate::quant::q5_0::BLOCK_BYTES),
+        _ => return false,
+    };
+    if !feat.neon
+        || row_bytes == 0
+        || !row_bytes.is_multiple_of(block)
         || !w.len().is_multiple_of(row_bytes)
-        || !acts.len().is_multiple_of(row_bytes)
         || rows.start > rows.end
         || rows.end > w.len() / row_bytes
     {
         return false;
     }
-    let n_tok = acts.len() / row_bytes;
+    let arb = row_bytes / block * BLOCK_BYTES;
+    if !acts.len().is_multiple_of(arb) {
+        return false;
+    }
+    let n_tok = acts.len() / arb;
     if rows.len().checked_mul(n_tok) != Some(out.len()) {
         return false;
     }
@@ -55,168 +73,352 @@ pub fn matmul(
     let split = rows.end.min(n4).max(rows.start);
     let (head, tail) = out.split_at_mut((split - rows.start) * n_tok);
     if split > rows.start {
-        let r = rows.start..split;
-        if feat.dotprod {
-            // SAFETY: `feat.dotprod` says the CPU executes `sdot`; the checks above put
-            // every group-block of the groups of `r` (all below `n4`) inside `w`, every
-            // activation row inside `acts`, and `head` has one value per (row, token).
-            unsafe { jobs::dot(w, row_bytes, r, acts, n_tok, head) };
-        } else {
-            // SAFETY: Advanced SIMD is architectural on aarch64; bounds as above.
-            unsafe { jobs::base(w, row_bytes, r, acts, n_tok, head) };
+        let j = Job {
+            rb: row_bytes,
+            rows: rows.start..split,
+            arb,
+            n_tok,
+        };
+        // SAFETY (all arms): the checks above put every group-block of the groups of
+        // `j.rows` (all below `n4`) inside `w`, every activation row inside `acts`, and
+        // `head` has one value per (row, token). `jobs::dot*` run only with
+        // `feat.dotprod` (the CPU executes `sdot`); Advanced SIMD is architectural.
+        unsafe {
+            match (layout, feat.dotprod) {
+                (Layout::Q8_0x4, false) => jobs::base::<RowsTile<Mull>>(&j, w, acts, head),
+                (Layout::Q8_0x4, true) => jobs::dot::<RowsTile<Sdot>>(&j, w, acts, head),
+                (Layout::Q5_0x4s, false) => jobs::base::<Q5Tile<Mull>>(&j, w, acts, head),
+                (Layout::Q5_0x4s, true) => jobs::dot::<Q5Tile<Sdot>>(&j, w, acts, head),
+                _ => jobs::dot::<LaneTile>(&j, w, acts, head),
+            }
         }
     }
     if split < rows.end {
-        return super::neon_rows::matmul(
-            GgmlType::Q8_0,
-            feat,
-            w,
-            row_bytes,
-            split..rows.end,
-            acts,
-            row_bytes,
-            tail,
-        );
+        return super::neon_rows::matmul(ty, feat, w, row_bytes, split..rows.end, acts, arb, tail);
     }
     true
 }
 
-/// Four int32 sums of 16 byte products, lane `l` over bytes `4l..4l+4`.
-trait Dot {
-    unsafe fn groups(w: int8x16_t, a: int8x16_t) -> int32x4_t;
+/// `sdot` by element: `acc[i] += dot(w[4i..4i+4], a[4L..4L+4])`.
+#[target_feature(enable = "neon,dotprod")]
+#[inline]
+unsafe fn sdot_lane<const L: i32>(mut acc: int32x4_t, w: int8x16_t, a: int8x16_t) -> int32x4_t {
+    // SAFETY: callers run only when the CPU has dotprod; the instruction touches only
+    // the three vector registers named here.
+    core::arch::asm!(
+        "sdot {acc:v}.4s, {w:v}.16b, {a:v}.4b[{l}]",
+        acc = inout(vreg) acc,
+        w = in(vreg) w,
+        a = in(vreg) a,
+        l = const L,
+        options(pure, nomem, nostack, preserves_flags)
+    );
+    acc
 }
 
-/// Baseline NEON: i16 pair sums are exact for activations in -127..=127 (see
-/// [`super::neon_rows`]).
-struct Mull;
-impl Dot for Mull {
-    #[inline(always)]
-    unsafe fn groups(w: int8x16_t, a: int8x16_t) -> int32x4_t {
-        let lo = vmull_s8(vget_low_s8(w), vget_low_s8(a));
-        let hi = vmull_high_s8(w, a);
-        vpaddlq_s16(vpaddq_s16(lo, hi))
-    }
-}
-
-/// ARMv8.2 dotprod.
-struct Sdot;
-impl Dot for Sdot {
-    #[inline(always)]
-    unsafe fn groups(w: int8x16_t, a: int8x16_t) -> int32x4_t {
-        sdot(vdupq_n_s32(0), w, a)
-    }
-}
-
-/// `acc + g * v[lane]` (fused) for a lane known after unrolling.
+/// `acc` plus the four rows' sums of eight chunks (chunk `c`: 4 rows x 4 bytes, paired
+/// with bytes `4(c % 4)..` of activation half `c / 4`).
 #[inline(always)]
-unsafe fn fma_lane(acc: float32x4_t, g: float32x4_t, v: float32x4_t, lane: usize) -> float32x4_t {
-    match lane {
-        0 => vfmaq_laneq_f32::<0>(acc, g, v),
-        1 => vfmaq_laneq_f32::<1>(acc, g, v),
-        2 => vfmaq_laneq_f32::<2>(acc, g, v),
-        _ => vfmaq_laneq_f32::<3>(acc, g, v),
-    }
+unsafe fn sdot_chunks(acc: int32x4_t, q: &[int8x16_t; 8], a: &[int8x16_t; 2]) -> int32x4_t {
+    let s = sdot_lane::<0>(acc, q[0], a[0]);
+    let s = sdot_lane::<1>(s, q[1], a[0]);
+    let s = sdot_lane::<2>(s, q[2], a[0]);
+    let s = sdot_lane::<3>(s, q[3], a[0]);
+    let s = sdot_lane::<0>(s, q[4], a[1]);
+    let s = sdot_lane::<1>(s, q[5], a[1]);
+    let s = sdot_lane::<2>(s, q[6], a[1]);
+    sdot_lane::<3>(s, q[7], a[1])
 }
 
-/// Eight f32 lanes reduced by the x86 tree of [`crate::quant::q8_0::hsum8`].
-#[inline(always)]
-unsafe fn hsum8(lo: float32x4_t, hi: float32x4_t) -> f32 {
-    let v = vaddq_f32(lo, hi);
-    (vgetq_lane_f32::<0>(v) + vgetq_lane_f32::<2>(v))
-        + (vgetq_lane_f32::<1>(v) + vgetq_lane_f32::<3>(v))
+/// The shape of one call's work on whole groups.
+struct Job {
+    rb: usize,
+    rows: Range<usize>,
+    arb: usize,
+    n_tok: usize,
 }
 
-/// The four rows of one group against `TT` tokens, all of `nb` blocks.
+/// One repacked layout's products, split into what depends on the weights only
+/// (prepared once per group-block), what depends on the activation block only (once per
+/// block and token, shared by every group of the tile), and the four rows' exact sums.
+trait Tile {
+    type G: Pod;
+    type W: Copy;
+    type A: Copy;
+    unsafe fn weights(b: &Self::G) -> Self::W;
+    /// The four rows' f16 scales (adjacent in every layout).
+    fn scales(b: &Self::G) -> &[[u8; 2]; 4];
+    unsafe fn act(y: &BlockQ8_0) -> Self::A;
+    unsafe fn sums(w: &Self::W, a: &Self::A) -> int32x4_t;
+}
+
+/// `GG` groups (4 rows each) against `TT` tokens, all of `nb` blocks: per (group, token)
+/// one vector of four f32 accumulators, `acc = fma(d_w * d_a, sum, acc)` per block.
 ///
 /// # Safety
-/// NEON (and dotprod for [`Sdot`]); `nb` group-blocks are readable at `g` and `nb`
-/// blocks at every `a[t]`.
+/// NEON (and dotprod where `K` uses `sdot`); `nb` group-blocks are readable at every
+/// `g[i]` and `nb` blocks at every `a[t]`.
 #[inline(always)]
-unsafe fn tile<D: Dot, const TT: usize>(
-    g: *const BlockQ8_0x4,
+unsafe fn tile<K: Tile, const GG: usize, const TT: usize>(
+    g: [*const K::G; GG],
     a: [*const BlockQ8_0; TT],
     nb: usize,
-) -> [[f32; TT]; 4] {
-    let zero = vdupq_n_f32(0.0);
-    let mut acc = [[(zero, zero); TT]; 4];
+) -> [[[f32; TT]; 4]; GG] {
+    let mut acc = [[vdupq_n_f32(0.0); TT]; GG];
     let (mut g, mut a) = (g, a);
     for _ in 0..nb {
-        // SAFETY: the caller's `nb` group-blocks start at `g`; one per step.
-        let b = &*g;
-        g = g.add(1);
-        let p: [[int8x16_t; 2]; 4] = core::array::from_fn(|r| {
-            [
-                vreinterpretq_s8_u8(load16(&b.qs[r])),
-                vreinterpretq_s8_u8(load16(&b.qs[r][16..])),
-            ]
-        });
-        // The four rows' scales are adjacent: one load, one exact conversion.
-        let dw = h2f4(vld1_u16(b.d.as_ptr() as *const u16));
+        let mut w = [core::mem::MaybeUninit::<K::W>::uninit(); GG];
+        let mut dw = [vdupq_n_f32(0.0); GG];
+        for i in 0..GG {
+            // SAFETY: the caller's `nb` group-blocks start at g[i]; one per step.
+            let b = &*g[i];
+            g[i] = g[i].add(1);
+            w[i].write(K::weights(b));
+            // The four rows' scales are adjacent: one load, one exact conversion.
+            dw[i] = h2f4(vld1_u16(K::scales(b).as_ptr() as *const u16));
+        }
         for t in 0..TT {
             // SAFETY: as for `g`.
             let y = &*a[t];
             a[t] = a[t].add(1);
-            let a0 = vreinterpretq_s8_u8(load16(&y.qs));
-            let a1 = vreinterpretq_s8_u8(load16(&y.qs[16..]));
-            // d_w * d_a per row: exact in f32 (two f16 significands), as the reference.
-            let d = vmulq_n_f32(dw, h2f(y.d));
-            for r in 0..4 {
-                let g0 = vcvtq_f32_s32(D::groups(p[r][0], a0));
-                let g1 = vcvtq_f32_s32(D::groups(p[r][1], a1));
-                acc[r][t].0 = fma_lane(acc[r][t].0, g0, d, r);
-                acc[r][t].1 = fma_lane(acc[r][t].1, g1, d, r);
+            let ay = K::act(y);
+            let da = h2f(y.d);
+            for i in 0..GG {
+                // d_w * d_a per row: exact in f32 (two f16 significands), as the reference.
+                let d = vmulq_n_f32(dw[i], da);
+                let s = K::sums(w[i].assume_init_ref(), &ay);
+                acc[i][t] = vfmaq_f32(acc[i][t], vcvtq_f32_s32(s), d);
             }
         }
     }
-    let mut out = [[0.0f32; TT]; 4];
-    for r in 0..4 {
-        for t in 0..TT {
-            out[r][t] = hsum8(acc[r][t].0, acc[r][t].1);
-        }
-    }
-    out
+    core::array::from_fn(|i| core::array::from_fn(|r| core::array::from_fn(|t| lane(acc[i][t], r))))
 }
 
-/// Rows `rows` (inside whole groups present in `w`) of a Q8_0x4 tensor.
+/// The 32 activation quants of a block as two vectors.
 #[inline(always)]
-unsafe fn body<D: Dot>(
-    w: &[u8],
-    rb: usize,
-    rows: Range<usize>,
-    acts: &[u8],
-    n_tok: usize,
-    out: &mut [f32],
-) {
-    let nb = rb / BLOCK_BYTES;
-    let act = |t: usize| acts.as_ptr().add(t * rb) as *const BlockQ8_0;
-    let mut put = |r: usize, t: usize, v: f32| {
+unsafe fn act_q(y: &BlockQ8_0) -> [int8x16_t; 2] {
+    [
+        vreinterpretq_s8_u8(load16(&y.qs)),
+        vreinterpretq_s8_u8(load16(&y.qs[16..])),
+    ]
+}
+
+/// Q8_0x4: each row's 32 quants in two vectors, its sum by [`Dot::block`].
+struct RowsTile<D>(core::marker::PhantomData<D>);
+impl<D: Dot> Tile for RowsTile<D> {
+    type G = BlockQ8_0x4;
+    type W = [[int8x16_t; 2]; 4];
+    type A = [int8x16_t; 2];
+    #[inline(always)]
+    unsafe fn weights(b: &BlockQ8_0x4) -> Self::W {
+        core::array::from_fn(|r| {
+            [
+                vreinterpretq_s8_u8(load16(&b.qs[r])),
+                vreinterpretq_s8_u8(load16(&b.qs[r][16..])),
+            ]
+        })
+    }
+    #[inline(always)]
+    fn scales(b: &BlockQ8_0x4) -> &[[u8; 2]; 4] {
+        &b.d
+    }
+    #[inline(always)]
+    unsafe fn act(y: &BlockQ8_0) -> Self::A {
+        act_q(y)
+    }
+    #[inline(always)]
+    unsafe fn sums(w: &Self::W, a: &Self::A) -> int32x4_t {
+        rows4(core::array::from_fn(|r| D::block(w[r], *a)))
+    }
+}
+
+/// Q8_0x4s: eight `sdot` by element per group-block and token.
+struct LaneTile;
+impl Tile for LaneTile {
+    type G = BlockQ8_0x4s;
+    type W = [int8x16_t; 8];
+    type A = [int8x16_t; 2];
+    #[inline(always)]
+    unsafe fn weights(b: &BlockQ8_0x4s) -> Self::W {
+        core::array::from_fn(|k| vreinterpretq_s8_u8(load16(&b.qs[k])))
+    }
+    #[inline(always)]
+    fn scales(b: &BlockQ8_0x4s) -> &[[u8; 2]; 4] {
+        &b.d
+    }
+    #[inline(always)]
+    unsafe fn act(y: &BlockQ8_0) -> Self::A {
+        act_q(y)
+    }
+    #[inline(always)]
+    unsafe fn sums(q: &Self::W, a: &Self::A) -> int32x4_t {
+        sdot_chunks(vdupq_n_s32(0), q, a)
+    }
+}
+
+/// Q5_0x4s: the fifth bits merged into the nibbles with `sli`/`sri`, giving eight
+/// chunks of unsigned 5-bit values `w5 = weight + 16` (`lo[k]`: weights `4k..4k+4` of
+/// rows 0..4, `hi[k]`: `16 + 4k..`); the `- 16` is applied once per block and token as
+/// `-16 * sum(a)`.
+struct Q5Tile<D>(core::marker::PhantomData<D>);
+
+/// The eight 5-bit chunks of a Q5_0x4s group-block.
+#[inline(always)]
+unsafe fn q5_chunks(b: &BlockQ5_0x4s) -> [int8x16_t; 8] {
+    let q: [uint8x16_t; 4] = core::array::from_fn(|k| load16(&b.qs[k]));
+    let h = load16(&b.qh);
+    // Chunk k's fifth bits are bit k (low nibbles) and bit 4 + k (high nibbles).
+    let hk = [
+        h,
+        vshrq_n_u8::<1>(h),
+        vshrq_n_u8::<2>(h),
+        vshrq_n_u8::<3>(h),
+    ];
+    let (one, b4) = (vdupq_n_u8(1), vdupq_n_u8(0x10));
+    core::array::from_fn(|c| {
+        let k = c % 4;
+        vreinterpretq_s8_u8(if c < 4 {
+            // (bit << 4) | (q & 0xf)
+            vsliq_n_u8::<4>(q[k], vandq_u8(hk[k], one))
+        } else {
+            // (bit << 4) | (q >> 4)
+            vsriq_n_u8::<4>(vandq_u8(hk[k], b4), q[k])
+        })
+    })
+}
+
+/// `-16 * sum(a)` over an activation block, in every lane.
+#[inline(always)]
+unsafe fn minus16_sum(a: [int8x16_t; 2]) -> int32x4_t {
+    let sum = vaddlvq_s8(a[0]) as i32 + vaddlvq_s8(a[1]) as i32;
+    vdupq_n_s32(-16 * sum)
+}
+
+impl Tile for Q5Tile<Sdot> {
+    type G = BlockQ5_0x4s;
+    type W = [int8x16_t; 8];
+    type A = ([int8x16_t; 2], int32x4_t);
+    #[inline(always)]
+    unsafe fn weights(b: &BlockQ5_0x4s) -> Self::W {
+        q5_chunks(b)
+    }
+    #[inline(always)]
+    fn scales(b: &BlockQ5_0x4s) -> &[[u8; 2]; 4] {
+        &b.d
+    }
+    #[inline(always)]
+    unsafe fn act(y: &BlockQ8_0) -> Self::A {
+        let a = act_q(y);
+        (a, minus16_sum(a))
+    }
+    #[inline(always)]
+    unsafe fn sums(q: &Self::W, (a, s): &Self::A) -> int32x4_t {
+        // Starting from -16 * sum(a) subtracts the offset of all 32 weights.
+        sdot_chunks(*s, q, a)
+    }
+}
+
+impl Tile for Q5Tile<Mull> {
+    type G = BlockQ5_0x4s;
+    type W = [int8x16_t; 8];
+    /// The activation words broadcast (chunk `c` pairs with word `c % 4` of half
+    /// `c / 4`), and `-16 * sum(a)`.
+    type A = ([int8x16_t; 8], int32x4_t);
+    #[inline(always)]
+    unsafe fn weights(b: &BlockQ5_0x4s) -> Self::W {
+        q5_chunks(b)
+    }
+    #[inline(always)]
+    fn scales(b: &BlockQ5_0x4s) -> &[[u8; 2]; 4] {
+        &b.d
+    }
+    #[inline(always)]
+    unsafe fn act(y: &BlockQ8_0) -> Self::A {
+        let a = act_q(y);
+        let w = [vreinterpretq_s32_s8(a[0]), vreinterpretq_s32_s8(a[1])];
+        let b = [
+            vdupq_laneq_s32::<0>(w[0]),
+            vdupq_laneq_s32::<1>(w[0]),
+            vdupq_laneq_s32::<2>(w[0]),
+            vdupq_laneq_s32::<3>(w[0]),
+            vdupq_laneq_s32::<0>(w[1]),
+            vdupq_laneq_s32::<1>(w[1]),
+            vdupq_laneq_s32::<2>(w[1]),
+            vdupq_laneq_s32::<3>(w[1]),
+        ];
+        (b.map(|v| vreinterpretq_s8_s32(v)), minus16_sum(a))
+    }
+    /// Products in i16: each i16 lane adds eight products `w5 * a`, |sum| <= 8 * 31 *
+    /// 128 < 2^15, exact for any activation.
+    #[inline(always)]
+    unsafe fn sums(w: &Self::W, (b, s): &Self::A) -> int32x4_t {
+        // Rows 0, 1 in `p01`, rows 2, 3 in `p23`.
+        let mut p01 = vmull_s8(vget_low_s8(w[0]), vget_low_s8(b[0]));
+        let mut p23 = vmull_high_s8(w[0], b[0]);
+        for c in 1..8 {
+            p01 = vmlal_s8(p01, vget_low_s8(w[c]), vget_low_s8(b[c]));
+            p23 = vmlal_high_s8(p23, w[c], b[c]);
+        }
+        vaddq_s32(vpaddq_s32(vpaddlq_s16(p01), vpaddlq_s16(p23)), *s)
+    }
+}
+
+/// Rows `job.rows` (inside whole groups present in `w`) of a repacked tensor: pairs of
+/// groups (the activation work shared by eight rows) x tiles of tokens.
+#[inline(always)]
+unsafe fn body<K: Tile>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) {
+    let (rb, n_tok) = (job.rb, job.n_tok);
+    let nb = 4 * rb / core::mem::size_of::<K::G>();
+    let act = |t: usize| acts.as_ptr().add(t * job.arb) as *const BlockQ8_0;
+    let rows = &job.rows;
+    let mut put = |g: usize, r: usize, t: usize, v: f32| {
+        let r = 4 * g + r;
         if rows.contains(&r) {
             out[(r - rows.start) * n_tok + t] = v;
         }
     };
-    for g in rows.start / 4..rows.end.div_ceil(4) {
-        let gw = cast::<BlockQ8_0x4>(&w[g * 4 * rb..(g + 1) * 4 * rb]).unwrap_or(&[]);
-        if gw.len() != nb {
-            return;
-        }
-        let gp = gw.as_ptr();
-        let mut t = 0;
-        while t + T <= n_tok {
-            let res = tile::<D, T>(gp, core::array::from_fn(|j| act(t + j)), nb);
-            for (r, rr) in res.iter().enumerate() {
-                for (j, v) in rr.iter().enumerate() {
-                    put(4 * g + r, t + j, *v);
+    let group = |g: usize| -> Option<*const K::G> {
+        let gw = cast::<K::G>(w.get(g * 4 * rb..(g + 1) * 4 * rb)?)?;
+        (gw.len() == nb).then_some(gw.as_ptr())
+    };
+    macro_rules! run {
+        ($g:expr, $gg:literal, $ptrs:expr) => {{
+            let mut t = 0;
+            while t + T <= n_tok {
+                let res = tile::<K, $gg, T>($ptrs, core::array::from_fn(|j| act(t + j)), nb);
+                for (i, gr) in res.iter().enumerate() {
+                    for (r, rr) in gr.iter().enumerate() {
+                        for (j, v) in rr.iter().enumerate() {
+                            put($g + i, r, t + j, *v);
+                        }
+                    }
                 }
+                t += T;
             }
-            t += T;
-        }
-        while t < n_tok {
-            let res = tile::<D, 1>(gp, [act(t)], nb);
-            for (r, rr) in res.iter().enumerate() {
-                put(4 * g + r, t, rr[0]);
+            while t < n_tok {
+                let res = tile::<K, $gg, 1>($ptrs, [act(t)], nb);
+                for (i, gr) in res.iter().enumerate() {
+                    for (r, rr) in gr.iter().enumerate() {
+                        put($g + i, r, t, rr[0]);
+                    }
+                }
+                t += 1;
             }
-            t += 1;
-        }
+        }};
+    }
+    let (mut g, end) = (rows.start / 4, rows.end.div_ceil(4));
+    while g + 2 <= end {
+        let (Some(p0), Some(p1)) = (group(g), group(g + 1)) else {
+            return;
+        };
+        run!(g, 2, [p0, p1]);
+        g += 2;
+    }
+    if g < end {
+        let Some(p0) = group(g) else {
+            return;
+        };
+        run!(g, 1, [p0]);
     }
 }
 
@@ -226,26 +428,12 @@ mod jobs {
     use super::*;
 
     #[target_feature(enable = "neon")]
-    pub(super) unsafe fn base(
-        w: &[u8],
-        rb: usize,
-        rows: Range<usize>,
-        acts: &[u8],
-        n_tok: usize,
-        out: &mut [f32],
-    ) {
-        body::<Mull>(w, rb, rows, acts, n_tok, out)
+    pub(super) unsafe fn base<K: Tile>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) {
+        body::<K>(job, w, acts, out)
     }
 
     #[target_feature(enable = "neon,dotprod")]
-    pub(super) unsafe fn dot(
-        w: &[u8],
-        rb: usize,
-        rows: Range<usize>,
-        acts: &[u8],
-        n_tok: usize,
-        out: &mut [f32],
-    ) {
-        body::<Sdot>(w, rb, rows, acts, n_tok, out)
+    pub(super) unsafe fn dot<K: Tile>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) {
+        body::<K>(job, w, acts, out)
     }
 }

@@ -2,18 +2,19 @@
 //! K-quants, in two flavours picked once per call: baseline NEON (Cortex-A53, Apple A7)
 //! and NEON + dotprod (`sdot`, Cortex-A55 and later).
 //!
-//! The arithmetic is the one-row kernels' ([`super::neon_legacy`], [`super::neon_kquant`],
-//! hence llama.cpp's x86 lanes): every (row, token) pair keeps its own eight f32 lanes,
-//! fed block by block with the same fused steps. What changes is the loop: the ISA is
+//! The arithmetic is the one-row kernels' ([`super::neon_legacy`], [`super::neon_kquant`]):
+//! Q8_0/Q5_0 in [`crate::quant::q8_0::Order::BlockSum`] (per (row, token) one f32
+//! accumulator fed once per block; four rows share one vector), the K-quants in
+//! llama.cpp's x86 lanes. What changes is the loop: the ISA is
 //! chosen once per call, and tiles of weight rows x tokens share their loads, so an
 //! unpacked weight block is used for several tokens and an activation block for several
 //! rows. On in-order cores (A53/A55), where instruction count is the cost, that removes
 //! the per-row dispatch, re-unpacking and most scale conversions.
 //!
 //! Integer sums. `sdot` is exact for any bytes. The baseline path forms the products of
-//! 16 byte pairs with `smull`/`smull2` and adds neighbouring products in i16 (`addp`)
-//! before widening (`saddlp`): one instruction fewer per 16 bytes than widening first.
-//! The i16 pair sum is exact whenever the activation is not -128 (|w * a| <= 128 * 127),
+//! 8 byte pairs with `smull` and adds the next 8 with `smlal2` in i16 before widening
+//! (`saddlp`/`sadalp`). The i16 pair sum is exact whenever the activation is not -128
+//! (|w * a| <= 128 * 127),
 //! which `quantize_row_x86` guarantees except for a degenerate block whose scale is 0 (its
 //! lanes are then multiplied by 0). K-quant quants are below 64, so their pair sums are
 //! exact for any activation.
@@ -85,40 +86,61 @@ pub fn matmul(
     }
 }
 
-/// Four int32 sums of 16 byte products, lane `l` over bytes `4l..4l+4`.
-trait Dot {
+/// A block's exact integer dot product, spread over four int32 lanes (any split: only
+/// their total is used).
+/// And for the K-quants, four int32 sums of 16 byte products, lane `l` over bytes
+/// `4l..4l+4`.
+pub(super) trait Dot {
+    unsafe fn block(w: [int8x16_t; 2], a: [int8x16_t; 2]) -> int32x4_t;
     unsafe fn groups(w: int8x16_t, a: int8x16_t) -> int32x4_t;
 }
 
-/// Baseline NEON (see the module doc for when the i16 step is exact).
-struct Mull;
+/// Baseline NEON: `smull` then `smlal2` adds products `j` and `j + 8` in i16 (exact:
+/// |w * a| <= 128 * 127 when the activation is not -128, see the module doc), widened
+/// with `saddlp`/`sadalp`: six instructions per 32 bytes.
+pub(super) struct Mull;
 impl Dot for Mull {
     #[inline(always)]
+    unsafe fn block(w: [int8x16_t; 2], a: [int8x16_t; 2]) -> int32x4_t {
+        let p0 = vmlal_high_s8(vmull_s8(vget_low_s8(w[0]), vget_low_s8(a[0])), w[0], a[0]);
+        let p1 = vmlal_high_s8(vmull_s8(vget_low_s8(w[1]), vget_low_s8(a[1])), w[1], a[1]);
+        vpadalq_s16(vpaddlq_s16(p0), p1)
+    }
+    #[inline(always)]
     unsafe fn groups(w: int8x16_t, a: int8x16_t) -> int32x4_t {
+        // Neighbouring products added in i16 (`addp`) before widening (`saddlp`).
         let lo = vmull_s8(vget_low_s8(w), vget_low_s8(a));
         let hi = vmull_high_s8(w, a);
         vpaddlq_s16(vpaddq_s16(lo, hi))
     }
 }
 
-/// ARMv8.2 dotprod.
-struct Sdot;
+/// ARMv8.2 dotprod: two `sdot`.
+pub(super) struct Sdot;
 impl Dot for Sdot {
+    #[inline(always)]
+    unsafe fn block(w: [int8x16_t; 2], a: [int8x16_t; 2]) -> int32x4_t {
+        sdot(sdot(vdupq_n_s32(0), w[0], a[0]), w[1], a[1])
+    }
     #[inline(always)]
     unsafe fn groups(w: int8x16_t, a: int8x16_t) -> int32x4_t {
         sdot(vdupq_n_s32(0), w, a)
     }
 }
 
-/// `acc + g * v[lane]` (fused) for a lane known after unrolling.
+/// Eight f32 lanes (lanes 0..4, 4..8) reduced by the x86 tree of
+/// [`crate::quant::q8_0::hsum8`]: `v = lo + hi`, then `(v0 + v2) + (v1 + v3)`.
 #[inline(always)]
-unsafe fn fma_lane(acc: float32x4_t, g: float32x4_t, v: float32x4_t, lane: usize) -> float32x4_t {
-    match lane {
-        0 => vfmaq_laneq_f32::<0>(acc, g, v),
-        1 => vfmaq_laneq_f32::<1>(acc, g, v),
-        2 => vfmaq_laneq_f32::<2>(acc, g, v),
-        _ => vfmaq_laneq_f32::<3>(acc, g, v),
-    }
+unsafe fn hsum8(lo: float32x4_t, hi: float32x4_t) -> f32 {
+    let v = vaddq_f32(lo, hi);
+    (vgetq_lane_f32::<0>(v) + vgetq_lane_f32::<2>(v))
+        + (vgetq_lane_f32::<1>(v) + vgetq_lane_f32::<3>(v))
+}
+
+/// The totals of four rows' block sums, row `r` in lane `r` (three `addp`).
+#[inline(always)]
+pub(super) unsafe fn rows4(s: [int32x4_t; 4]) -> int32x4_t {
+    vpaddq_s32(vpaddq_s32(s[0], s[1]), vpaddq_s32(s[2], s[3]))
 }
 
 /// `acc + p * v[lane]` (wrapping int32) for a lane known after unrolling.
@@ -143,16 +165,7 @@ unsafe fn set_u16(v: uint16x4_t, x: u16, lane: usize) -> uint16x4_t {
     }
 }
 
-/// Eight f32 lanes (lanes 0..4, 4..8) reduced by the x86 tree of
-/// [`crate::quant::q8_0::hsum8`]: `v = lo + hi`, then `(v0 + v2) + (v1 + v3)`.
-#[inline(always)]
-unsafe fn hsum8(lo: float32x4_t, hi: float32x4_t) -> f32 {
-    let v = vaddq_f32(lo, hi);
-    (vgetq_lane_f32::<0>(v) + vgetq_lane_f32::<2>(v))
-        + (vgetq_lane_f32::<1>(v) + vgetq_lane_f32::<3>(v))
-}
-
-/// A block-32 weight format dotted with Q8_0 in llama.cpp's x86 eight-lane arithmetic.
+/// A block-32 weight format dotted with Q8_0 in [`crate::quant::q8_0::Order::BlockSum`].
 trait Lanes8: Pod {
     fn d(&self) -> [u8; 2];
     /// The 32 quants as exact signed bytes, weights 0..16 and 16..32.
@@ -197,7 +210,9 @@ impl Lanes8 for BlockQ5_0 {
     }
 }
 
-/// `RR` weight rows against `TT` activation rows, all of `nb` blocks.
+/// `RR` (at most 4) weight rows against `TT` activation rows, all of `nb` blocks: per
+/// token one f32 accumulator per row (row `r` in lane `r`), fed once per block with the
+/// block's exact sum: `acc = fma(d_w * d_a, sum, acc)`.
 ///
 /// # Safety
 /// NEON (and dotprod for [`Sdot`]); `nb` blocks are readable from every pointer in `w`
@@ -209,8 +224,7 @@ unsafe fn lanes_tile<B: Lanes8, D: Dot, const RR: usize, const TT: usize>(
     a: [*const BlockQ8_0; TT],
     nb: usize,
 ) -> [[f32; TT]; RR] {
-    let zero = vdupq_n_f32(0.0);
-    let mut acc = [[(zero, zero); TT]; RR];
+    let mut acc = [vdupq_n_f32(0.0); TT];
     let (mut w, mut a) = (w, a);
     for _ in 0..nb {
         let mut p = [[vdupq_n_s8(0); 2]; RR];
@@ -228,25 +242,37 @@ unsafe fn lanes_tile<B: Lanes8, D: Dot, const RR: usize, const TT: usize>(
             // SAFETY: as for `w`.
             let y = &*a[t];
             a[t] = a[t].add(1);
-            let a0 = vreinterpretq_s8_u8(load16(&y.qs));
-            let a1 = vreinterpretq_s8_u8(load16(&y.qs[16..]));
+            let ay = [
+                vreinterpretq_s8_u8(load16(&y.qs)),
+                vreinterpretq_s8_u8(load16(&y.qs[16..])),
+            ];
             // d_w * d_a per row: exact in f32 (two f16 significands), as the reference.
             let d = vmulq_n_f32(dw, h2f(y.d));
+            let mut s = [vdupq_n_s32(0); 4];
             for r in 0..RR {
-                let g0 = vcvtq_f32_s32(D::groups(p[r][0], a0));
-                let g1 = vcvtq_f32_s32(D::groups(p[r][1], a1));
-                acc[r][t].0 = fma_lane(acc[r][t].0, g0, d, r);
-                acc[r][t].1 = fma_lane(acc[r][t].1, g1, d, r);
+                s[r] = D::block(p[r], ay);
             }
+            acc[t] = vfmaq_f32(acc[t], vcvtq_f32_s32(rows4(s)), d);
         }
     }
     let mut out = [[0.0f32; TT]; RR];
-    for r in 0..RR {
-        for t in 0..TT {
-            out[r][t] = hsum8(acc[r][t].0, acc[r][t].1);
+    for (r, o) in out.iter_mut().enumerate() {
+        for (t, v) in o.iter_mut().enumerate() {
+            *v = lane(acc[t], r);
         }
     }
     out
+}
+
+/// Lane `r` of `v` for a lane known after unrolling.
+#[inline(always)]
+pub(super) unsafe fn lane(v: float32x4_t, r: usize) -> f32 {
+    match r {
+        0 => vgetq_lane_f32::<0>(v),
+        1 => vgetq_lane_f32::<1>(v),
+        2 => vgetq_lane_f32::<2>(v),
+        _ => vgetq_lane_f32::<3>(v),
+    }
 }
 
 /// The tiled loop over a [`Job`] for one [`Lanes8`] format.

@@ -1,6 +1,6 @@
 //! Q5_0: blocks of 32 weights, 5-bit quants (4 low bits in nibbles, the 5th bit packed
 //! in a 32-bit mask) with an f16 scale and an implicit offset of 16. Dotted with Q8_0.
-use super::q8_0::{act_blocks, lane_sums, lanes8_dot};
+use super::q8_0::{act_blocks, dot_in, Order};
 use crate::blocks::cast;
 use crate::f16::read_f16;
 
@@ -60,11 +60,17 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 /// arithmetic ([`super::q8_0::lanes8_dot`]: tinyBLAS for prompts, the AVX2
 /// `ggml_vec_dot_q5_0_q8_0` for one token, same bits).
 pub fn vec_dot(w: &[u8], act: &[u8]) -> f32 {
+    vec_dot_in(Order::Lanes8, w, act)
+}
+
+/// [`vec_dot`] in either [`Order`] (NEON: [`Order::BlockSum`]).
+pub fn vec_dot_in(order: Order, w: &[u8], act: &[u8]) -> f32 {
     let w = cast::<BlockQ5_0>(w).unwrap_or(&[]);
     let a = act_blocks(act);
-    lanes8_dot(
+    dot_in(
+        order,
         w.iter()
             .zip(a)
-            .map(|(x, y)| (read_f16(x.d) * y.scale(), lane_sums(&x.quants(), y))),
+            .map(|(x, y)| (read_f16(x.d) * y.scale(), x.quants(), y)),
     )
 }

@@ -8,10 +8,13 @@
 //! reference `quantize_row_q8_0_ref` (what llama.cpp's ARM build effectively uses), kept
 //! for comparison and tests.
 //!
-//! Dot products with Q8_0 and Q5_0 weights follow llama.cpp's x86 float arithmetic
-//! ([`lanes8_dot`]): eight f32 lanes of four consecutive weights, fused multiply-add per
-//! block, one fixed reduction tree. The NEON and AVX2 kernels compute the same lanes and
-//! are bit-identical to the scalar code here.
+//! Dot products with Q8_0 and Q5_0 weights come in two float arithmetics ([`Order`]),
+//! both with exact integer sums inside a block: llama.cpp's x86 one ([`lanes8_dot`]:
+//! eight f32 lanes of four consecutive weights, fused multiply-add per block, one fixed
+//! reduction tree), which the scalar path and AVX2/AVX-512 use, and one f32 accumulator
+//! per row fed once per block ([`block_sum_dot`]), which NEON uses because it needs half
+//! the conversions and fused steps on cores where every instruction counts. Each SIMD
+//! kernel is bit-identical to the scalar code of its order.
 use crate::blocks::{cast, cast_mut};
 use crate::f16::{f32_to_f16, read_f16};
 
@@ -161,6 +164,50 @@ pub fn lanes8_dot(blocks: impl Iterator<Item = (f32, [i32; 8])>) -> f32 {
     hsum8(acc)
 }
 
+/// The float arithmetic of a Q8_0/Q5_0 dot product (the integer sums inside a block are
+/// exact in both).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// llama.cpp's x86 lanes ([`lanes8_dot`]): the scalar reference, AVX2, AVX-512.
+    Lanes8,
+    /// One exact sum per block, `acc = fma(d_w * d_a, sum, acc)` block after block
+    /// ([`block_sum_dot`]): the NEON kernels.
+    BlockSum,
+}
+
+impl Order {
+    /// The order the fastest kernels for `feat` compute (NEON: [`Order::BlockSum`]).
+    pub fn of(feat: &crate::CpuFeatures) -> Order {
+        if feat.neon {
+            Order::BlockSum
+        } else {
+            Order::Lanes8
+        }
+    }
+}
+
+/// One f32 accumulator fed once per block: `acc = fma(d_w * d_a, sum, acc)`, where `sum`
+/// is the block's exact integer dot product (|sum| <= 32 * 128 * 128 < 2^24, so its
+/// conversion is exact too). Blocks in row order; no reduction at the end.
+#[inline]
+pub fn block_sum_dot(blocks: impl Iterator<Item = (f32, i32)>) -> f32 {
+    blocks.fold(0.0f32, |acc, (d, s)| libm::fmaf(d, s as f32, acc))
+}
+
+/// A dot product in `order` from per-block `(d_w * d_a, weight quants, activation block)`.
+#[inline]
+pub fn dot_in<'a>(
+    order: Order,
+    blocks: impl Iterator<Item = (f32, [i32; QK], &'a BlockQ8_0)>,
+) -> f32 {
+    match order {
+        Order::Lanes8 => lanes8_dot(blocks.map(|(d, q, y)| (d, lane_sums(&q, y)))),
+        Order::BlockSum => {
+            block_sum_dot(blocks.map(|(d, q, y)| (d, lane_sums(&q, y).iter().sum())))
+        }
+    }
+}
+
 /// Lane sums of a block's products with a Q8_0 activation block: lane `l` is the exact
 /// integer `sum(w[j] * a[j])` over `j` in `4l..4l+4` (what `maddubs`/`vpdpbusd` + `madd`
 /// and `sdot` produce).
@@ -177,12 +224,20 @@ pub fn lane_sums(w: &[i32; QK], a: &BlockQ8_0) -> [i32; 8] {
 /// with llama.cpp's x86 arithmetic ([`lanes8_dot`]): the AVX2 `ggml_vec_dot_q8_0_q8_0`
 /// for one token and llamafile's `tinyBLAS_Q0_AVX` for a prompt give the same bits.
 pub fn vec_dot(w: &[u8], act: &[u8]) -> f32 {
+    vec_dot_in(Order::Lanes8, w, act)
+}
+
+/// [`vec_dot`] in either [`Order`].
+pub fn vec_dot_in(order: Order, w: &[u8], act: &[u8]) -> f32 {
     let w = cast::<BlockQ8_0>(w).unwrap_or(&[]);
     let a = act_blocks(act);
-    lanes8_dot(w.iter().zip(a).map(|(x, y)| {
-        let q: [i32; QK] = core::array::from_fn(|j| x.q(j));
-        (x.scale() * y.scale(), lane_sums(&q, y))
-    }))
+    dot_in(
+        order,
+        w.iter().zip(a).map(|(x, y)| {
+            let q: [i32; QK] = core::array::from_fn(|j| x.q(j));
+            (x.scale() * y.scale(), q, y)
+        }),
+    )
 }
 
 #[cfg(test)]
