@@ -17,8 +17,79 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
         // ggml: `sum += (ggml_float)(x * x)`: the square is rounded to f32 first.
         sum += (*v * *v) as f64;
     }
-    let mean = (sum / x.len() as f64) as f32;
-    let scale = 1.0 / libm::sqrtf(mean + eps);
+    norm_row(x, w, rms_scale(sum, x.len(), eps), out);
+}
+
+/// In-place RMSNorm with gain.
+pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
+    let mut sum = 0.0f64;
+    for v in x.iter() {
+        sum += (*v * *v) as f64;
+    }
+    norm_row_inplace(x, w, rms_scale(sum, x.len(), eps));
+}
+
+/// [`rms_norm`] of every `row_len`-long row of `x` into `out`, bit for bit. Rows are
+/// taken four at a time so that their f64 sums (each one sequential chain, as ggml's)
+/// run side by side instead of waiting on one another's additions.
+pub fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], row_len: usize) {
+    let n = row_len.max(1);
+    let mut outs = out.chunks_exact_mut(n);
+    for g in x.chunks_exact(4 * n) {
+        let rows: [&[f32]; 4] = core::array::from_fn(|r| &g[r * n..(r + 1) * n]);
+        let sums = sum_squares4(rows);
+        for (row, sum) in rows.into_iter().zip(sums) {
+            let Some(o) = outs.next() else {
+                return;
+            };
+            norm_row(row, w, rms_scale(sum, n, eps), o);
+        }
+    }
+    for (row, o) in x.chunks_exact(4 * n).remainder().chunks_exact(n).zip(outs) {
+        rms_norm(row, w, eps, o);
+    }
+}
+
+/// [`rms_norm_inplace`] of every `row_len`-long row of `x`, four rows side by side as
+/// in [`rms_norm_rows`]; bit for bit.
+pub fn rms_norm_rows_inplace(x: &mut [f32], w: &[f32], eps: f32, row_len: usize) {
+    let n = row_len.max(1);
+    let mut groups = x.chunks_exact_mut(4 * n);
+    for g in &mut groups {
+        let (a, rest) = g.split_at_mut(n);
+        let (b, rest) = rest.split_at_mut(n);
+        let (c, d) = rest.split_at_mut(n);
+        let sums = sum_squares4([a, b, c, d]);
+        for (r, row) in [a, b, c, d].into_iter().enumerate() {
+            norm_row_inplace(row, w, rms_scale(sums[r], n, eps));
+        }
+    }
+    for row in groups.into_remainder().chunks_exact_mut(n) {
+        rms_norm_inplace(row, w, eps);
+    }
+}
+
+/// Four rows' `sum((x * x) as f64)`, each in row order.
+#[inline]
+fn sum_squares4(rows: [&[f32]; 4]) -> [f64; 4] {
+    let mut s = [0.0f64; 4];
+    for (((a, b), c), d) in rows[0].iter().zip(rows[1]).zip(rows[2]).zip(rows[3]) {
+        s[0] += (a * a) as f64;
+        s[1] += (b * b) as f64;
+        s[2] += (c * c) as f64;
+        s[3] += (d * d) as f64;
+    }
+    s
+}
+
+#[inline]
+fn rms_scale(sum: f64, n: usize, eps: f32) -> f32 {
+    let mean = (sum / n as f64) as f32;
+    1.0 / libm::sqrtf(mean + eps)
+}
+
+#[inline]
+fn norm_row(x: &[f32], w: &[f32], scale: f32, out: &mut [f32]) {
     if w.is_empty() {
         for (o, v) in out.iter_mut().zip(x) {
             *o = v * scale;
@@ -30,14 +101,8 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-/// In-place RMSNorm with gain.
-pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
-    let mut sum = 0.0f64;
-    for v in x.iter() {
-        sum += (*v * *v) as f64;
-    }
-    let mean = (sum / x.len() as f64) as f32;
-    let scale = 1.0 / libm::sqrtf(mean + eps);
+#[inline]
+fn norm_row_inplace(x: &mut [f32], w: &[f32], scale: f32) {
     if w.is_empty() {
         for v in x.iter_mut() {
             *v *= scale;
@@ -211,27 +276,39 @@ pub fn gelu_f16_table(x: f32) -> f32 {
     }
 }
 
-/// Fill `table[h] = f16(gelu(f16_to_f32(h)))` for every half-precision bit pattern:
-/// ggml's `ggml_table_gelu_f16`, so [`geglu_with_table`] costs a load per element.
-pub fn gelu_table_fill(table: &mut [u16]) {
-    for (h, t) in table.iter_mut().enumerate().take(1 << 16) {
-        *t = f32_to_f16(gelu_exact(f16_to_f32(h as u16)));
+/// Entries of the table [`gelu_table_fill`] makes: one per half-precision bit pattern.
+pub const GELU_TABLE_LEN: usize = 1 << 16;
+
+/// Fill `table[h] = f16(gelu(f16_to_f32(h)))` (kept as f32, so a SIMD gather reads it
+/// directly) for every half-precision bit pattern: ggml's `ggml_table_gelu_f16`, so
+/// [`geglu_with_table`] costs a load per element.
+pub fn gelu_table_fill(table: &mut [f32]) {
+    for (h, t) in table.iter_mut().enumerate().take(GELU_TABLE_LEN) {
+        *t = f16_to_f32(f32_to_f16(gelu_exact(f16_to_f32(h as u16))));
     }
 }
 
-/// [`geglu`] through a table made by [`gelu_table_fill`] (65,536 entries); same bits.
-pub fn geglu_with_table(gate: &mut [f32], up: &[f32], table: &[u16]) {
-    if table.len() < 1 << 16 {
+/// [`geglu`] through a table made by [`gelu_table_fill`] ([`GELU_TABLE_LEN`] entries);
+/// same bits. AVX2 converts and gathers eight at a time.
+pub fn geglu_with_table(feat: &crate::CpuFeatures, gate: &mut [f32], up: &[f32], table: &[f32]) {
+    if table.len() < GELU_TABLE_LEN {
         return geglu(gate, up);
     }
-    for (g, u) in gate.iter_mut().zip(up) {
+    #[cfg(target_arch = "x86_64")]
+    let done = crate::arch::x86_act::geglu_table(feat, gate, up, table);
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = {
+        let _ = feat;
+        0
+    };
+    for (g, u) in gate[done..].iter_mut().zip(&up[done..]) {
         let x = *g;
         *g = if x <= -10.0 {
             0.0
         } else if x >= 10.0 {
             x * u
         } else {
-            f16_to_f32(table[f32_to_f16(x) as usize]) * u
+            table[f32_to_f16(x) as usize] * u
         };
     }
 }
@@ -335,14 +412,49 @@ mod tests {
     #[test]
     fn table_geglu_equals_computed_geglu() {
         extern crate std;
-        let mut table = std::vec![0u16; 1 << 16];
+        let mut table = std::vec![0f32; GELU_TABLE_LEN];
         gelu_table_fill(&mut table);
         let x: std::vec::Vec<f32> = (-1200..1200).map(|i| i as f32 * 0.01).collect();
         let up: std::vec::Vec<f32> = x.iter().map(|v| 1.0 - v * 0.3).collect();
         let (mut a, mut b) = (x.clone(), x.clone());
         geglu(&mut a, &up);
-        geglu_with_table(&mut b, &up, &table);
+        geglu_with_table(&crate::CpuFeatures::SCALAR, &mut b, &up, &table);
         assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()));
+    }
+
+    #[test]
+    fn norm_rows_equal_row_by_row_bits() {
+        extern crate std;
+        use std::vec::Vec;
+        let mut rng = crate::testutil::Rng(11);
+        for rows in [1usize, 3, 4, 5, 9] {
+            for n in [1usize, 7, 64] {
+                let mut x = std::vec![0f32; rows * n];
+                rng.fill_f32(&mut x, 4.0);
+                // Magnitudes far apart inside a row, where the f64 sum rounds.
+                x[0] *= 1e12;
+                let mut w = std::vec![0f32; n];
+                rng.fill_f32(&mut w, 1.0);
+                for w in [&w[..], &[][..]] {
+                    let want: Vec<f32> = x
+                        .chunks(n)
+                        .flat_map(|r| {
+                            let mut o = std::vec![0f32; n];
+                            rms_norm(r, w, 1e-6, &mut o);
+                            o
+                        })
+                        .collect();
+                    let mut got = std::vec![f32::NAN; rows * n];
+                    rms_norm_rows(&x, w, 1e-6, &mut got, n);
+                    let mut inplace = x.clone();
+                    rms_norm_rows_inplace(&mut inplace, w, 1e-6, n);
+                    for ((a, b), c) in want.iter().zip(&got).zip(&inplace) {
+                        assert_eq!(a.to_bits(), b.to_bits(), "rows {rows} n {n}");
+                        assert_eq!(a.to_bits(), c.to_bits(), "rows {rows} n {n}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -19,6 +19,8 @@ pub mod neon_repack;
 #[cfg(target_arch = "aarch64")]
 pub mod neon_rows;
 #[cfg(target_arch = "x86_64")]
+pub mod x86_act;
+#[cfg(target_arch = "x86_64")]
 pub mod x86_attn;
 #[cfg(target_arch = "x86_64")]
 mod x86_gemm;

@@ -11,7 +11,7 @@ use core::ops::Range;
 
 use pinch_kernels::attn;
 use pinch_kernels::matvec::{dequantize_row, quantize_activation, KernelError};
-use pinch_kernels::ops::{self, rms_norm, rms_norm_inplace, rope_angles, rope_apply};
+use pinch_kernels::ops::{self, rms_norm, rope_angles, rope_apply};
 use pinch_kernels::repack::matmul_rows as repack_rows;
 use pinch_kernels::{ActFormat, CpuFeatures};
 
@@ -169,7 +169,7 @@ struct Scratch<'a> {
     /// Pruned-head logits before they are spread over the vocabulary (empty: full head).
     head_logits: &'a mut [f32],
     /// ggml's f16 GELU table (GELU models only; empty otherwise).
-    gelu: &'a mut [u16],
+    gelu: &'a mut [f32],
     /// Rope (sin, cos) pairs per batch token: global base, then sliding-window base.
     rope: &'a mut [f32],
 }
@@ -186,7 +186,7 @@ impl<'w, 'a> Session<'w, 'a> {
             + cfg.n_vocab * g
             + nb * 2 * cfg.n_rot;
         let kv = KvCache::bytes_needed(o.kv, cfg.n_layer, o.n_ctx, cfg.kv_dim());
-        floats * 4 + nb.max(g) * maxd * 4 + kv + 64 * 20 + (1 << 17)
+        floats * 4 + nb.max(g) * maxd * 4 + kv + 64 * 20 + 4 * ops::GELU_TABLE_LEN
     }
 
     pub fn new(
@@ -234,7 +234,7 @@ impl<'w, 'a> Session<'w, 'a> {
             gelu: arena.slice(
                 "activations",
                 if cfg.ffn_act == FfnAct::GeluTanh {
-                    1 << 16
+                    ops::GELU_TABLE_LEN
                 } else {
                     0
                 },
@@ -529,14 +529,13 @@ impl<'w, 'a> Session<'w, 'a> {
                 None => *stored,
             };
             // Attention block.
-            for t in 0..n {
-                rms_norm(
-                    &s.x[t * e..(t + 1) * e],
-                    lw.attn_norm,
-                    c.rms_eps,
-                    &mut s.xn[t * e..(t + 1) * e],
-                );
-            }
+            ops::rms_norm_rows(
+                &s.x[..n * e],
+                lw.attn_norm,
+                c.rms_eps,
+                &mut s.xn[..n * e],
+                e,
+            );
             lap(Op::NormsAndAdds, prof);
             let xn = &s.xn[..n * e];
             mm.linear_many(
@@ -560,23 +559,24 @@ impl<'w, 'a> Session<'w, 'a> {
             let swa = c.is_swa(il);
             let q_scale = 1.0 / libm::sqrtf(hd as f32);
             let nr = c.n_rot;
+            // Per-head norms of all tokens first (side by side), then rope.
+            if let Some(g) = lw.q_norm {
+                ops::rms_norm_rows_inplace(&mut s.q[..n * qd], g, c.rms_eps, hd);
+            }
+            if let Some(g) = lw.k_norm {
+                ops::rms_norm_rows_inplace(&mut s.k[..n * kvd], g, c.rms_eps, hd);
+            }
             for t in 0..n {
                 let pos = pos0 + t;
                 let table = (2 * t + swa as usize) * nr;
                 let angles = &s.rope[table..table + nr];
                 for h in s.q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
-                    if let Some(g) = lw.q_norm {
-                        rms_norm_inplace(h, g, c.rms_eps);
-                    }
                     rope_apply(h, angles, c.rope_kind);
                     if c.scale_q {
                         ops::scale_inplace(h, q_scale);
                     }
                 }
                 for h in s.k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
-                    if let Some(g) = lw.k_norm {
-                        rms_norm_inplace(h, g, c.rms_eps);
-                    }
                     rope_apply(h, angles, c.rope_kind);
                 }
                 self.kv.k[il].write(pos, &s.k[t * kvd..(t + 1) * kvd]);
@@ -612,23 +612,13 @@ impl<'w, 'a> Session<'w, 'a> {
                 s.row,
             )?;
             lap(Op::OutProj, prof);
-            for t in 0..n {
-                let o = &mut s.xn[t * e..(t + 1) * e];
-                if let Some(g) = lw.post_attn_norm {
-                    rms_norm_inplace(o, g, c.rms_eps);
-                }
-                ops::add_inplace(&mut s.x[t * e..(t + 1) * e], o);
+            if let Some(g) = lw.post_attn_norm {
+                ops::rms_norm_rows_inplace(&mut s.xn[..n * e], g, c.rms_eps, e);
             }
+            ops::add_inplace(&mut s.x[..n * e], &s.xn[..n * e]);
 
             // Feed-forward block.
-            for t in 0..n {
-                rms_norm(
-                    &s.x[t * e..(t + 1) * e],
-                    lw.ffn_norm,
-                    c.rms_eps,
-                    &mut s.xn[t * e..(t + 1) * e],
-                );
-            }
+            ops::rms_norm_rows(&s.x[..n * e], lw.ffn_norm, c.rms_eps, &mut s.xn[..n * e], e);
             lap(Op::NormsAndAdds, prof);
             let xn = &s.xn[..n * e];
             let f = c.n_ff;
@@ -646,12 +636,12 @@ impl<'w, 'a> Session<'w, 'a> {
             lap(Op::FfnGateUp, prof);
             // Elementwise, so split across the workers by tokens (one token's 2048
             // values are not worth waking them for).
-            let (up, gelu) = (&s.up[..n * f], &*s.gelu);
+            let (up, gelu, cpu) = (&s.up[..n * f], &*s.gelu, self.opts.cpu);
             let act = |ts: Range<usize>, g: &mut [f32]| {
                 let u = &up[ts.start * f..ts.end * f];
                 match c.ffn_act {
                     FfnAct::Silu => ops::swiglu(g, u),
-                    FfnAct::GeluTanh => ops::geglu_with_table(g, u, gelu),
+                    FfnAct::GeluTanh => ops::geglu_with_table(&cpu, g, u, gelu),
                 }
             };
             par_chunks(p, self.opts.threads, n, &mut s.gate[..n * f], f, &act);
@@ -666,13 +656,10 @@ impl<'w, 'a> Session<'w, 'a> {
                 s.row,
             )?;
             lap(Op::FfnDown, prof);
-            for t in 0..n {
-                let d = &mut s.xn[t * e..(t + 1) * e];
-                if let Some(g) = lw.post_ffn_norm {
-                    rms_norm_inplace(d, g, c.rms_eps);
-                }
-                ops::add_inplace(&mut s.x[t * e..(t + 1) * e], d);
+            if let Some(g) = lw.post_ffn_norm {
+                ops::rms_norm_rows_inplace(&mut s.xn[..n * e], g, c.rms_eps, e);
             }
+            ops::add_inplace(&mut s.x[..n * e], &s.xn[..n * e]);
             lap(Op::NormsAndAdds, prof);
             if let Some(z) = zone {
                 src.release(z);
