@@ -16,6 +16,10 @@ fn features() -> CpuFeatures {
     #[cfg(target_arch = "x86_64")]
     {
         f.avx2 = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
+        f.avx512vnni = f.avx2
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("avx512vnni");
     }
     f
 }

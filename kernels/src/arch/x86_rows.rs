@@ -119,6 +119,11 @@ trait Lanes8: Pod {
     fn d(&self) -> [u8; 2];
     /// The block's quants in the form [`Lanes8::groups`] takes (reused for every token).
     unsafe fn prep(&self) -> [__m256i; 2];
+    /// [`Lanes8::prep`] where AVX-512 BW/VL may be used (the VNNI kernels).
+    #[inline(always)]
+    unsafe fn prep_vnni(&self) -> [__m256i; 2] {
+        self.prep()
+    }
     /// Exact `sum(w[j] * a[j])` per group of four consecutive weights, in natural order.
     unsafe fn groups(p: &[__m256i; 2], a: __m256i, asum16: __m256i) -> __m256i;
     /// The same integers with AVX-512 VNNI (`vpdpbusd`: u8 x i8 products summed by four
@@ -162,6 +167,17 @@ impl Lanes8 for BlockQ5_0 {
         );
         [
             _mm256_or_si256(nibbles(&self.qs), high),
+            _mm256_setzero_si256(),
+        ]
+    }
+    #[inline(always)]
+    unsafe fn prep_vnni(&self) -> [__m256i; 2] {
+        // The fifth bits straight from a mask register: 16 added where bit j of `qh` is
+        // set (two instructions where `bits_to_mask` takes five).
+        let nib = nibbles(&self.qs);
+        let k = u32::from_le_bytes(self.qh);
+        [
+            _mm256_mask_add_epi8(nib, k, nib, _mm256_set1_epi8(16)),
             _mm256_setzero_si256(),
         ]
     }
@@ -223,7 +239,7 @@ unsafe fn lanes_tile<B: Lanes8, const VNNI: bool, const RR: usize, const TT: usi
         for r in 0..RR {
             // SAFETY: k < nb <= w[r].len().
             let b = w[r].get_unchecked(k);
-            p[r] = b.prep();
+            p[r] = if VNNI { b.prep_vnni() } else { b.prep() };
             dw[r] = bcast_f16(b.d());
         }
         for t in 0..TT {
