@@ -382,11 +382,12 @@ unsafe fn body<K: Tile>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) {
         (gw.len() == nb).then_some(gw.as_ptr())
     };
     macro_rules! run {
-        ($g:expr, $gg:literal, $ptrs:expr) => {{
+        ($g:expr, $pair:expr, $ptrs:expr) => {{
+            let groups = if $pair { 2 } else { 1 };
             let mut t = 0;
             while t + T <= n_tok {
-                let res = tile::<K, $gg, T>($ptrs, core::array::from_fn(|j| act(t + j)), nb);
-                for (i, gr) in res.iter().enumerate() {
+                let res = tile::<K, 2, T>($ptrs, core::array::from_fn(|j| act(t + j)), nb);
+                for (i, gr) in res.iter().take(groups).enumerate() {
                     for (r, rr) in gr.iter().enumerate() {
                         for (j, v) in rr.iter().enumerate() {
                             put($g + i, r, t + j, *v);
@@ -396,8 +397,8 @@ unsafe fn body<K: Tile>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) {
                 t += T;
             }
             while t < n_tok {
-                let res = tile::<K, $gg, 1>($ptrs, [act(t)], nb);
-                for (i, gr) in res.iter().enumerate() {
+                let res = tile::<K, 2, 1>($ptrs, [act(t)], nb);
+                for (i, gr) in res.iter().take(groups).enumerate() {
                     for (r, rr) in gr.iter().enumerate() {
                         put($g + i, r, t, rr[0]);
                     }
@@ -406,19 +407,16 @@ unsafe fn body<K: Tile>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) {
             }
         }};
     }
+    // An odd last group is computed twice (its second result is not written): one tile
+    // shape fewer in the binary for one group's work per call.
     let (mut g, end) = (rows.start / 4, rows.end.div_ceil(4));
-    while g + 2 <= end {
-        let (Some(p0), Some(p1)) = (group(g), group(g + 1)) else {
+    while g < end {
+        let (Some(p0), Some(p1)) = (group(g), group((g + 1).min(end - 1))) else {
             return;
         };
-        run!(g, 2, [p0, p1]);
+        let pair = g + 1 < end;
+        run!(g, pair, [p0, p1]);
         g += 2;
-    }
-    if g < end {
-        let Some(p0) = group(g) else {
-            return;
-        };
-        run!(g, 1, [p0]);
     }
 }
 
