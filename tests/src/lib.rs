@@ -10,6 +10,7 @@ use pinch_runtime_min::model::{
     Config, KvType, Loader, Logits, Math, ModelError, Session, SessionOptions,
 };
 use pinch_runtime_min::platform::{MemPlatform, Platform};
+use pinch_runtime_min::repack_cache::{self, Repacking};
 use pinch_runtime_min::residency::{self, ResidencyPlan};
 
 /// Directory of the repo's test data.
@@ -70,7 +71,21 @@ pub fn run_logits_streamed(
         bytes: gguf_bytes,
         cpu: host_cpu(),
     };
-    run_on(&plat, gguf_bytes, tokens, spec, weight_budget)
+    run_on(&plat, gguf_bytes, tokens, spec, weight_budget, false).map(|(r, _)| r)
+}
+
+/// [`run_logits`] with the matrices repacked at load as `pinch run` does
+/// (`Layout::preferred` for this CPU); also returns how many tensors were repacked.
+pub fn run_logits_repacked(
+    gguf_bytes: &[u8],
+    tokens: &[u32],
+    spec: RunSpec,
+) -> Result<(Vec<Vec<f32>>, usize), ModelError> {
+    let plat = MemPlatform {
+        bytes: gguf_bytes,
+        cpu: host_cpu(),
+    };
+    run_on(&plat, gguf_bytes, tokens, spec, None, true).map(|((_, rows, _), n)| (rows, n))
 }
 
 /// [`run_logits_streamed`] with a reader thread.
@@ -84,25 +99,30 @@ pub fn run_logits_threaded(
         bytes: gguf_bytes,
         cpu: host_cpu(),
     });
-    run_on(&plat, gguf_bytes, tokens, spec, weight_budget)
+    run_on(&plat, gguf_bytes, tokens, spec, weight_budget, false).map(|(r, _)| r)
 }
 
+/// The run behind the helpers above, with the weights read through the repacking
+/// platform when `repack` (and the number of tensors it repacked).
 fn run_on<P: Platform<File = ()>>(
     plat: &P,
     gguf_bytes: &[u8],
     tokens: &[u32],
     spec: RunSpec,
     weight_budget: Option<u64>,
-) -> Result<StreamedRun, ModelError> {
+    repack: bool,
+) -> Result<(StreamedRun, usize), ModelError> {
     let g = Gguf::parse(gguf_bytes, gguf_bytes.len() as u64)
         .map_err(|_| ModelError::BadShape("gguf parse"))?;
     let cfg = Config::from_gguf(&g)?;
     let mut region = vec![0u64; (gguf_bytes.len() * 2 + (64 << 20)) / 8];
     let region = pinch_kernels::blocks::bytes_of_mut(&mut region[..]);
     let mut arena = Arena::new(region);
-    let weights = {
+    let rp = Repacking::new(plat, &(), &g, "model.gguf", None, repack, &mut arena)
+        .map_err(|_| ModelError::BadShape("repack scratch"))?;
+    let mut weights = {
         let mut loader = Loader {
-            platform: plat,
+            platform: &rp,
             file: &(),
             gguf: &g,
             arena: &mut arena,
@@ -111,6 +131,7 @@ fn run_on<P: Platform<File = ()>>(
             .map_err(|_| ModelError::BadShape("no residency plan fits"))?;
         loader.load_planned(&cfg, None, &plan)?
     };
+    let repacked = repack_cache::apply(&rp, &g, &mut weights, &mut arena)?.repacked;
     let opts = SessionOptions {
         n_ctx: 256,
         n_batch: spec.batch.max(1),
@@ -133,7 +154,7 @@ fn run_on<P: Platform<File = ()>>(
         })?;
         start = end;
     }
-    Ok((cfg, rows, (weights.plan, sess.stream)))
+    Ok(((cfg, rows, (weights.plan, sess.stream)), repacked))
 }
 
 /// Read a raw little-endian f32 file as rows of `n`.

@@ -235,3 +235,41 @@ fn greedy_teacher_forced_matches_llama_cpp() {
         failures.join("\n")
     );
 }
+
+/// Weights repacked at load (`pinch run`'s path: Q8_0x4 on x86; Q8_0x4s or Q8_0x4 and
+/// Q5_0x4s on aarch64) give the plain layout's logits bit for bit, one token at a time
+/// and batched; and the Q8_0 fixtures (plus Q5_0 on aarch64) really were repacked.
+#[test]
+fn repacked_weights_give_the_plain_logits() {
+    let mut report = String::new();
+    for name in fixtures() {
+        if unsupported(&name) || is_f32(&name) {
+            continue;
+        }
+        let bytes = std::fs::read(data_dir().join("tiny").join(&name)).unwrap();
+        let meta = Meta::load(&data_dir().join("tiny").join(format!("{name}.meta")));
+        let tokens = meta.u32s("token_ids");
+        let mut repacked = 0;
+        for batch in [1, 24] {
+            let spec = RunSpec {
+                math: Math::Fast,
+                kv: KvType::F32,
+                batch,
+                threads: 2,
+                attn_skip: false,
+            };
+            let (_, plain) = run_logits(&bytes, &tokens, spec).unwrap();
+            let (packed, n) = run_logits_repacked(&bytes, &tokens, spec).unwrap();
+            repacked = n;
+            for (pos, (a, b)) in plain.iter().zip(&packed).enumerate() {
+                let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "{name}: batch {batch}, position {pos}: logits differ");
+            }
+        }
+        report += &format!("{name:32} {repacked} tensors repacked\n");
+        let expect =
+            name.contains("Q8_0") || (cfg!(target_arch = "aarch64") && name.contains("Q5_0"));
+        assert!(!expect || repacked > 0, "{name}: nothing was repacked");
+    }
+    println!("{report}");
+}
