@@ -7,8 +7,8 @@
 //! same tile reads one sequential stream, and arranges each group-block for the
 //! instructions that consume it:
 //!
-//! - [`Layout::Q8_0x4`] ([`BlockQ8_0x4`]): the four f16 scales (one `fcvtl` on NEON),
-//!   then the four rows' 32 quants. x86 (AVX2/AVX-512) and baseline NEON, whose products
+//! - [`Layout::Q8_0x4`] ([`BlockQ8_0x4`]): the four rows' 32 quants, then the four f16
+//!   scales (one `fcvtl` on NEON). x86 (AVX2/AVX-512) and baseline NEON, whose products
 //!   run along one row.
 //! - [`Layout::Q8_0x4s`] ([`BlockQ8_0x4s`]): eight 16-byte chunks, chunk `k` holding
 //!   quants `4k..4k+4` of rows 0, 1, 2, 3, then the scales: one `sdot` by element multiplies a
@@ -60,7 +60,8 @@ impl Layout {
     pub fn id(self) -> u32 {
         match self {
             Layout::Plain => 0,
-            Layout::Q8_0x4 => 1,
+            // 1 was Q8_0x4 with the scales first (caches holding it are rebuilt).
+            Layout::Q8_0x4 => 4,
             Layout::Q8_0x4s => 2,
             Layout::Q5_0x4s => 3,
         }
@@ -69,7 +70,7 @@ impl Layout {
     pub fn from_id(id: u32) -> Option<Layout> {
         match id {
             0 => Some(Layout::Plain),
-            1 => Some(Layout::Q8_0x4),
+            4 => Some(Layout::Q8_0x4),
             2 => Some(Layout::Q8_0x4s),
             3 => Some(Layout::Q5_0x4s),
             _ => None,
@@ -133,14 +134,15 @@ pub fn has_fast_kernel(layout: Layout, feat: &CpuFeatures) -> bool {
     }
 }
 
-/// One block of four Q8_0 rows: the four scales, then the four rows' quants.
+/// One block of four Q8_0 rows: the four rows' quants, then their four scales (last,
+/// so the quants sit at multiples of 16 bytes from the block's start and load in pairs).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct BlockQ8_0x4 {
-    /// Scales (f16 little-endian) of rows 0..4 of the group.
-    pub d: [[u8; 2]; 4],
     /// Quants (i8 as bytes) of rows 0..4 of the group.
     pub qs: [[u8; QK]; 4],
+    /// Scales (f16 little-endian) of rows 0..4 of the group.
+    pub d: [[u8; 2]; 4],
 }
 crate::pod_block!(BlockQ8_0x4);
 static_assertions::const_assert_eq!(core::mem::size_of::<BlockQ8_0x4>(), 4 * q8_0::BLOCK_BYTES);

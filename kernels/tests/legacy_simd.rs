@@ -8,7 +8,9 @@
 //!   integer sum exactly (no saturating step can be reached, even for a `-128`
 //!   activation) and then do the float arithmetic of the reference step for step (the
 //!   same lanes, fused where the reference fuses, the same reduction tree), so there is
-//!   no reassociation at all.
+//!   no reassociation at all. The reference is `vec_dot_reference`: the scalar code of
+//!   the order the CPU's kernels use (Q8_0/Q5_0 on NEON sum per block; elsewhere
+//!   llama.cpp's x86 lanes).
 //! - F32: the products are the same f32 values, but the f64 accumulator is split over
 //!   SIMD lanes; the f64 sums differ by at most ~n * 2^-53 * sum|terms| and the final
 //!   rounding to f32 can move by one f32 ulp, so we allow `1e-6 * sum|x*a|` (plus 1e-30).
