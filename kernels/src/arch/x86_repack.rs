@@ -95,12 +95,6 @@ pub fn matmul(
     true
 }
 
-/// An f16 scale broadcast to eight f32 lanes (exact conversion).
-#[inline(always)]
-unsafe fn bcast_f16(h: [u8; 2]) -> __m256 {
-    _mm256_cvtph_ps(_mm_set1_epi16(u16::from_le_bytes(h) as i16))
-}
-
 #[inline(always)]
 unsafe fn reduce(acc: __m256) -> f32 {
     let mut l = [0.0f32; 8];
@@ -124,18 +118,22 @@ unsafe fn tile<const VNNI: bool, const TT: usize, const R0: usize, const RN: usi
     for k in 0..nb {
         // SAFETY: k < nb group-blocks at `g`.
         let b = &*g.add(k);
-        let mut p = [[_mm256_setzero_si256(); 2]; RN];
-        let mut dw = [_mm256_setzero_ps(); RN];
-        for r in 0..RN {
+        let p: [[__m256i; 2]; RN] = core::array::from_fn(|r| {
             let q = load32(&b.qs[R0 + r]);
-            p[r] = [_mm256_abs_epi8(q), q];
-            dw[r] = bcast_f16(b.d[R0 + r]);
-        }
+            [_mm256_abs_epi8(q), q]
+        });
+        // The group's four scales are adjacent: one conversion for all of them, one
+        // product with each token's scale, then one lane broadcast per row.
+        let dw4 = _mm_cvtph_ps(_mm_loadl_epi64(b.d.as_ptr() as *const __m128i));
         for t in 0..TT {
             // SAFETY: k < nb blocks at `a[t]`.
             let y = &*a[t].add(k);
             let av = load32(&y.qs);
-            let da = bcast_f16(y.d);
+            // d_w * d_a is exact in f32 (two f16 significands), as in the reference.
+            let d4 = _mm256_castps128_ps256(_mm_mul_ps(
+                dw4,
+                _mm_cvtph_ps(_mm_set1_epi16(u16::from_le_bytes(y.d) as i16)),
+            ));
             for r in 0..RN {
                 let sa = _mm256_sign_epi8(av, p[r][1]);
                 let gs = if VNNI {
@@ -143,8 +141,7 @@ unsafe fn tile<const VNNI: bool, const TT: usize, const R0: usize, const RN: usi
                 } else {
                     _mm256_madd_epi16(_mm256_maddubs_epi16(p[r][0], sa), _mm256_set1_epi16(1))
                 };
-                // d_w * d_a is exact in f32 (two f16 significands), as in the reference.
-                let d = _mm256_mul_ps(dw[r], da);
+                let d = _mm256_permutevar8x32_ps(d4, _mm256_set1_epi32((R0 + r) as i32));
                 acc[r][t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gs), acc[r][t]);
             }
         }
