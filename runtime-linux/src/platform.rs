@@ -601,8 +601,13 @@ mod tests {
         );
     }
 
+    /// RSS is the whole process's: the tests that measure it take turns (run in parallel,
+    /// one's freeing showed up in the other's figures).
+    static RSS_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn untouched_region_pages_do_not_count_in_rss() {
+        let _turn = RSS_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let p = platform();
         let before = p.rss().unwrap();
         let r = p.region(256 << 20).unwrap();
@@ -716,6 +721,7 @@ mod tests {
 
     #[test]
     fn discarded_pages_read_back_as_zeros_and_leave_rss() {
+        let _turn = RSS_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let p = platform();
         let region = p.region(64 << 20).unwrap();
         let before = p.rss().unwrap();
