@@ -294,10 +294,18 @@ unsafe fn minus16_sum(a: [int8x16_t; 2]) -> int32x4_t {
     vdupq_n_s32(-16 * sum)
 }
 
-impl Tile for Q5Tile<Sdot> {
+/// How a [`Q5Tile`] multiplies the eight 5-bit chunks with an activation block: the
+/// token-side values it prepares once per block and token, and the four rows' sums.
+trait Q5Sums {
+    type A: Copy;
+    unsafe fn act(y: &BlockQ8_0) -> Self::A;
+    unsafe fn sums(w: &[int8x16_t; 8], a: &Self::A) -> int32x4_t;
+}
+
+impl<D: Q5Sums> Tile for Q5Tile<D> {
     type G = BlockQ5_0x4s;
     type W = [int8x16_t; 8];
-    type A = ([int8x16_t; 2], int32x4_t);
+    type A = D::A;
     #[inline(always)]
     unsafe fn weights(b: &BlockQ5_0x4s) -> Self::W {
         q5_chunks(b)
@@ -308,30 +316,33 @@ impl Tile for Q5Tile<Sdot> {
     }
     #[inline(always)]
     unsafe fn act(y: &BlockQ8_0) -> Self::A {
+        D::act(y)
+    }
+    #[inline(always)]
+    unsafe fn sums(w: &Self::W, a: &Self::A) -> int32x4_t {
+        D::sums(w, a)
+    }
+}
+
+impl Q5Sums for Sdot {
+    /// The activation quants and `-16 * sum(a)`.
+    type A = ([int8x16_t; 2], int32x4_t);
+    #[inline(always)]
+    unsafe fn act(y: &BlockQ8_0) -> Self::A {
         let a = act_q(y);
         (a, minus16_sum(a))
     }
     #[inline(always)]
-    unsafe fn sums(q: &Self::W, (a, s): &Self::A) -> int32x4_t {
+    unsafe fn sums(q: &[int8x16_t; 8], (a, s): &Self::A) -> int32x4_t {
         // Starting from -16 * sum(a) subtracts the offset of all 32 weights.
         sdot_chunks(*s, q, a)
     }
 }
 
-impl Tile for Q5Tile<Mull> {
-    type G = BlockQ5_0x4s;
-    type W = [int8x16_t; 8];
+impl Q5Sums for Mull {
     /// The activation words broadcast (chunk `c` pairs with word `c % 4` of half
     /// `c / 4`), and `-16 * sum(a)`.
     type A = ([int8x16_t; 8], int32x4_t);
-    #[inline(always)]
-    unsafe fn weights(b: &BlockQ5_0x4s) -> Self::W {
-        q5_chunks(b)
-    }
-    #[inline(always)]
-    fn scales(b: &BlockQ5_0x4s) -> &[[u8; 2]; 4] {
-        &b.d
-    }
     #[inline(always)]
     unsafe fn act(y: &BlockQ8_0) -> Self::A {
         let a = act_q(y);
@@ -351,7 +362,7 @@ impl Tile for Q5Tile<Mull> {
     /// Products in i16: each i16 lane adds eight products `w5 * a`, |sum| <= 8 * 31 *
     /// 128 < 2^15, exact for any activation.
     #[inline(always)]
-    unsafe fn sums(w: &Self::W, (b, s): &Self::A) -> int32x4_t {
+    unsafe fn sums(w: &[int8x16_t; 8], (b, s): &Self::A) -> int32x4_t {
         // Rows 0, 1 in `p01`, rows 2, 3 in `p23`.
         let mut p01 = vmull_s8(vget_low_s8(w[0]), vget_low_s8(b[0]));
         let mut p23 = vmull_high_s8(w[0], b[0]);
