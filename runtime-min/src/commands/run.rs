@@ -139,7 +139,7 @@ pub fn generate<P: Platform>(
         emit(next, ctx.tok.token_bytes(next));
         st.gen_tokens += 1;
         sampler.accept(next);
-        if ctx.sess.n_past >= ctx.sess.opts.n_ctx {
+        if ctx.sess.n_past() >= ctx.sess.opts.n_ctx {
             break;
         }
         if let Err(s) = guard.watch(p, &mut || ctx.sess.give_back(p)) {
@@ -388,7 +388,7 @@ pub fn chat<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
         let len = w.len;
         let turn = core::str::from_utf8(&rendered[..len]).unwrap_or("");
         let nt = encode_into(ctx.tok, turn, first, true, scratch, toks, n_ctx)?;
-        if ctx.sess.n_past + nt + 1 >= n_ctx {
+        if ctx.sess.n_past() + nt + 1 >= n_ctx {
             let _ = writeln!(
                 Out::stderr(p),
                 "pinch: context full; starting a new conversation"
@@ -426,7 +426,7 @@ pub fn chat<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
         if let Some(s) = st.stopped {
             // The answer ends here; the conversation goes on (memory may come back).
             let _ = writeln!(Out::stderr(p), "\npinch: {s}");
-            if st.prompt_tokens == 0 && ctx.sess.n_past == 0 {
+            if st.prompt_tokens == 0 && ctx.sess.n_past() == 0 {
                 first = true; // nothing was evaluated: the next turn opens the chat
             }
         }

@@ -135,8 +135,8 @@ pub struct Session<'w, 'a> {
     w: &'w Weights<'a>,
     kv: KvCache<'a>,
     pub opts: SessionOptions,
-    /// Positions already in the cache.
-    pub n_past: usize,
+    /// Positions already in the cache: changed only by `eval`, `reset` and `truncate`.
+    n_past: usize,
     /// Time per kind of operation since the session was made.
     pub profile: Profile,
     /// What weight streaming read and waited for since the session was made.
@@ -309,6 +309,27 @@ impl<'w, 'a> Session<'w, 'a> {
     /// Forget the conversation (the cache is overwritten from position 0).
     pub fn reset(&mut self) {
         self.n_past = 0;
+    }
+
+    /// Positions already evaluated (the next token goes to this position).
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    /// Keep the first `n` positions and forget the rest, so the next `eval` continues at
+    /// position `n`. Attention layers keep their KV rows (rows past `n` are overwritten).
+    ///
+    /// # Errors
+    /// `n` beyond the positions evaluated: [`ModelError::Truncate`].
+    pub fn truncate(&mut self, n: usize) -> Result<(), ModelError> {
+        if n > self.n_past {
+            return Err(ModelError::Truncate {
+                to: n,
+                n_past: self.n_past,
+            });
+        }
+        self.n_past = n;
+        Ok(())
     }
 
     /// Run `tokens` at positions `n_past..`, calling `on_logits(i, logits)` for the

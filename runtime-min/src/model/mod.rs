@@ -61,6 +61,8 @@ pub enum ModelError {
     },
     /// Input embedding rows must be read from the file, but the session has no reader.
     NoReader,
+    /// `Session::truncate` to a position the session cannot return to.
+    Truncate { to: usize, n_past: usize },
 }
 
 impl From<ArenaError> for ModelError {
@@ -119,6 +121,10 @@ impl core::fmt::Display for ModelError {
             ModelError::StreamMismatch { offset } => write!(
                 f,
                 "--verify-stream: the streamed weight byte at file offset {offset} differs from the file"
+            ),
+            ModelError::Truncate { to, n_past } => write!(
+                f,
+                "cannot return the session to position {to}: it holds {n_past} positions"
             ),
             ModelError::NoReader => write!(
                 f,

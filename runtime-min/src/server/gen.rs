@@ -718,7 +718,7 @@ pub fn serve_one<P: Platform>(
     }
     // Keep the longest cached prefix; at least one prompt token is evaluated, for the
     // logits of the first generated token.
-    let reuse = if q.cache_prompt && ctx.sess.n_past >= bufs.n_cached {
+    let reuse = if q.cache_prompt && ctx.sess.n_past() >= bufs.n_cached {
         let same = bufs.cache[..bufs.n_cached]
             .iter()
             .zip(&bufs.tokens[..n_prompt])
@@ -728,8 +728,12 @@ pub fn serve_one<P: Platform>(
     } else {
         0
     };
-    ctx.sess.reset();
-    ctx.sess.n_past = reuse;
+    // Through `truncate`: a model whose state cannot go back refuses, and the prompt
+    // is evaluated from the start.
+    if ctx.sess.truncate(reuse).is_err() {
+        ctx.sess.reset();
+    }
+    let reuse = ctx.sess.n_past();
     bufs.n_cached = reuse;
     let mut w = SockWriter::new(p, sock);
     let mut tm = Timings {
@@ -863,7 +867,7 @@ pub fn serve_one<P: Platform>(
             fin = Finish::Word(kk);
             break;
         }
-        if ctx.sess.n_past >= n_ctx || tm.gen_n >= max_new {
+        if ctx.sess.n_past() >= n_ctx || tm.gen_n >= max_new {
             break;
         }
         if let Err(s) = guard.watch(p, &mut || ctx.sess.give_back(p)) {
