@@ -62,7 +62,10 @@ pub enum ModelError {
     /// Input embedding rows must be read from the file, but the session has no reader.
     NoReader,
     /// `Session::truncate` to a position the session cannot return to.
-    Truncate { to: usize, n_past: usize },
+    Truncate {
+        to: usize,
+        n_past: usize,
+    },
 }
 
 impl From<ArenaError> for ModelError {
