@@ -63,6 +63,9 @@ pub struct SessionOptions {
     /// Skip exp and V for keys whose score is below max + ln(1e-4) (their weight is
     /// under 1e-4 of the best key's).
     pub attn_skip: bool,
+    /// Sliding-window layers keep only their window (a ring; same logits), not a row per
+    /// position of the context.
+    pub swa_ring: bool,
 }
 
 /// Where the time of `eval` goes, by kind of operation (nanoseconds, cumulative).
@@ -159,7 +162,7 @@ impl<'w, 'a> Session<'w, 'a> {
     /// plan).
     pub fn bytes_needed(cfg: &Config, o: &SessionOptions) -> usize {
         let state: usize = (0..cfg.n_layer)
-            .map(|il| LayerState::bytes_needed(cfg, il, o.kv, o.n_ctx))
+            .map(|il| LayerState::bytes_needed(cfg, il, o))
             .sum();
         Scratch::bytes_needed(cfg, o) + state
     }
@@ -181,7 +184,7 @@ impl<'w, 'a> Session<'w, 'a> {
         }
         let mut state = heapless::Vec::new();
         for il in 0..cfg.n_layer.min(MAX_LAYERS) {
-            let _ = state.push(LayerState::new(arena, &cfg, il, opts.kv, opts.n_ctx)?);
+            let _ = state.push(LayerState::new(arena, &cfg, il, &opts)?);
         }
         let head_rows = w.head_ids.map(|_| w.head_rows());
         let s = Scratch::new(arena, &cfg, &opts, head_rows)?;

@@ -15,7 +15,7 @@ use crate::model::attention::{Attention, KvState};
 use crate::model::config::{Config, FfnKind, MixerKind};
 use crate::model::ffn_dense::DenseFfn;
 use crate::model::forward::{Profile, SessionOptions};
-use crate::model::kv::{KvPlane, KvType};
+use crate::model::kv::KvPlane;
 use crate::model::matmul::MatMul;
 use crate::model::scratch::Scratch;
 use crate::model::weights::{Loader, Names, Tensor, Vector};
@@ -138,31 +138,48 @@ pub enum LayerState<'a> {
 }
 
 impl<'a> LayerState<'a> {
-    /// The state of layer `il` for a context of `n_ctx` positions.
+    /// The state of layer `il` for a session with `o` (context, batch, KV type,
+    /// whether sliding-window layers keep only their window).
     pub fn new(
         arena: &mut Arena<'a>,
         c: &Config,
         il: usize,
-        kv: KvType,
-        n_ctx: usize,
+        o: &SessionOptions,
     ) -> Result<LayerState<'a>, ArenaError> {
         let kind = c.layer(il);
         match kind.mixer {
             MixerKind::Attention => {
                 let dim = kind.n_head_kv * c.head_dim;
+                let plane = |arena: &mut Arena<'a>| match Self::kv_rows(c, il, o) {
+                    (_, 0) => KvPlane::new(arena, o.kv, o.n_ctx, dim),
+                    (_, ring) => KvPlane::new_ring(arena, o.kv, ring, dim),
+                };
                 Ok(LayerState::Kv(KvState {
-                    k: KvPlane::new(arena, kv, n_ctx, dim)?,
-                    v: KvPlane::new(arena, kv, n_ctx, dim)?,
+                    k: plane(arena)?,
+                    v: plane(arena)?,
                 }))
             }
         }
     }
 
+    /// (rows, ring) of layer `il`'s KV planes (see [`KvPlane::rows_needed`]).
+    fn kv_rows(c: &Config, il: usize, o: &SessionOptions) -> (usize, usize) {
+        let window = if o.swa_ring && c.is_swa(il) {
+            c.n_swa
+        } else {
+            0
+        };
+        KvPlane::rows_needed(o.n_ctx, window, o.n_batch.max(1))
+    }
+
     /// Bytes [`Self::new`] takes (for the plan, before anything is allocated).
-    pub fn bytes_needed(c: &Config, il: usize, kv: KvType, n_ctx: usize) -> usize {
+    pub fn bytes_needed(c: &Config, il: usize, o: &SessionOptions) -> usize {
         let kind = c.layer(il);
         match kind.mixer {
-            MixerKind::Attention => 2 * n_ctx * kind.n_head_kv * c.head_dim * kv.bytes_per_value(),
+            MixerKind::Attention => {
+                let (rows, _) = Self::kv_rows(c, il, o);
+                2 * rows * kind.n_head_kv * c.head_dim * o.kv.bytes_per_value()
+            }
         }
     }
 
