@@ -26,6 +26,7 @@ pub mod head;
 pub mod header_len;
 pub mod inspect;
 pub mod model;
+pub mod pager;
 pub mod platform;
 pub mod repack_cache;
 pub mod residency;
