@@ -23,7 +23,8 @@ For each seed, OUT_ROOT/<seed>/ gets
     meta.txt                            `key: values` lines for the Rust test
     meta.json                           the same plus the drawn shape, for people
 llama.cpp runs with an F32 KV cache, flash attention off, one thread (the goldens'
-`f32kv` config). A directory whose meta.txt exists is left alone (delete it to redo).
+`f32kv` config). A directory whose meta.txt exists is left alone when the same
+GEN_VERSION made it (delete it to redo).
 
 Shapes: the arch is ARCHS[seed % len(ARCHS)] (so consecutive seeds cover every arch);
 everything else comes from numpy's PCG64 stream of the seed. A shape llama.cpp
@@ -51,7 +52,7 @@ try:
 except ImportError:  # pragma: no cover
     sys.exit("needs the `gguf` package (pip install gguf)")
 
-GEN_VERSION = 1     # bump when a change alters what a seed generates
+GEN_VERSION = 2     # bump when a change alters what a seed generates
 CTX = 256
 
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "bailingmoe2", "qwen35", "lfm2"]
@@ -118,7 +119,7 @@ def draw_shape(rng, arch):
     # (it refuses other q shapes)
     if arch in ("llama", "qwen2", "lfm2", "bailingmoe2"):
         s["head_dim"] = None  # = n_embd / n_head, no key_length key
-        cands = [x for x in range(1, 9) if s["n_embd"] % x == 0 and s["n_embd"] // x >= 32
+        cands = [x for x in range(1, 9) if s["n_embd"] % x == 0 and 32 <= s["n_embd"] // x <= 256
                  and (s["n_embd"] // x) % 8 == 0]
         if cands:
             s["n_head"] = pick(rng, cands)
@@ -503,8 +504,12 @@ def draw_tokens(rng, s):
 def generate(root, seed):
     out = Path(root) / str(seed)
     if (out / "meta.txt").exists():
-        print(f"seed {seed}: cached in {out}")
-        return True
+        made = json.loads((out / "meta.json").read_text()).get("gen_version")
+        if made == GEN_VERSION:
+            print(f"seed {seed}: cached in {out}")
+            return True
+        for f in out.iterdir():  # another generator version made it
+            f.unlink()
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng([GEN_VERSION, seed])
     arch = ARCHS[seed % len(ARCHS)]

@@ -31,16 +31,17 @@ const PENDING_ARCHS: &[&str] = &["qwen3moe", "bailingmoe2", "qwen35", "lfm2"];
 /// Weight types whose fast path does not reproduce llama.cpp's x86 sums on every shape
 /// (found by this test): a file holding one is held to the quantization bound and the
 /// top-1 rule only, not to "few positions beyond 1e-4", and its row says so.
-/// Q4_1 / Q5_1: seeds 2, 10, 17, 19 (all positions differ, by 0.14-0.19);
-/// F16 with rows not a multiple of 64 (checked below): seeds 0, 11, 18, 19 (3e-3 .. 0.13).
+/// Q4_1 / Q5_1 and F16 with rows not a multiple of 64 (checked below): seen on
+/// several seeds of every run (all positions differ, by 3e-3 (F16) to 0.19).
 /// A type leaves this list in the change that makes its kernel sum as llama.cpp does.
 const FAST_INEXACT: &[GgmlType] = &[GgmlType::Q4_1, GgmlType::Q5_1, GgmlType::F16];
 
 /// (seed, quant) runs known to fail, each a bug named in the report: shown as KNOWN
 /// FAIL in the table; one that passes fails the test, so the entry gets removed.
-/// Seed 9 Q3_K_S: the fast path batched (not one token at a time) differs from
-/// llama.cpp beyond 1e-4 at 4 of 26 positions (max 0.17, within the bound).
-const KNOWN_FAILURES: &[(&str, &str)] = &[("9", "Q3_K_S")];
+/// Seed 0 Q4_K_M (llama e256 L2 h2/1x128 ff576; Q4_K, Q5_0 ffn_down of 576, Q6_K
+/// embedding): the fast path differs beyond 1e-4 at 14 of 26 positions, batched and one
+/// token at a time (max 0.11, within the bound, no top-1 flip).
+const KNOWN_FAILURES: &[(&str, &str)] = &[("0", "Q4_K_M")];
 
 /// The [`FAST_INEXACT`] types among the file's tensors (F16 only with a row length
 /// that is not a multiple of 64).
@@ -56,11 +57,23 @@ fn inexact_types(bytes: &[u8]) -> Vec<GgmlType> {
         .collect()
 }
 
-/// The seed directories under `PINCH_RANDSHAPE_DIR`, in seed order.
+/// The seed directories under `PINCH_RANDSHAPE_DIR`, in seed order: those named by
+/// `PINCH_RANDSHAPE_SEEDS` (comma-separated; each must exist), else all.
 fn seed_dirs() -> Vec<PathBuf> {
     let root = std::env::var_os("PINCH_RANDSHAPE_DIR")
         .expect("PINCH_RANDSHAPE_DIR is not set: run `cargo xtask randshape`");
     let root = PathBuf::from(root);
+    if let Ok(list) = std::env::var("PINCH_RANDSHAPE_SEEDS") {
+        let dirs: Vec<PathBuf> = list.split(',').map(|s| root.join(s.trim())).collect();
+        for d in &dirs {
+            assert!(
+                d.is_dir(),
+                "{} missing: run `cargo xtask randshape`",
+                d.display()
+            );
+        }
+        return dirs;
+    }
     let mut dirs: Vec<(u64, PathBuf)> = std::fs::read_dir(&root)
         .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
         .filter_map(|e| e.ok())
