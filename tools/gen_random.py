@@ -10,7 +10,8 @@ tests/tests/random_shapes.rs can compare pinch with llama.cpp on many shapes.
 
 Usage (needs numpy + gguf, and llama-cpp-python 0.3.36 = llama.cpp 0c1e570 on
 PYTHONPATH; `cargo xtask randshape` installs both and sets it):
-    python3 gen_random.py OUT_ROOT SEED [SEED ...]
+    python3 gen_random.py OUT_ROOT SEED [SEED ...] [--set KEY=JSON ...] [--quants Q,Q]
+(--set / --quants pin shape values or quant types, to narrow a failing seed down.)
 
 For each seed, OUT_ROOT/<seed>/ gets
     F32.gguf, <Q>.gguf                  the model; Q = quantized types llama.cpp produced
@@ -501,8 +502,17 @@ def draw_tokens(rng, s):
     return ids
 
 
-def generate(root, seed):
+def generate(root, seed, overrides=None, quant_names=None):
+    """Model, quantized files and llama.cpp's logits of `seed` into ROOT/<seed>/.
+
+    `overrides` (shape keys -> values) replace drawn values and `quant_names` the drawn
+    quant types, to pin one shape down while chasing a bug; such a directory is always
+    regenerated.
+    """
     out = Path(root) / str(seed)
+    if (overrides or quant_names) and out.is_dir():
+        for f in out.iterdir():
+            f.unlink()
     if (out / "meta.txt").exists():
         made = json.loads((out / "meta.json").read_text()).get("gen_version")
         if made == GEN_VERSION:
@@ -515,6 +525,7 @@ def generate(root, seed):
     arch = ARCHS[seed % len(ARCHS)]
     for attempt in range(20):
         s = draw_shape(rng, arch)
+        s.update(overrides or {})
         if n_params(s) > 3_000_000:
             continue  # keep the step fast: redraw silently, nothing was refused
         tokens = draw_tokens(rng, s)
@@ -534,7 +545,7 @@ def generate(root, seed):
         print(f"seed {seed}: no usable shape in 20 attempts")
         return False
     names = list(QUANTS)
-    chosen = [names[(seed + k * 5) % len(names)] for k in range(2)]
+    chosen = quant_names or [names[(seed + k * 5) % len(names)] for k in range(2)]
     quants, refused = [], []
     for q in chosen:
         qf, df = out / f"{q}.gguf", out / f"{q}.dequant.gguf"
@@ -576,10 +587,20 @@ def generate(root, seed):
 
 
 def main(argv):
-    if len(argv) < 3:
+    args, overrides, quants = [], {}, None
+    it = iter(argv[1:])
+    for a in it:
+        if a == "--set":  # --set key=json-value, e.g. --set n_ff=576 --set tied=false
+            k, v = next(it).split("=", 1)
+            overrides[k] = json.loads(v)
+        elif a == "--quants":  # --quants Q5_0,Q4_K_M
+            quants = next(it).split(",")
+        else:
+            args.append(a)
+    if len(args) < 2:
         print(__doc__)
         return 2
-    ok = all([generate(argv[1], int(x)) for x in argv[2:]])
+    ok = all([generate(args[0], int(x), overrides, quants) for x in args[1:]])
     return 0 if ok else 1
 
 

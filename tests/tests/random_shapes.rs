@@ -138,6 +138,14 @@ fn random_shapes_match_llama_cpp() {
         "seed", "arch", "shape", "quant", "orc bat", "orc seq", "fast bat", "fast seq"
     )];
     let mut failures = Vec::new();
+    // Seeds new to this run: the "few positions beyond 1e-4" rule only informs (see
+    // the module doc); the fixed seeds keep it.
+    let fresh_seeds: Vec<String> = std::env::var("PINCH_RANDSHAPE_FRESH")
+        .unwrap_or_default()
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect();
     for dir in seed_dirs() {
         let meta_path = dir.join("meta.txt");
         assert!(
@@ -158,6 +166,7 @@ fn random_shapes_match_llama_cpp() {
             .map(String::from)
             .collect();
         let pending = PENDING_ARCHS.contains(&arch.as_str());
+        let fresh = fresh_seeds.contains(&seed);
         let oracle_tol = if arch == "gemma3" { 2e-3 } else { 1e-4 };
         for q in &quants {
             let file = dir.join(format!("{q}.gguf"));
@@ -192,6 +201,7 @@ fn random_shapes_match_llama_cpp() {
             let bound = qvd.max(0.05) * 1.5;
             let inexact = inexact_types(&bytes);
             let mut why = Vec::new();
+            let mut spread = Vec::new();
             for (math, batch, kind) in [
                 (Math::Reference, tokens.len(), "batched"),
                 (Math::Reference, 1, "seq"),
@@ -214,15 +224,16 @@ fn random_shapes_match_llama_cpp() {
                 let c = compare(&got, &want, if exact { 2.0 * oracle_tol } else { 0.5 });
                 row += &format!(" {:>9.2e}", c.worst);
                 // golden_tiny's "at most 3 of 24 positions", scaled to the token count
-                let few = c.over * 8 <= tokens.len()
-                    || cfg!(target_arch = "aarch64")
-                    || !inexact.is_empty();
-                let bad = if exact {
+                let few = c.over * 8 <= tokens.len() || cfg!(target_arch = "aarch64");
+                let hard = if exact {
                     c.worst > oracle_tol || c.flips > 0
                 } else {
-                    !few || c.worst > bound || c.flips > 0
+                    c.worst > bound || c.flips > 0
                 };
-                if bad {
+                if !exact && !few {
+                    spread.push(format!("{kind} {}/{}", c.over, tokens.len()));
+                }
+                if hard || (!exact && !few && inexact.is_empty() && !fresh) {
                     why.push(format!(
                         "{math:?} {kind}: max diff {:.3e} (tolerance {:.1e}), {} positions > 1e-4, {} top-1 flips",
                         c.worst,
@@ -233,14 +244,18 @@ fn random_shapes_match_llama_cpp() {
                 }
             }
             let known = KNOWN_FAILURES.contains(&(seed.as_str(), q.as_str()));
-            let note = if inexact.is_empty() || q == "F32" {
-                String::new()
-            } else {
-                format!(" (inexact: {inexact:?})")
+            let note = match (spread.is_empty(), inexact.is_empty()) {
+                (true, _) => String::new(),
+                (false, false) => format!(" (inexact {inexact:?}: {})", spread.join(", ")),
+                (false, true) if fresh => format!(
+                    " (fresh seed, positions > 1e-4 not fatal: {})",
+                    spread.join(", ")
+                ),
+                (false, true) => format!(" ({})", spread.join(", ")),
             };
             match (why.is_empty(), known) {
                 (true, false) => row += &format!("  ok{note}"),
-                (false, true) => row += &format!("  KNOWN FAIL{note}: {}", why.join("; ")),
+                (false, true) => row += &format!("  KNOWN FAIL{note}"),
                 (true, true) => {
                     row += "  FAIL (passes: remove it from KNOWN_FAILURES)";
                     failures.push(format!(

@@ -88,8 +88,10 @@ pub fn check(seeds: &[u64], new: u64) -> Result<Counts> {
         "--ignored",
         "--nocapture",
     ]);
+    let fresh_list: Vec<String> = fresh.iter().map(u64::to_string).collect();
     test.env("PINCH_RANDSHAPE_DIR", &cache)
-        .env("PINCH_RANDSHAPE_SEEDS", list.join(","));
+        .env("PINCH_RANDSHAPE_SEEDS", list.join(","))
+        .env("PINCH_RANDSHAPE_FRESH", fresh_list.join(","));
     let mut counts = run_tests(&mut test)?;
     ppl_check(&site, &cache, &seeds)?;
     counts.passed += 1;
