@@ -13,7 +13,7 @@
 //!   fixture without BOS (qwen3), one with BOS (llama) and random models of both kinds.
 use crate::bench::field;
 use crate::device::{self, Device};
-use crate::util::{cargo, output, root, run, run_tests, Counts, Result};
+use crate::util::{cargo, root, run, run_tests, Counts, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -179,14 +179,14 @@ fn ppl_check(site: &str, cache: &Path, seeds: &[u64]) -> Result<()> {
     println!("| --- | --- | ---: | ---: | ---: | ---: |");
     let mut bad = Vec::new();
     for m in &models {
-        let want = output(
+        let want = quiet(
             python(site)
                 .arg(root().join("tools/llamacpp_ppl.py"))
                 .arg(m)
                 .arg(&text)
                 .arg("64"),
         )?;
-        let got = output(
+        let got = quiet(
             Command::new(&pinch)
                 .args(["ppl", "-m"])
                 .arg(m)
@@ -223,4 +223,21 @@ fn ppl_check(site: &str, cache: &Path, seeds: &[u64]) -> Result<()> {
             bad.join("\n")
         ))
     }
+}
+
+/// Run `cmd` and return its stdout; its stderr (progress lines) is shown only when it
+/// fails.
+fn quiet(cmd: &mut Command) -> Result<String> {
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot start {:?}: {e}", cmd.get_program()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{:?} failed ({}):\n{}",
+            cmd,
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
