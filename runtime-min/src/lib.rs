@@ -19,6 +19,7 @@ pub mod arena;
 pub mod chat;
 pub mod cli;
 pub mod commands;
+pub mod draft;
 pub mod engine;
 pub mod gguf;
 pub mod guard;

@@ -188,17 +188,7 @@ fn run_with<P: Platform<File = ()>>(
         loader.load_planned(&cfg, None, &plan)?
     };
     let repacked = repack_cache::apply(&rp, &g, &mut weights, &mut arena)?.repacked;
-    let opts = SessionOptions {
-        n_ctx: 256,
-        n_batch: spec.batch.max(1),
-        kv: spec.kv,
-        math: spec.math,
-        threads: spec.threads,
-        head_group: 4,
-        attn_skip: spec.attn_skip,
-        swa_ring,
-        cpu: plat.cpu(),
-    };
+    let opts = session_options(&spec, swa_ring, plat.cpu());
     let read = |off: u64, buf: &mut [u8], d: bool| plat.read_at(&(), off, buf, d);
     let mut sess = Session::new(cfg, &weights, &mut arena, opts)?;
     sess.set_reader(&read);
@@ -463,5 +453,51 @@ impl Platform for ThreadedMem<'_> {
     }
     fn yield_now(&self) {
         std::thread::yield_now();
+    }
+}
+
+/// Run `f` with a session over `gguf_bytes` (all weights resident, plain layout, context
+/// 256, batch `spec.batch`) and the in-memory platform it reads from.
+pub fn with_session<R>(
+    gguf_bytes: &[u8],
+    spec: RunSpec,
+    f: impl FnOnce(&mut Session<'_, '_>, &MemPlatform<'_>) -> R,
+) -> Result<R, ModelError> {
+    let plat = MemPlatform {
+        bytes: gguf_bytes,
+        cpu: host_cpu(),
+    };
+    let g = Gguf::parse(gguf_bytes, gguf_bytes.len() as u64)
+        .map_err(|_| ModelError::BadShape("gguf parse"))?;
+    let cfg = Config::from_gguf(&g)?;
+    let mut region = vec![0u64; (gguf_bytes.len() * 2 + (64 << 20)) / 8];
+    let region = pinch_kernels::blocks::bytes_of_mut(&mut region[..]);
+    let mut arena = Arena::new(region);
+    let weights = Loader {
+        platform: &plat,
+        file: &(),
+        gguf: &g,
+        arena: &mut arena,
+    }
+    .load(&cfg)?;
+    let opts = session_options(&spec, true, plat.cpu());
+    let read = |off: u64, buf: &mut [u8], d: bool| plat.read_at(&(), off, buf, d);
+    let mut sess = Session::new(cfg, &weights, &mut arena, opts)?;
+    sess.set_reader(&read);
+    Ok(f(&mut sess, &plat))
+}
+
+/// The session options of the helpers above: context 256, head groups of 4.
+fn session_options(spec: &RunSpec, swa_ring: bool, cpu: CpuFeatures) -> SessionOptions {
+    SessionOptions {
+        n_ctx: 256,
+        n_batch: spec.batch.max(1),
+        kv: spec.kv,
+        math: spec.math,
+        threads: spec.threads,
+        head_group: 4,
+        attn_skip: spec.attn_skip,
+        swa_ring,
+        cpu,
     }
 }
