@@ -5,8 +5,10 @@
 //! [`Math::Reference`] dequantizes weights to f32 and never quantizes activations (the
 //! oracle), [`Math::Fast`] quantizes activations like llama.cpp and uses the SIMD kernels.
 pub mod config;
+pub mod ffn_moe;
 pub mod forward;
 pub mod kv;
+pub mod moe_route;
 pub mod stream;
 pub mod weights;
 
