@@ -14,9 +14,12 @@
 //! A batch of prompt tokens is grouped by expert: one matrix product per expert over the
 //! tokens that chose it, so every chosen expert's weights are read once per batch.
 use crate::arena::Arena;
+use crate::model::config::Config;
+use crate::model::layer::Cx;
+use crate::model::matmul::MatMul;
 use crate::model::moe_route::{self, MoeConfig};
-use crate::model::weights::{name_buf, read_exact, Loader, Tensor, Vector};
-use crate::model::ModelError;
+use crate::model::weights::{name_buf, read_exact, Loader, Names, Tensor, Vector};
+use crate::model::{ModelError, Op};
 use crate::platform::Platform;
 
 /// The matrix products the block needs, lent by the caller with its workers, math mode
@@ -30,8 +33,8 @@ pub trait Products {
         n: usize,
         out: &mut [f32],
     ) -> Result<(), ModelError>;
-    /// Two matrices of the same input (gate and up; the input is quantized once).
-    #[allow(clippy::too_many_arguments)]
+    /// Two matrices of the same input (gate and up); the session's implementation
+    /// quantizes the input once.
     fn linear_pair(
         &mut self,
         a: &Tensor,
@@ -40,7 +43,49 @@ pub trait Products {
         n: usize,
         out_a: &mut [f32],
         out_b: &mut [f32],
-    ) -> Result<(), ModelError>;
+    ) -> Result<(), ModelError> {
+        self.linear(a, x, n, out_a)?;
+        self.linear(b, x, n, out_b)
+    }
+    /// Charge the time since the last lap to `op` (the session's profile).
+    fn lap(&mut self, _op: Op) {}
+}
+
+/// [`Products`] of the session: its `MatMul`, work buffers and profile clock.
+struct SessionProducts<'m, 'b, 'c, 'p, P: Platform> {
+    mm: &'m MatMul<'p, P>,
+    act_q: &'b mut [u8],
+    tmp: &'b mut [f32],
+    row: &'b mut [f32],
+    clock: &'m mut crate::model::layer::Clock<'c, 'p, P>,
+}
+
+impl<P: Platform> Products for SessionProducts<'_, '_, '_, '_, P> {
+    fn linear(
+        &mut self,
+        w: &Tensor,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        self.mm.linear(w, x, n, out, self.act_q, self.tmp, self.row)
+    }
+    fn linear_pair(
+        &mut self,
+        a: &Tensor,
+        b: &Tensor,
+        x: &[f32],
+        n: usize,
+        out_a: &mut [f32],
+        out_b: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let jobs = &mut [(a, out_a), (b, out_b)];
+        self.mm
+            .linear_many(x, n, jobs, self.act_q, self.tmp, self.row)
+    }
+    fn lap(&mut self, op: Op) {
+        self.clock.lap(op);
+    }
 }
 
 /// A SwiGLU feed-forward's three matrices (the shared expert).
@@ -68,20 +113,9 @@ pub struct MoeFfn<'a> {
 }
 
 /// Expert `e` of `stack`, a 3-D tensor of `n_expert` experts viewed as 2-D.
-pub fn expert<'a>(stack: &Tensor<'a>, e: usize, n_expert: usize) -> Tensor<'a> {
+pub fn expert<'a>(stack: &Tensor<'a>, e: usize, n_expert: usize) -> Result<Tensor<'a>, ModelError> {
     let rows = stack.rows / n_expert.max(1);
-    row_range(stack, e * rows, rows)
-}
-
-/// Rows `r0..r0 + rows` of `t` as a tensor of their own (a fused matrix's parts, one
-/// expert of a stack). `t` must be in the plain layout (rows are whole byte ranges).
-pub fn row_range<'a>(t: &Tensor<'a>, r0: usize, rows: usize) -> Tensor<'a> {
-    let rb = t.row_bytes();
-    Tensor {
-        data: t.data.get(r0 * rb..(r0 + rows) * rb).unwrap_or(&[]),
-        rows,
-        ..*t
-    }
+    stack.row_range(e * rows, rows)
 }
 
 impl<'a> MoeFfn<'a> {
@@ -111,6 +145,72 @@ impl<'a> MoeFfn<'a> {
         }
     }
 
+    /// Layer `il`'s experts (config `c.moe`); a streamed layer's matrices are described,
+    /// not read.
+    pub fn load<P: Platform>(
+        l: &mut Loader<'_, '_, 'a, P>,
+        c: &Config,
+        il: usize,
+        streamed: bool,
+    ) -> Result<MoeFfn<'a>, ModelError> {
+        let m = c.moe.ok_or(ModelError::BadShape(
+            "MoE layer without MoE hyper-parameters",
+        ))?;
+        let (e, ne, f) = (c.n_embd, m.n_expert, m.n_ff_exp);
+        let mut n = Names::new(il);
+        let [r, g, u, d, sg, su, sd] = Self::MATRICES;
+        let router = l.layer_matrix(n.get(r), e, ne, streamed)?;
+        let bias = l.opt_vector(n.get("exp_probs_b.bias"), ne)?;
+        let gate_exps = load_stack(l, n.get(g), e, f, ne, streamed)?;
+        let up_exps = load_stack(l, n.get(u), e, f, ne, streamed)?;
+        let down_exps = load_stack(l, n.get(d), f, e, ne, streamed)?;
+        let shared = if m.n_ff_shexp > 0 {
+            let fs = m.n_ff_shexp;
+            Some(SwiGlu {
+                gate: l.layer_matrix(n.get(sg), e, fs, streamed)?,
+                up: l.layer_matrix(n.get(su), e, fs, streamed)?,
+                down: l.layer_matrix(n.get(sd), fs, e, streamed)?,
+            })
+        } else {
+            None
+        };
+        Ok(MoeFfn {
+            router,
+            bias,
+            gate_exps,
+            up_exps,
+            down_exps,
+            shared,
+            cfg: m,
+        })
+    }
+
+    /// `cx.s.xn` (the normed input of `n` tokens) → `cx.s.xn` (the block's output).
+    pub fn run_in<P: Platform>(
+        &self,
+        cx: &mut Cx<'_, '_, '_, P>,
+        n: usize,
+    ) -> Result<(), ModelError> {
+        let e = cx.cfg.n_embd;
+        let s = &mut *cx.s;
+        let ms = s
+            .moe
+            .as_mut()
+            .ok_or(ModelError::BadShape("MoE layer without MoE scratch"))?;
+        let mut pr = SessionProducts {
+            mm: &cx.mm,
+            act_q: s.act_q,
+            tmp: s.mm_tmp,
+            row: s.row,
+            clock: &mut cx.clock,
+        };
+        let out = core::mem::take(&mut ms.out);
+        let r = self.run(&mut pr, &s.xn[..n * e], n, &mut out[..n * e], ms);
+        s.xn[..n * e].copy_from_slice(&out[..n * e]);
+        ms.out = out;
+        r
+    }
+
     /// `out[..n * n_embd]` = this block applied to the `n` rows of `xn`.
     pub fn run(
         &self,
@@ -127,6 +227,7 @@ impl<'a> MoeFfn<'a> {
             return Err(ModelError::BadShape("MoE batch larger than its scratch"));
         }
         mm.linear(&self.router, &xn[..n * e], n, &mut s.logits[..n * ne])?;
+        mm.lap(Op::FfnGateUp);
         for t in 0..n {
             moe_route::route(
                 m,
@@ -173,9 +274,9 @@ impl<'a> MoeFfn<'a> {
                 }
                 &xg[..m_tok * e]
             };
-            let gate = expert(&self.gate_exps, ex, ne);
-            let up = expert(&self.up_exps, ex, ne);
-            let down = expert(&self.down_exps, ex, ne);
+            let gate = expert(&self.gate_exps, ex, ne)?;
+            let up = expert(&self.up_exps, ex, ne)?;
+            let down = expert(&self.down_exps, ex, ne)?;
             swiglu_ffn(mm, &gate, &up, &down, x, m_tok, &mut b)?;
             // llama.cpp multiplies each expert's output by its weight, then adds the
             // products (the sum starts from 0, and 0 + a = a exactly).
@@ -210,8 +311,12 @@ fn swiglu_ffn(
     let f = gate.rows;
     let (g, u) = (&mut b.gate[..n * f], &mut b.up[..n * f]);
     mm.linear_pair(gate, up, x, n, g, u)?;
+    mm.lap(Op::FfnGateUp);
     pinch_kernels::ops::swiglu(g, u);
-    mm.linear(down, g, n, &mut b.down[..n * down.rows])
+    mm.lap(Op::FfnAct);
+    mm.linear(down, g, n, &mut b.down[..n * down.rows])?;
+    mm.lap(Op::FfnDown);
+    Ok(())
 }
 
 struct Bufs<'s> {
@@ -232,12 +337,14 @@ pub struct MoeScratch<'a> {
     gate: &'a mut [f32],
     up: &'a mut [f32],
     down: &'a mut [f32],
+    /// The block's output before it replaces its input.
+    out: &'a mut [f32],
 }
 
 impl<'a> MoeScratch<'a> {
     /// Values (4 bytes each) of the scratch for `m`, embedding width `n_embd`, batches
     /// of `n_batch`.
-    fn sizes(m: &MoeConfig, n_embd: usize, n_batch: usize) -> [usize; 9] {
+    fn sizes(m: &MoeConfig, n_embd: usize, n_batch: usize) -> [usize; 10] {
         let f = m.n_ff_exp.max(m.n_ff_shexp);
         let nb = n_batch.max(1);
         [
@@ -249,6 +356,7 @@ impl<'a> MoeScratch<'a> {
             nb * n_embd,
             nb * f,
             nb * f,
+            nb * n_embd,
             nb * n_embd,
         ]
     }
@@ -267,7 +375,7 @@ impl<'a> MoeScratch<'a> {
         n_embd: usize,
         n_batch: usize,
     ) -> Result<MoeScratch<'a>, ModelError> {
-        let [lg, ids, w, tk, tw, xg, g, u, d] = Self::sizes(m, n_embd, n_batch);
+        let [lg, ids, w, tk, tw, xg, g, u, d, o] = Self::sizes(m, n_embd, n_batch);
         let a = "activations";
         Ok(MoeScratch {
             n_batch: n_batch.max(1),
@@ -280,6 +388,7 @@ impl<'a> MoeScratch<'a> {
             gate: arena.slice(a, g)?,
             up: arena.slice(a, u)?,
             down: arena.slice(a, d)?,
+            out: arena.slice(a, o)?,
         })
     }
 }
@@ -337,6 +446,10 @@ pub fn load_stack<'a, P: Platform>(
         rows: rows * n_expert,
         data,
         layout: pinch_kernels::repack::Layout::Plain,
+        file: crate::residency::Span {
+            offset: info.offset,
+            len: info.bytes,
+        },
     })
 }
 
@@ -373,18 +486,6 @@ mod tests {
             }
             Ok(())
         }
-        fn linear_pair(
-            &mut self,
-            a: &Tensor,
-            b: &Tensor,
-            x: &[f32],
-            n: usize,
-            out_a: &mut [f32],
-            out_b: &mut [f32],
-        ) -> Result<(), ModelError> {
-            self.linear(a, x, n, out_a)?;
-            self.linear(b, x, n, out_b)
-        }
     }
 
     /// Deterministic pseudo-random values in [-1, 1).
@@ -411,6 +512,7 @@ mod tests {
             rows,
             data,
             layout: pinch_kernels::repack::Layout::Plain,
+            file: crate::residency::Span::default(),
         }
     }
 
@@ -434,7 +536,7 @@ mod tests {
 
     /// One token through the block the slow way: route, then each chosen expert in
     /// slot order.
-    fn one_token(b: &MoeFfn, x: &[f32]) -> Vec<f32> {
+    fn one_token<'a>(b: &MoeFfn<'a>, x: &[f32]) -> Vec<f32> {
         let m = &b.cfg;
         let mut logits = vec![0.0; m.n_expert];
         Naive.linear(&b.router, x, 1, &mut logits).unwrap();
@@ -452,8 +554,8 @@ mod tests {
         };
         for (j, &id) in ids.iter().enumerate() {
             let (id, ne) = (id as usize, m.n_expert);
-            let (g, u) = (expert(&b.gate_exps, id, ne), expert(&b.up_exps, id, ne));
-            let d = ffn(&g, &u, &expert(&b.down_exps, id, ne));
+            let ex = |t: &Tensor<'a>| expert(t, id, ne).unwrap();
+            let d = ffn(&ex(&b.gate_exps), &ex(&b.up_exps), &ex(&b.down_exps));
             for (o, d) in out.iter_mut().zip(&d) {
                 *o += d * w[j];
             }
@@ -541,7 +643,7 @@ mod tests {
         let v: Vec<f32> = (0..3 * 2 * 4).map(|i| i as f32).collect();
         let b = bytes(&v);
         let stack = tensor(&b, 4, 6);
-        let e1 = expert(&stack, 1, 3);
+        let e1 = expert(&stack, 1, 3).unwrap();
         assert_eq!((e1.rows, e1.cols), (2, 4));
         assert_eq!(val(&e1, 0, 0), 8.0);
         assert_eq!(val(&e1, 1, 3), 15.0);
