@@ -121,7 +121,12 @@ impl MoeConfig {
         }
         let n_shared =
             u("expert_shared_count").ok_or(ModelError::MissingKey("expert_shared_count"))?;
-        let n_ff_shexp = u("expert_shared_feed_forward_length").unwrap_or(n_ff_exp) * n_shared;
+        let n_ff_shexp = u("expert_shared_feed_forward_length")
+            .unwrap_or(n_ff_exp)
+            .checked_mul(n_shared)
+            .ok_or(ModelError::BadShape(
+                "expert_shared_count x its length overflows",
+            ))?;
         let gating = match u("expert_gating_func") {
             Some(1) => Gating::Softmax,
             Some(2) => Gating::Sigmoid,
