@@ -36,6 +36,10 @@ pub struct Attention<'a> {
     pub n_head_kv: usize,
     /// Sliding-window layer (sees the last `n_swa` positions, its own rope base).
     pub swa: bool,
+    /// A fused `attn_qkv` (rows `[q; k; v]`, bailingmoe2): then `wq`, `wk`, `wv` are its
+    /// row ranges, taken again when the block runs (the stream zone or the repack
+    /// cache may have changed its bytes or layout since load).
+    pub fused_qkv: Option<Tensor<'a>>,
 }
 
 /// One attention layer's state: its keys and values for every position.
@@ -65,10 +69,24 @@ impl<'a> Attention<'a> {
         let (qd, kvd) = (c.q_dim(), n_head_kv * c.head_dim);
         let mut n = Names::new(il);
         let [q, k, v, o] = Self::MATRICES;
+        let fused_qkv = if l.gguf.tensor(n.get(FUSED_QKV)).is_some() {
+            Some(l.layer_matrix(n.get(FUSED_QKV), c.n_embd, qd + 2 * kvd, streamed)?)
+        } else {
+            None
+        };
+        let [wq, wk, wv] = match &fused_qkv {
+            Some(t) => split_qkv(t, qd, kvd)?,
+            None => [
+                l.layer_matrix(n.get(q), c.n_embd, qd, streamed)?,
+                l.layer_matrix(n.get(k), c.n_embd, kvd, streamed)?,
+                l.layer_matrix(n.get(v), c.n_embd, kvd, streamed)?,
+            ],
+        };
         let at = Attention {
-            wq: l.layer_matrix(n.get(q), c.n_embd, qd, streamed)?,
-            wk: l.layer_matrix(n.get(k), c.n_embd, kvd, streamed)?,
-            wv: l.layer_matrix(n.get(v), c.n_embd, kvd, streamed)?,
+            wq,
+            wk,
+            wv,
+            fused_qkv,
             wo: l.layer_matrix(n.get(o), qd, c.n_embd, streamed)?,
             bq: l.opt_vector(n.get("attn_q.bias"), qd)?,
             bk: l.opt_vector(n.get("attn_k.bias"), kvd)?,
@@ -91,12 +109,18 @@ impl<'a> Attention<'a> {
         Ok(at)
     }
 
-    /// Every matrix with its GGUF suffix, in [`Self::MATRICES`] order.
+    /// Every matrix with its GGUF suffix, in [`Self::MATRICES`] order (a fused
+    /// `attn_qkv.weight` in place of the three).
     pub fn visit_matrices(&mut self, f: &mut dyn FnMut(&'static str, &mut Tensor<'a>)) {
         let [q, k, v, o] = Self::MATRICES;
-        f(q, &mut self.wq);
-        f(k, &mut self.wk);
-        f(v, &mut self.wv);
+        match &mut self.fused_qkv {
+            Some(t) => f(FUSED_QKV, t),
+            None => {
+                f(q, &mut self.wq);
+                f(k, &mut self.wk);
+                f(v, &mut self.wv);
+            }
+        }
         f(o, &mut self.wo);
     }
 
@@ -113,13 +137,17 @@ impl<'a> Attention<'a> {
         let hd = c.head_dim;
         let (e, qd, kvd) = (c.n_embd, c.q_dim(), self.n_head_kv * hd);
         let s = &mut *cx.s;
+        let [wq, wk, wv] = match &self.fused_qkv {
+            Some(t) => split_qkv(t, qd, kvd)?,
+            None => [self.wq, self.wk, self.wv],
+        };
         cx.mm.linear_many(
             &s.xn[..n * e],
             n,
             &mut [
-                (&self.wq, &mut s.q[..n * qd]),
-                (&self.wk, &mut s.k[..n * kvd]),
-                (&self.wv, &mut s.v[..n * kvd]),
+                (&wq, &mut s.q[..n * qd]),
+                (&wk, &mut s.k[..n * kvd]),
+                (&wv, &mut s.v[..n * kvd]),
             ],
             s.act_q,
             s.mm_tmp,
@@ -189,6 +217,18 @@ impl<'a> Attention<'a> {
         cx.clock.lap(Op::OutProj);
         Ok(())
     }
+}
+
+/// The GGUF suffix of a fused q/k/v matrix.
+const FUSED_QKV: &str = "attn_qkv.weight";
+
+/// The q, k and v row ranges of a fused `[q; k; v]` matrix.
+fn split_qkv<'a>(t: &Tensor<'a>, qd: usize, kvd: usize) -> Result<[Tensor<'a>; 3], ModelError> {
+    Ok([
+        t.row_range(0, qd)?,
+        t.row_range(qd, kvd)?,
+        t.row_range(qd + kvd, kvd)?,
+    ])
 }
 
 fn add_bias(x: &mut [f32], b: Option<&[f32]>) {

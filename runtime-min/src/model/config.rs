@@ -1,5 +1,6 @@
 //! Model hyper-parameters read from GGUF metadata, and the per-architecture facts that
-//! make one forward pass serve llama, qwen2, qwen3 and gemma3.
+//! make one forward pass serve llama, qwen2, qwen3, gemma3 and the MoE qwen3moe and
+//! bailingmoe2.
 //!
 //! Per-layer facts (which token mixer and feed-forward a layer has, its KV heads) are
 //! in [`LayerKind`], one per layer, read from the file before any weight is.
@@ -8,6 +9,7 @@ use core::fmt::Write;
 use pinch_kernels::ops::RopeKind;
 
 use crate::gguf::Gguf;
+use crate::model::moe_route::MoeConfig;
 use crate::model::ModelError;
 
 /// The architectures this forward pass implements.
@@ -17,6 +19,8 @@ pub enum Arch {
     Qwen2,
     Qwen3,
     Gemma3,
+    Qwen3Moe,
+    BailingMoe2,
 }
 
 impl Arch {
@@ -26,6 +30,8 @@ impl Arch {
             "qwen2" => Some(Arch::Qwen2),
             "qwen3" => Some(Arch::Qwen3),
             "gemma3" => Some(Arch::Gemma3),
+            "qwen3moe" => Some(Arch::Qwen3Moe),
+            "bailingmoe2" => Some(Arch::BailingMoe2),
             _ => None,
         }
     }
@@ -35,6 +41,8 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Gemma3 => "gemma3",
+            Arch::Qwen3Moe => "qwen3moe",
+            Arch::BailingMoe2 => "bailingmoe2",
         }
     }
 }
@@ -54,6 +62,8 @@ pub enum MixerKind {
 pub enum FfnKind {
     #[default]
     Dense,
+    /// Routed experts (and a shared expert), see [`crate::model::ffn_moe`].
+    Moe,
 }
 
 /// What layer `il` is made of.
@@ -110,6 +120,8 @@ pub struct Config {
     pub qkv_bias: bool,
     /// Per-layer kinds: `layers[..n_layer]`.
     pub layers: [LayerKind; MAX_LAYERS],
+    /// The experts' hyper-parameters (MoE architectures).
+    pub moe: Option<MoeConfig>,
 }
 
 impl Config {
@@ -150,6 +162,9 @@ impl Config {
             g.get_u64(&key)
         };
         let n_layer = u("block_count").ok_or(ModelError::MissingKey("block_count"))? as usize;
+        // Multi-token-prediction layers at the end of the file are not run (llama.cpp
+        // loads them and skips them).
+        let n_layer = n_layer.saturating_sub(u("nextn_predict_layers").unwrap_or(0) as usize);
         if n_layer > MAX_LAYERS {
             return Err(ModelError::BadShape(
                 "more layers than pinch supports (128)",
@@ -199,11 +214,15 @@ impl Config {
             return Err(ModelError::BadShape("rope.dimension_count"));
         }
         let gemma = arch == Arch::Gemma3;
+        let moe = MoeConfig::from_gguf(g, p, n_ff)?;
         let mut layers = [LayerKind::default(); MAX_LAYERS];
-        for k in layers.iter_mut().take(n_layer) {
+        for (il, k) in layers.iter_mut().take(n_layer).enumerate() {
             *k = LayerKind {
                 mixer: MixerKind::Attention,
-                ffn: FfnKind::Dense,
+                ffn: match moe {
+                    Some(m) if m.is_moe_layer(il) => FfnKind::Moe,
+                    _ => FfnKind::Dense,
+                },
                 n_head_kv,
             };
         }
@@ -238,7 +257,10 @@ impl Config {
             } else {
                 None
             },
-            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
+            qk_norm: matches!(
+                arch,
+                Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe | Arch::BailingMoe2
+            ),
             post_norms: gemma,
             scale_q: gemma,
             ffn_act: if gemma {
@@ -248,6 +270,7 @@ impl Config {
             },
             qkv_bias: arch == Arch::Qwen2,
             layers,
+            moe,
         })
     }
 }

@@ -4,7 +4,7 @@
 //! The kinds come from the model file (see [`crate::model::config::LayerKind`]); each
 //! block lives in its own file with its weights, its `load` and its `run`:
 //! - token mixers ([`Mixer`]): [`Attention`] (full or sliding-window);
-//! - feed-forwards ([`Ffn`]): [`DenseFfn`].
+//! - feed-forwards ([`Ffn`]): [`DenseFfn`], [`MoeFfn`] (routed experts).
 //!
 //! This file is the one place that knows which matrices a layer has: loading, streaming
 //! views ([`Layer::in_zone`]) and the repack cache all go through
@@ -14,6 +14,7 @@ use crate::arena::{Arena, ArenaError};
 use crate::model::attention::{Attention, KvState};
 use crate::model::config::{Config, FfnKind, MixerKind};
 use crate::model::ffn_dense::DenseFfn;
+use crate::model::ffn_moe::MoeFfn;
 use crate::model::forward::{Profile, SessionOptions};
 use crate::model::kv::KvPlane;
 use crate::model::matmul::MatMul;
@@ -30,9 +31,12 @@ pub enum Mixer<'a> {
 }
 
 /// The feed-forward block of a layer.
+// No allocator to box the larger variant in; a layer table of 128 is ~60 KB either way.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Copy)]
 pub enum Ffn<'a> {
     Dense(DenseFfn<'a>),
+    Moe(MoeFfn<'a>),
 }
 
 /// One layer's weights.
@@ -77,6 +81,7 @@ impl<'a> Layer<'a> {
         let ffn_norm = l.vector(n.get("ffn_norm.weight"), c.n_embd)?;
         let ffn = match kind.ffn {
             FfnKind::Dense => Ffn::Dense(DenseFfn::load(l, c, il, streamed)?),
+            FfnKind::Moe => Ffn::Moe(MoeFfn::load(l, c, il, streamed)?),
         };
         let post_ffn_norm = l.opt_vector(n.get("post_ffw_norm.weight"), c.n_embd)?;
         if c.post_norms && (post_mixer_norm.is_none() || post_ffn_norm.is_none()) {
@@ -103,6 +108,7 @@ impl<'a> Layer<'a> {
         }
         match &mut self.ffn {
             Ffn::Dense(d) => d.visit_matrices(f),
+            Ffn::Moe(m) => m.visit_matrices(f),
         }
     }
 
@@ -243,6 +249,7 @@ impl Layer<'_> {
     ) -> Result<(), ModelError> {
         match &self.ffn {
             Ffn::Dense(d) => d.run(cx, n),
+            Ffn::Moe(m) => m.run_in(cx, n),
         }
     }
 }

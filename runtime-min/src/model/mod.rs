@@ -10,17 +10,20 @@
 //! - [`config`]: hyper-parameters and per-layer kinds from the GGUF metadata;
 //! - [`weights`]: the loader and the model's tensors; [`layer`]: a layer's blocks, their
 //!   matrices (for streaming and repacking) and per-layer state;
-//! - blocks: [`attention`] (token mixer), [`ffn_dense`] (feed-forward);
+//! - blocks: [`attention`] (token mixer), [`ffn_dense`] and [`ffn_moe`] (feed-forwards;
+//!   [`moe_route`]: which experts a token runs);
 //! - [`forward`]: the session (position, state, scratch) and the pass; [`matmul`]: matrix
 //!   products over the workers; [`scratch`]: the shared activations; [`kv`]: a KV plane;
 //!   [`stream`]: weights read from the file alongside the pass.
 pub mod attention;
 pub mod config;
 pub mod ffn_dense;
+pub mod ffn_moe;
 pub mod forward;
 pub mod kv;
 pub mod layer;
 pub mod matmul;
+pub mod moe_route;
 pub mod scratch;
 pub mod stream;
 pub mod weights;
@@ -101,7 +104,7 @@ impl core::fmt::Display for ModelError {
             ModelError::MissingKey(k) => write!(f, "missing metadata key '{k}'"),
             ModelError::UnsupportedArch => write!(
                 f,
-                "unsupported architecture (pinch runs llama, qwen2, qwen3, gemma3)"
+                "unsupported architecture (pinch runs llama, qwen2, qwen3, gemma3, qwen3moe, bailingmoe2)"
             ),
             ModelError::MissingTensor(n) => write!(f, "missing tensor '{n}'"),
             ModelError::MissingTensorNamed(n) => write!(f, "missing tensor '{n}'"),

@@ -4,6 +4,7 @@ use pinch_kernels::ops;
 
 use crate::arena::Arena;
 use crate::model::config::{Config, FfnAct};
+use crate::model::ffn_moe::MoeScratch;
 use crate::model::forward::{SessionOptions, MAX_WORKERS};
 use crate::model::ModelError;
 
@@ -31,6 +32,8 @@ pub struct Scratch<'a> {
     pub gelu: &'a mut [f32],
     /// Rope (sin, cos) pairs per batch token: global base, then sliding-window base.
     pub rope: &'a mut [f32],
+    /// The MoE block's routing and expert buffers (MoE models only).
+    pub moe: Option<MoeScratch<'a>>,
 }
 
 impl<'a> Scratch<'a> {
@@ -44,7 +47,10 @@ impl<'a> Scratch<'a> {
             + maxd
             + cfg.n_vocab * g
             + nb * 2 * cfg.n_rot;
-        floats * 4 + nb.max(g) * maxd * 4 + 64 * 20 + 4 * ops::GELU_TABLE_LEN
+        let moe = cfg
+            .moe
+            .map_or(0, |m| MoeScratch::bytes_needed(&m, cfg.n_embd, nb));
+        floats * 4 + nb.max(g) * maxd * 4 + 64 * 20 + 4 * ops::GELU_TABLE_LEN + moe
     }
 
     /// The buffers for `opts` (already clamped); `head_rows` is the pruned head's row
@@ -84,6 +90,10 @@ impl<'a> Scratch<'a> {
                 },
             )?,
             rope: arena.slice(a, nb * 2 * cfg.n_rot)?,
+            moe: match &cfg.moe {
+                Some(m) => Some(MoeScratch::new(arena, m, cfg.n_embd, nb)?),
+                None => None,
+            },
         };
         ops::gelu_table_fill(s.gelu);
         Ok(s)

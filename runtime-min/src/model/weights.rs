@@ -38,6 +38,52 @@ impl<'a> Tensor<'a> {
         let rb = self.row_bytes();
         &self.data[r * rb..(r + 1) * rb]
     }
+
+    /// Rows `r0..r0 + rows` as a matrix of their own (one expert of a 3-D stack, the q,
+    /// k or v rows of a fused `attn_qkv`), its file span narrowed to match. A row range
+    /// is one byte range in the plain layout and, when it is whole groups, in a repacked
+    /// one (`pinch_kernels::repack`: group `g` fills the bytes its plain rows did). A
+    /// streamed matrix (no data until its zone lends it) gives a view without data.
+    ///
+    /// # Errors
+    /// [`ModelError::BadShape`]: rows past the end, or a range that splits a repacked
+    /// group.
+    pub fn row_range(&self, r0: usize, rows: usize) -> Result<Tensor<'a>, ModelError> {
+        let rb = self
+            .ty
+            .row_bytes(self.cols as u64)
+            .ok_or(ModelError::BadShape(
+                "row range of rows that are not whole blocks",
+            ))? as usize;
+        let g = self.layout.group_rows();
+        if r0 + rows > self.rows || !r0.is_multiple_of(g) || !rows.is_multiple_of(g) {
+            return Err(ModelError::BadShape(
+                "row range past the matrix or splitting a repacked row group",
+            ));
+        }
+        let (a, b) = (r0 * rb, (r0 + rows) * rb);
+        let data = if self.data.is_empty() {
+            self.data
+        } else {
+            self.data
+                .get(a..b)
+                .ok_or(ModelError::BadShape("row range past the matrix's bytes"))?
+        };
+        let file = if self.file.len == 0 {
+            self.file
+        } else {
+            Span {
+                offset: self.file.offset + a as u64,
+                len: (b - a) as u64,
+            }
+        };
+        Ok(Tensor {
+            data,
+            rows,
+            file,
+            ..*self
+        })
+    }
 }
 
 /// A 1-D f32 vector (norm gains, biases).
