@@ -6,6 +6,7 @@
 //! oracle), [`Math::Fast`] quantizes activations like llama.cpp and uses the SIMD kernels.
 pub mod config;
 pub mod forward;
+pub mod hybrid;
 pub mod kv;
 pub mod stream;
 pub mod weights;

@@ -1,0 +1,242 @@
+//! Hyper-parameters of the hybrid (recurrent + attention) architectures, read from GGUF
+//! metadata as llama.cpp 0c1e570 reads them (`load_arch_hparams` of `qwen35` and
+//! `lfm2`):
+//!
+//! - `qwen35`: Gated DeltaNet layers (`ssm.conv_kernel`, `ssm.state_size` = head dim,
+//!   `ssm.group_count` = key heads, `ssm.time_step_rank` = value heads,
+//!   `ssm.inner_size` = value width) with a gated full-attention layer every
+//!   `full_attention_interval`-th layer (default 4: layer `il` is recurrent when
+//!   `(il + 1) % interval != 0`); `rope.dimension_sections` (4 integers) for IMROPE.
+//! - `lfm2`: short-conv layers (`shortconv.l_cache` taps) wherever the per-layer
+//!   `attention.head_count_kv` array says 0.
+//!
+//! `attention.head_count_kv` may be one integer (every layer) or an array with one
+//! entry per layer; [`head_count_kv_per_layer`] reads either.
+use pinch_kernels::recurrent::DeltaDims;
+
+use crate::gguf::Gguf;
+use crate::model::weights::MAX_LAYERS;
+use crate::model::ModelError;
+
+/// Most taps of a causal conv (llama.cpp's models use 3 and 4).
+pub const MAX_CONV_KERNEL: usize = 16;
+
+/// Per-layer KV head counts (0 = a layer without attention).
+pub type PerLayer = heapless::Vec<usize, MAX_LAYERS>;
+
+/// The shapes of a Gated DeltaNet layer (`qwen35`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaNetHparams {
+    pub dims: DeltaDims,
+    /// Taps of the conv1d over `[q | k | v]` (`ssm.conv_kernel`).
+    pub conv_kernel: usize,
+}
+
+impl DeltaNetHparams {
+    /// Floats of one layer's recurrent state: the conv tail and the delta-rule matrices.
+    pub fn state_floats(&self) -> usize {
+        self.dims.conv_dim() * (self.conv_kernel - 1) + self.dims.state_len()
+    }
+
+    /// Read the `ssm.*` keys of `arch`; errors name the missing or inconsistent key.
+    pub fn from_gguf(g: &Gguf, arch: &str) -> Result<DeltaNetHparams, ModelError> {
+        let u = |suffix: &'static str| {
+            arch_usize(g, arch, suffix).ok_or(ModelError::MissingKey(suffix))
+        };
+        let conv_kernel = u("ssm.conv_kernel")?;
+        let head_dim = u("ssm.state_size")?;
+        let n_k_heads = u("ssm.group_count")?;
+        let n_v_heads = u("ssm.time_step_rank")?;
+        let inner = u("ssm.inner_size")?;
+        if conv_kernel == 0 || conv_kernel > MAX_CONV_KERNEL {
+            return Err(ModelError::BadShape("ssm.conv_kernel (1..=16)"));
+        }
+        if head_dim == 0 || n_k_heads == 0 || n_v_heads == 0 || !n_v_heads.is_multiple_of(n_k_heads)
+        {
+            return Err(ModelError::BadShape(
+                "ssm.group_count must divide ssm.time_step_rank, both non-zero",
+            ));
+        }
+        // llama.cpp: head_v_dim = inner / n_v_heads and asserts it equals state_size.
+        if inner != n_v_heads * head_dim {
+            return Err(ModelError::BadShape(
+                "ssm.inner_size must be ssm.time_step_rank * ssm.state_size",
+            ));
+        }
+        Ok(DeltaNetHparams {
+            dims: DeltaDims {
+                n_k_heads,
+                n_v_heads,
+                head_dim,
+            },
+            conv_kernel,
+        })
+    }
+}
+
+/// The shape of a short-conv layer (`lfm2`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShortConvHparams {
+    /// Taps of the depthwise conv (`shortconv.l_cache`); the state keeps `l_cache - 1`.
+    pub l_cache: usize,
+}
+
+impl ShortConvHparams {
+    /// Floats of one layer's state (`n_embd` channels of `l_cache - 1` inputs).
+    pub fn state_floats(&self, n_embd: usize) -> usize {
+        n_embd * (self.l_cache - 1)
+    }
+
+    pub fn from_gguf(g: &Gguf, arch: &str) -> Result<ShortConvHparams, ModelError> {
+        let l_cache = arch_usize(g, arch, "shortconv.l_cache")
+            .ok_or(ModelError::MissingKey("shortconv.l_cache"))?;
+        // llama.cpp asserts l_cache > 1.
+        if !(2..=MAX_CONV_KERNEL).contains(&l_cache) {
+            return Err(ModelError::BadShape("shortconv.l_cache (2..=16)"));
+        }
+        Ok(ShortConvHparams { l_cache })
+    }
+}
+
+/// Which layers of a `qwen35` model are Gated DeltaNet (the others gated attention):
+/// `(il + 1) % full_attention_interval != 0`, the interval 4 when the key is absent.
+pub fn qwen35_recurrent_layers(
+    g: &Gguf,
+    arch: &str,
+    n_layer: usize,
+) -> Result<PerLayer, ModelError> {
+    let interval = arch_usize(g, arch, "full_attention_interval").unwrap_or(4);
+    if interval == 0 {
+        return Err(ModelError::BadShape("full_attention_interval is 0"));
+    }
+    let mut v = PerLayer::new();
+    for il in 0..n_layer {
+        v.push(usize::from(!(il + 1).is_multiple_of(interval)))
+            .map_err(|_| ModelError::BadShape("more layers than pinch holds (128)"))?;
+    }
+    Ok(v)
+}
+
+/// `attention.head_count_kv` per layer: one integer for all, or an array of `n_layer`
+/// integers; absent = `n_head` everywhere.
+pub fn head_count_kv_per_layer(
+    g: &Gguf,
+    arch: &str,
+    n_layer: usize,
+    n_head: usize,
+) -> Result<PerLayer, ModelError> {
+    const KEY: &str = "attention.head_count_kv";
+    let mut v = PerLayer::new();
+    let too_many = |_| ModelError::BadShape("more layers than pinch holds (128)");
+    match arch_value(g, arch, KEY) {
+        None => {
+            for _ in 0..n_layer {
+                v.push(n_head).map_err(too_many)?;
+            }
+        }
+        Some(val) => match val.as_array() {
+            Some(a) => {
+                if a.len() != n_layer {
+                    return Err(ModelError::BadShape(
+                        "attention.head_count_kv array length is not block_count",
+                    ));
+                }
+                for il in 0..n_layer {
+                    let h = a
+                        .u32_at(il)
+                        .ok_or(ModelError::BadShape("attention.head_count_kv entry"))?;
+                    v.push(h as usize).map_err(too_many)?;
+                }
+            }
+            None => {
+                let h = val
+                    .as_u32()
+                    .ok_or(ModelError::BadShape("attention.head_count_kv"))?;
+                for _ in 0..n_layer {
+                    v.push(h as usize).map_err(too_many)?;
+                }
+            }
+        },
+    }
+    Ok(v)
+}
+
+/// `rope.dimension_sections` (IMROPE): 4 integers; absent = none.
+pub fn rope_sections(g: &Gguf, arch: &str) -> Result<Option<[u32; 4]>, ModelError> {
+    let Some(val) = arch_value(g, arch, "rope.dimension_sections") else {
+        return Ok(None);
+    };
+    let a = val.as_array().ok_or(ModelError::BadShape(
+        "rope.dimension_sections is not an array",
+    ))?;
+    // llama.cpp reads up to 4 entries (get_key_or_arr with n = 4).
+    if a.is_empty() || a.len() > 4 {
+        return Err(ModelError::BadShape(
+            "rope.dimension_sections needs 1..=4 entries",
+        ));
+    }
+    let mut s = [0u32; 4];
+    for (i, v) in s.iter_mut().enumerate().take(a.len()) {
+        *v = a
+            .u32_at(i)
+            .ok_or(ModelError::BadShape("rope.dimension_sections entry"))?;
+    }
+    Ok(Some(s))
+}
+
+/// Which rotated pairs of an IMROPE head turn with the token's position: for text all
+/// of llama.cpp's position ids but the fourth ("extra", always 0 for text) equal the
+/// token position, so pair `i` rotates like NEOX rope unless its sector (`i % sum`)
+/// belongs to the extra id, when it stays put.
+/// Entry `i` is true for pairs that rotate (`n_rot / 2 <= 128` pairs).
+pub fn imrope_text_pairs(sections: [u32; 4], n_rot: usize) -> [bool; 128] {
+    let mut on = [false; 128];
+    let [s0, s1, s2, s3] = sections.map(|s| s as usize);
+    let total = s0 + s1 + s2 + s3;
+    for (i, o) in on.iter_mut().enumerate().take((n_rot / 2).min(128)) {
+        if total == 0 {
+            *o = true;
+            continue;
+        }
+        let sector = i % total;
+        // ggml_mrope_cache_init, interleaved: t, h, w by sector % 3 while inside their
+        // section counts, else the extra id.
+        let extra = !((sector % 3 == 0 && sector < 3 * s0)
+            || (sector % 3 == 1 && sector < 3 * s1)
+            || (sector % 3 == 2 && sector < 3 * s2));
+        *o = !extra;
+    }
+    on
+}
+
+fn arch_value<'a>(g: &Gguf<'a>, arch: &str, suffix: &str) -> Option<crate::gguf::Value<'a>> {
+    g.find_kv(|k| {
+        k.strip_prefix(arch)
+            .and_then(|r| r.strip_prefix('.'))
+            .is_some_and(|r| r == suffix)
+    })
+}
+
+fn arch_usize(g: &Gguf, arch: &str, suffix: &str) -> Option<usize> {
+    arch_value(g, arch, suffix)?
+        .as_u64()
+        .and_then(|v| usize::try_from(v).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn imrope_of_the_qwen35_sections_rotates_every_pair() {
+        // [3, 3, 2, 0] on 16 dims (the fixture) and [11, 11, 10, 0] on 64 (Qwen3.5).
+        assert!(imrope_text_pairs([3, 3, 2, 0], 16)[..8].iter().all(|&b| b));
+        assert!(imrope_text_pairs([11, 11, 10, 0], 64)[..32]
+            .iter()
+            .all(|&b| b));
+        // A section of the extra id: sectors past 3 * s2 with sector % 3 == 2 stay put.
+        let p = imrope_text_pairs([2, 2, 1, 1], 12);
+        // sectors 0..6: 0 t, 1 h, 2 w, 3 t, 4 h, 5 -> %3 == 2 but 5 >= 3 -> extra.
+        assert_eq!(&p[..6], &[true, true, true, true, true, false]);
+    }
+}
