@@ -1,4 +1,4 @@
-//! The KV cache: per layer, K and V rows for every position of the context.
+//! One attention layer's keys or values: a row per position of the context.
 use pinch_kernels::attn::KvRow;
 use pinch_kernels::f16::f32_to_f16;
 
@@ -32,7 +32,7 @@ pub struct KvPlane<'a> {
 }
 
 impl<'a> KvPlane<'a> {
-    fn new(
+    pub fn new(
         arena: &mut Arena<'a>,
         ty: KvType,
         n_ctx: usize,
@@ -82,35 +82,5 @@ impl<'a> KvPlane<'a> {
             Store::F32(s) => KvRow::F32(&s[start..start + len]),
             Store::F16(s) => KvRow::F16(&s[start..start + len]),
         }
-    }
-}
-
-/// K and V planes for every layer.
-pub struct KvCache<'a> {
-    pub k: heapless::Vec<KvPlane<'a>, { crate::model::weights::MAX_LAYERS }>,
-    pub v: heapless::Vec<KvPlane<'a>, { crate::model::weights::MAX_LAYERS }>,
-    pub n_ctx: usize,
-}
-
-impl<'a> KvCache<'a> {
-    pub fn new(
-        arena: &mut Arena<'a>,
-        ty: KvType,
-        n_layer: usize,
-        n_ctx: usize,
-        dim: usize,
-    ) -> Result<KvCache<'a>, ArenaError> {
-        let mut k = heapless::Vec::new();
-        let mut v = heapless::Vec::new();
-        for _ in 0..n_layer.min(crate::model::weights::MAX_LAYERS) {
-            let _ = k.push(KvPlane::new(arena, ty, n_ctx, dim)?);
-            let _ = v.push(KvPlane::new(arena, ty, n_ctx, dim)?);
-        }
-        Ok(KvCache { k, v, n_ctx })
-    }
-
-    /// Bytes the cache needs (for planning before allocation).
-    pub fn bytes_needed(ty: KvType, n_layer: usize, n_ctx: usize, dim: usize) -> usize {
-        2 * n_layer * n_ctx * dim * ty.bytes_per_value()
     }
 }
