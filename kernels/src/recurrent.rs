@@ -231,10 +231,11 @@ pub fn delta_head_step(
 /// Token `t`'s `qkv[t * stride..]` row holds `[q | k | v]` (`dims.qk_dim()`,
 /// `dims.qk_dim()`, `dims.v_dim()` values; q and k L2-normalised); `g[t * n_v + h]` its
 /// log-decays and `beta[t * n_v + h]` its write strengths (see [`delta_gates`]).
-/// `state` holds the `d × d` matrices of heads `heads` only, back to back; `out` rows
-/// are `out_stride` long and head `h` of token `t` goes to
-/// `out[t * out_stride + (h - heads.start) * d..]`. Each head runs all its tokens before
-/// the next (its state stays in cache), so callers may split heads across workers.
+/// `state` holds the `d × d` matrices of heads `heads` only, back to back; head `h` of
+/// token `t` goes to `out[t * out_stride + (h - heads.start) * head_stride..][..d]`
+/// (token-major: `out_stride = n_v * d`, `head_stride = d`; head-major: `out_stride =
+/// d`, `head_stride = n * d`). Each head runs all its tokens before the next (its state
+/// stays in cache), so callers may split heads across workers.
 ///
 /// # Preconditions
 /// Slices hold what the shapes say (checked by the caller once per layer); a shorter
@@ -251,6 +252,7 @@ pub fn delta_rule(
     state: &mut [f32],
     out: &mut [f32],
     out_stride: usize,
+    head_stride: usize,
 ) {
     let d = dims.head_dim;
     let (nk, nv) = (dims.n_k_heads.max(1), dims.n_v_heads);
@@ -272,7 +274,7 @@ pub fn delta_rule(
             let (Some(&gt), Some(&bt)) = (g.get(t * nv + h), beta.get(t * nv + h)) else {
                 return;
             };
-            let o0 = t * out_stride + i * d;
+            let o0 = t * out_stride + i * head_stride;
             let Some(o) = out.get_mut(o0..o0 + d) else {
                 return;
             };
@@ -519,22 +521,36 @@ mod tests {
                     )
                 })
                 .collect();
-            // Batched: all heads, all tokens in one call.
-            let mut state = vec![0f32; dims.state_len()];
+            // Batched: all heads, all tokens in one call, token-major and head-major.
             let vd = dims.v_dim();
-            let mut out = vec![f32::NAN; n * vd];
-            delta_rule(
-                dims,
-                0..nv,
-                n,
-                &qkv,
-                cd,
-                &g,
-                &beta,
-                &mut state,
-                &mut out,
-                vd,
-            );
+            let batched = |out_stride: usize, head_stride: usize| {
+                let mut state = vec![0f32; dims.state_len()];
+                let mut out = vec![f32::NAN; n * vd];
+                let (q, gg, bb) = (&qkv[..], &g[..], &beta[..]);
+                delta_rule(
+                    dims,
+                    0..nv,
+                    n,
+                    q,
+                    cd,
+                    gg,
+                    bb,
+                    &mut state,
+                    &mut out,
+                    out_stride,
+                    head_stride,
+                );
+                (state, out)
+            };
+            let (state, out) = batched(vd, d);
+            let (_, out_h) = batched(d, n * d);
+            for t in 0..n {
+                for h in 0..nv {
+                    let a = &out[t * vd + h * d..][..d];
+                    let b = &out_h[h * n * d + t * d..][..d];
+                    assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()));
+                }
+            }
             // One token at a time, heads split in two calls.
             let mut state_s = vec![0f32; dims.state_len()];
             let mut out_s = vec![f32::NAN; n * vd];
@@ -544,8 +560,8 @@ mod tests {
                 let o = &mut out_s[t * vd..(t + 1) * vd];
                 let (o0, o1) = o.split_at_mut(split * d);
                 let (q, gg, bb) = (&qkv[t * cd..], &g[t * nv..], &beta[t * nv..]);
-                delta_rule(dims, 0..split, 1, q, cd, gg, bb, s0, o0, vd);
-                delta_rule(dims, split..nv, 1, q, cd, gg, bb, s1, o1, vd);
+                delta_rule(dims, 0..split, 1, q, cd, gg, bb, s0, o0, vd, d);
+                delta_rule(dims, split..nv, 1, q, cd, gg, bb, s1, o1, vd, d);
             }
             for t in 0..n {
                 for j in 0..vd {

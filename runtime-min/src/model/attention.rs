@@ -4,8 +4,10 @@
 //!
 //! ```text
 //! q,k,v = xn·Wq,Wk,Wv [+b] ; [qk-norm] ; rope ; cache k,v
-//! a = softmax(q·K / sqrt(d)) · V ; xn = a·Wo
+//! a = softmax(q·K / sqrt(d)) · V ; [a *= sigmoid(gate)] ; xn = a·Wo
 //! ```
+//!
+//! Gated attention (qwen35): `Wq` has two rows per q row, `[q_h | gate_h]` per head.
 use core::ops::Range;
 
 use pinch_kernels::attn;
@@ -36,6 +38,8 @@ pub struct Attention<'a> {
     pub n_head_kv: usize,
     /// Sliding-window layer (sees the last `n_swa` positions, its own rope base).
     pub swa: bool,
+    /// `Wq` also projects an output gate per head (see the module doc).
+    pub gated: bool,
 }
 
 /// One attention layer's state: its keys and values for every position.
@@ -66,7 +70,12 @@ impl<'a> Attention<'a> {
         let mut n = Names::new(il);
         let [q, k, v, o] = Self::MATRICES;
         let at = Attention {
-            wq: l.layer_matrix(n.get(q), c.n_embd, qd, streamed)?,
+            wq: l.layer_matrix(
+                n.get(q),
+                c.n_embd,
+                qd * (1 + c.gated_attn as usize),
+                streamed,
+            )?,
             wk: l.layer_matrix(n.get(k), c.n_embd, kvd, streamed)?,
             wv: l.layer_matrix(n.get(v), c.n_embd, kvd, streamed)?,
             wo: l.layer_matrix(n.get(o), qd, c.n_embd, streamed)?,
@@ -77,6 +86,7 @@ impl<'a> Attention<'a> {
             k_norm: l.opt_vector(n.get("attn_k_norm.weight"), c.head_dim)?,
             n_head_kv,
             swa: c.is_swa(il),
+            gated: c.gated_attn,
         };
         if c.qk_norm && (at.q_norm.is_none() || at.k_norm.is_none()) {
             return Err(ModelError::MissingTensorNamed(
@@ -113,11 +123,12 @@ impl<'a> Attention<'a> {
         let hd = c.head_dim;
         let (e, qd, kvd) = (c.n_embd, c.q_dim(), self.n_head_kv * hd);
         let s = &mut *cx.s;
+        let wq_rows = self.wq.rows;
         cx.mm.linear_many(
             &s.xn[..n * e],
             n,
             &mut [
-                (&self.wq, &mut s.q[..n * qd]),
+                (&self.wq, &mut s.q[..n * wq_rows]),
                 (&self.wk, &mut s.k[..n * kvd]),
                 (&self.wv, &mut s.v[..n * kvd]),
             ],
@@ -126,6 +137,9 @@ impl<'a> Attention<'a> {
             s.row,
         )?;
         cx.clock.lap(Op::QkvProj);
+        if self.gated {
+            split_q_gate(&mut s.q[..2 * n * qd], &mut s.mixer[..n * qd], hd);
+        }
         for t in 0..n {
             add_bias(&mut s.q[t * qd..(t + 1) * qd], self.bq);
             add_bias(&mut s.k[t * kvd..(t + 1) * kvd], self.bk);
@@ -176,6 +190,9 @@ impl<'a> Attention<'a> {
             &mut s.att[..n * qd],
             s.scores,
         );
+        if self.gated {
+            pinch_kernels::recurrent::mul_sigmoid(&mut s.att[..n * qd], &s.mixer[..n * qd]);
+        }
         cx.clock.lap(Op::Attention);
         cx.mm.linear(
             &self.wo,
@@ -188,6 +205,17 @@ impl<'a> Attention<'a> {
         )?;
         cx.clock.lap(Op::OutProj);
         Ok(())
+    }
+}
+
+/// Rows of `[q_h | gate_h]` pairs (`hd` each) → q compacted in place at the front of
+/// `q` (token-major, `n_head * hd` per token) and the gates into `gate`.
+fn split_q_gate(q: &mut [f32], gate: &mut [f32], hd: usize) {
+    // Item i (token t, head h) reads at 2 i hd and writes q at i hd <= 2 i hd: going
+    // forward never overwrites an unread value.
+    for (i, g) in gate.chunks_exact_mut(hd).enumerate() {
+        g.copy_from_slice(&q[(2 * i + 1) * hd..(2 * i + 2) * hd]);
+        q.copy_within(2 * i * hd..(2 * i + 1) * hd, i * hd);
     }
 }
 

@@ -257,12 +257,21 @@ impl<'w, 'a> Session<'w, 'a> {
 
     /// Keep the first `n` positions and forget the rest, so the next `eval` continues at
     /// position `n`. Attention layers keep their KV rows (rows past `n` are overwritten).
+    /// A recurrent layer's state holds only the latest position: such a model goes to
+    /// `n = n_past` (nothing to forget) or `n = 0` (the state restarts), no other `n`.
     ///
     /// # Errors
-    /// `n` beyond the positions evaluated: [`ModelError::Truncate`].
+    /// `n` beyond the positions evaluated: [`ModelError::Truncate`]; a recurrent model
+    /// and `0 < n < n_past`: [`ModelError::TruncateRecurrent`].
     pub fn truncate(&mut self, n: usize) -> Result<(), ModelError> {
         if n > self.n_past {
             return Err(ModelError::Truncate {
+                to: n,
+                n_past: self.n_past,
+            });
+        }
+        if n > 0 && n < self.n_past && self.state.iter().any(|s| s.is_recurrent()) {
+            return Err(ModelError::TruncateRecurrent {
                 to: n,
                 n_past: self.n_past,
             });

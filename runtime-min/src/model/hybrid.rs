@@ -15,6 +15,7 @@
 use pinch_kernels::recurrent::DeltaDims;
 
 use crate::gguf::Gguf;
+use crate::model::config::{Arch, MixerKind};
 use crate::model::weights::MAX_LAYERS;
 use crate::model::ModelError;
 
@@ -95,6 +96,69 @@ impl ShortConvHparams {
             return Err(ModelError::BadShape("shortconv.l_cache (2..=16)"));
         }
         Ok(ShortConvHparams { l_cache })
+    }
+}
+
+/// The per-layer mixers and KV heads of a hybrid model, and the recurrent shapes.
+#[derive(Clone, Debug)]
+pub struct Hybrid {
+    pub delta: Option<DeltaNetHparams>,
+    pub shortconv: Option<ShortConvHparams>,
+    /// Per layer: its token mixer and (attention layers) its KV heads.
+    pub layers: heapless::Vec<(MixerKind, usize), MAX_LAYERS>,
+}
+
+impl Hybrid {
+    /// The hybrid facts of `arch` (`None` for an architecture with attention in every
+    /// layer); `n_head_kv` is the scalar `attention.head_count_kv` when there is one.
+    pub fn from_gguf(
+        g: &Gguf,
+        arch: Arch,
+        n_layer: usize,
+        n_head: usize,
+        n_head_kv: usize,
+    ) -> Result<Option<Hybrid>, ModelError> {
+        let p = arch.name();
+        let mut layers = heapless::Vec::new();
+        let too_many = |_| ModelError::BadShape("more layers than pinch holds (128)");
+        let (delta, shortconv) = match arch {
+            Arch::Qwen35 => {
+                let rec = qwen35_recurrent_layers(g, p, n_layer)?;
+                for r in rec {
+                    let k = if r == 1 {
+                        (MixerKind::GatedDeltaNet, 0)
+                    } else {
+                        (MixerKind::Attention, n_head_kv)
+                    };
+                    layers.push(k).map_err(too_many)?;
+                }
+                (Some(DeltaNetHparams::from_gguf(g, p)?), None)
+            }
+            Arch::Lfm2 => {
+                for h in head_count_kv_per_layer(g, p, n_layer, n_head)? {
+                    let k = if h == 0 {
+                        (MixerKind::ShortConv, 0)
+                    } else {
+                        (MixerKind::Attention, h)
+                    };
+                    layers.push(k).map_err(too_many)?;
+                }
+                (None, Some(ShortConvHparams::from_gguf(g, p)?))
+            }
+            _ => return Ok(None),
+        };
+        for &(m, h) in &layers {
+            if m == MixerKind::Attention && (h == 0 || !n_head.is_multiple_of(h)) {
+                return Err(ModelError::BadShape(
+                    "attention.head_count_kv must divide attention.head_count",
+                ));
+            }
+        }
+        Ok(Some(Hybrid {
+            delta,
+            shortconv,
+            layers,
+        }))
     }
 }
 
@@ -207,6 +271,87 @@ pub fn imrope_text_pairs(sections: [u32; 4], n_rot: usize) -> [bool; 128] {
         *o = !extra;
     }
     on
+}
+
+/// A recurrent layer's state, fixed in size whatever the context length: the conv tail
+/// (the last `k - 1` conv inputs, channel-major) and, for Gated DeltaNet, one `d × d`
+/// matrix per value head (empty for short-conv layers).
+pub struct RecurrentState<'a> {
+    pub conv: &'a mut [f32],
+    pub matrix: &'a mut [f32],
+}
+
+impl<'a> RecurrentState<'a> {
+    /// A zeroed state of `conv` + `matrix` floats from `arena`.
+    pub fn new(
+        arena: &mut crate::arena::Arena<'a>,
+        conv: usize,
+        matrix: usize,
+    ) -> Result<RecurrentState<'a>, crate::arena::ArenaError> {
+        let mut st = RecurrentState {
+            conv: arena.slice("recurrent state", conv)?,
+            matrix: arena.slice("recurrent state", matrix)?,
+        };
+        st.clear();
+        Ok(st)
+    }
+
+    /// Back to the state before any token (a pass at position 0 starts from it).
+    pub fn clear(&mut self) {
+        self.conv.fill(0.0);
+        self.matrix.fill(0.0);
+    }
+
+    /// The causal conv of `n` tokens of `ch` channels in `x` (in place) with the taps of
+    /// `conv` (decoded into `taps`), advancing the conv tail. A pass at position 0 first
+    /// clears the whole state: the conv is every recurrent mixer's first step.
+    pub fn conv_inplace(
+        &mut self,
+        conv: &crate::model::weights::Tensor,
+        taps: &mut [f32],
+        x: &mut [f32],
+        n: usize,
+        ch: usize,
+        pos0: usize,
+    ) -> Result<(), ModelError> {
+        if pos0 == 0 {
+            self.clear();
+        }
+        pinch_kernels::matvec::dequantize_row(conv.ty, conv.data, taps)?;
+        pinch_kernels::recurrent::conv_causal_inplace(x, n, ch, taps, conv.cols, self.conv);
+        Ok(())
+    }
+
+    /// Bytes of a state of `conv` + `matrix` floats (for the plan).
+    pub fn bytes_needed(conv: usize, matrix: usize) -> usize {
+        4 * (conv + matrix) + 2 * 64
+    }
+}
+
+/// Floats of [`crate::model::scratch::Scratch::mixer`] for batches of `nb` tokens: the
+/// widest need of the model's recurrent mixers and of the attention gate.
+pub fn mixer_scratch_floats(c: &crate::model::config::Config, nb: usize) -> usize {
+    let delta = c.delta.map_or(0, |d| {
+        crate::model::deltanet::DeltaNet::scratch_floats(&d, nb)
+    });
+    let conv = c.shortconv.map_or(0, |sc| {
+        crate::model::shortconv::ShortConv::scratch_floats(&sc, c.n_embd, nb)
+    });
+    let gate = if c.gated_attn { nb * c.q_dim() } else { 0 };
+    delta.max(conv).max(gate)
+}
+
+/// The widest input or output of a hybrid model's mixer matrices (the shared matmul
+/// buffers are sized for it); 0 for other models.
+pub fn widest_matrix(c: &crate::model::config::Config) -> usize {
+    let delta = c.delta.map_or(0, |d| d.dims.conv_dim().max(d.dims.v_dim()));
+    let conv = if c.shortconv.is_some() {
+        3 * c.n_embd
+    } else {
+        0
+    };
+    let gate = if c.gated_attn { 2 * c.q_dim() } else { 0 };
+    delta.max(conv).max(gate)
 }
 
 fn arch_value<'a>(g: &Gguf<'a>, arch: &str, suffix: &str) -> Option<crate::gguf::Value<'a>> {

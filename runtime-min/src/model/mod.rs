@@ -16,6 +16,7 @@
 //!   [`stream`]: weights read from the file alongside the pass.
 pub mod attention;
 pub mod config;
+pub mod deltanet;
 pub mod ffn_dense;
 pub mod forward;
 pub mod hybrid;
@@ -23,6 +24,7 @@ pub mod kv;
 pub mod layer;
 pub mod matmul;
 pub mod scratch;
+pub mod shortconv;
 pub mod stream;
 pub mod weights;
 
@@ -82,6 +84,12 @@ pub enum ModelError {
         to: usize,
         n_past: usize,
     },
+    /// `Session::truncate` of a model with recurrent layers to a position between 0 and
+    /// the current one: their state holds only the latest position.
+    TruncateRecurrent {
+        to: usize,
+        n_past: usize,
+    },
 }
 
 impl From<ArenaError> for ModelError {
@@ -102,7 +110,7 @@ impl core::fmt::Display for ModelError {
             ModelError::MissingKey(k) => write!(f, "missing metadata key '{k}'"),
             ModelError::UnsupportedArch => write!(
                 f,
-                "unsupported architecture (pinch runs llama, qwen2, qwen3, gemma3)"
+                "unsupported architecture (pinch runs llama, qwen2, qwen3, gemma3, qwen35, lfm2)"
             ),
             ModelError::MissingTensor(n) => write!(f, "missing tensor '{n}'"),
             ModelError::MissingTensorNamed(n) => write!(f, "missing tensor '{n}'"),
@@ -144,6 +152,10 @@ impl core::fmt::Display for ModelError {
             ModelError::Truncate { to, n_past } => write!(
                 f,
                 "cannot return the session to position {to}: it holds {n_past} positions"
+            ),
+            ModelError::TruncateRecurrent { to, n_past } => write!(
+                f,
+                "cannot return the session to position {to} of {n_past}: the model's recurrent state holds only the latest position (start again from 0)"
             ),
             ModelError::NoReader => write!(
                 f,
