@@ -35,6 +35,15 @@ const TOKENS: [u32; 7] = [5, 77, 140, 9, 260, 33, 101];
 
 /// `f(session, platform)` on a fresh session of `bytes`.
 fn with_session(bytes: &[u8], f: impl FnOnce(&mut Session<'_, '_>, &MemPlatform<'_>)) {
+    with_session_opt(bytes, false, f)
+}
+
+/// [`with_session`], keeping a checkpoint when `checkpoint`.
+fn with_session_opt(
+    bytes: &[u8],
+    checkpoint: bool,
+    f: impl FnOnce(&mut Session<'_, '_>, &MemPlatform<'_>),
+) {
     let plat = MemPlatform {
         bytes,
         cpu: host_cpu(),
@@ -52,6 +61,9 @@ fn with_session(bytes: &[u8], f: impl FnOnce(&mut Session<'_, '_>, &MemPlatform<
     .load(&cfg)
     .unwrap();
     let mut sess = Session::new(cfg, &weights, &mut arena, opts(4)).unwrap();
+    if checkpoint {
+        sess.keep_checkpoint(&mut arena).unwrap();
+    }
     f(&mut sess, &plat);
 }
 
@@ -109,6 +121,50 @@ fn recurrent_models_refuse_to_truncate_into_the_past() {
                 .fold(0.0, f32::max);
             assert!(d < 1e-4, "{name}: continuing differs by {d}");
             assert!(whole.iter().all(|v| v.is_finite()));
+        });
+    }
+}
+
+#[test]
+fn a_checkpoint_lets_a_repeated_prompt_reuse_all_but_its_last_token() {
+    for name in MODELS {
+        let bytes = fixture(name);
+        let mut plain = Vec::new();
+        with_session(&bytes, |sess, p| plain = eval_last(sess, p, &TOKENS));
+        with_session_opt(&bytes, true, |sess, p| {
+            let n = TOKENS.len();
+            // The last prompt token runs in a pass of its own: batched vs one token.
+            let first = eval_last(sess, p, &TOKENS);
+            let d = first
+                .iter()
+                .zip(&plain)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(d < 1e-4, "{name}: the checkpointed prompt differs by {d}");
+            eval_last(sess, p, &[42]);
+            // Back to the checkpoint (all but the last prompt token), then that token.
+            sess.truncate(n - 1).unwrap();
+            assert_eq!(sess.n_past(), n - 1);
+            let again = eval_last(sess, p, &TOKENS[n - 1..]);
+            assert_eq!(
+                first, again,
+                "{name}: the restored state is not the saved one"
+            );
+            // Any other earlier position is still refused.
+            assert!(matches!(
+                sess.truncate(2),
+                Err(ModelError::TruncateRecurrent { to: 2, .. })
+            ));
+            // Going back past the checkpoint forgets it: a later history of single
+            // tokens reaching the same position does not get the old state.
+            sess.truncate(0).unwrap();
+            for &t in &TOKENS {
+                eval_last(sess, p, &[t]);
+            }
+            assert!(matches!(
+                sess.truncate(n - 1),
+                Err(ModelError::TruncateRecurrent { .. })
+            ));
         });
     }
 }

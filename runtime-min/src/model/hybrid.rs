@@ -328,6 +328,82 @@ impl<'a> RecurrentState<'a> {
     }
 }
 
+/// Floats of a recurrent layer's state: (conv tail, delta-rule matrices).
+pub fn recurrent_floats(c: &crate::model::config::Config, mixer: MixerKind) -> (usize, usize) {
+    match mixer {
+        MixerKind::GatedDeltaNet => c.delta.map_or((0, 0), |d| {
+            (d.dims.conv_dim() * (d.conv_kernel - 1), d.dims.state_len())
+        }),
+        MixerKind::ShortConv => c
+            .shortconv
+            .map_or((0, 0), |sc| (sc.state_floats(c.n_embd), 0)),
+        MixerKind::Attention => (0, 0),
+    }
+}
+
+/// A copy of every recurrent layer's state at one position, so that
+/// `Session::truncate` can return there (a recurrent state cannot be cut back). The
+/// session saves it before the last token of every multi-token `eval` (a prompt): a
+/// request that repeats a prompt reuses all of it but its last token.
+pub struct Checkpoint<'a> {
+    /// The position the copies hold (`None`: nothing saved, or no longer a prefix of
+    /// the session's tokens).
+    pub at: Option<usize>,
+    saved: heapless::Vec<RecurrentState<'a>, MAX_LAYERS>,
+}
+
+impl<'a> Checkpoint<'a> {
+    /// Room for the recurrent layers' states of `c`.
+    pub fn new(
+        arena: &mut crate::arena::Arena<'a>,
+        c: &crate::model::config::Config,
+    ) -> Result<Checkpoint<'a>, ModelError> {
+        let mut saved = heapless::Vec::new();
+        for il in 0..c.n_layer {
+            let (conv, matrix) = recurrent_floats(c, c.layer(il).mixer);
+            if conv + matrix > 0 {
+                let st = RecurrentState::new(arena, conv, matrix)?;
+                saved
+                    .push(st)
+                    .map_err(|_| ModelError::BadShape("more layers than pinch holds (128)"))?;
+            }
+        }
+        Ok(Checkpoint { at: None, saved })
+    }
+
+    /// Bytes [`Self::new`] takes (for the plan).
+    pub fn bytes_needed(c: &crate::model::config::Config) -> usize {
+        (0..c.n_layer)
+            .map(|il| recurrent_floats(c, c.layer(il).mixer))
+            .filter(|(a, b)| a + b > 0)
+            .map(|(a, b)| RecurrentState::bytes_needed(a, b))
+            .sum()
+    }
+
+    /// Copy the recurrent layers' states (which hold position `at`).
+    pub fn save(&mut self, states: &[crate::model::layer::LayerState<'_>], at: usize) {
+        let live = states.iter().filter_map(|s| s.recurrent());
+        for (dst, src) in self.saved.iter_mut().zip(live) {
+            dst.conv.copy_from_slice(src.conv);
+            dst.matrix.copy_from_slice(src.matrix);
+        }
+        self.at = Some(at);
+    }
+
+    /// Put the saved states back if they hold position `to`; whether they did.
+    pub fn restore(&self, states: &mut [crate::model::layer::LayerState<'_>], to: usize) -> bool {
+        if self.at != Some(to) {
+            return false;
+        }
+        let live = states.iter_mut().filter_map(|s| s.recurrent_mut());
+        for (src, dst) in self.saved.iter().zip(live) {
+            dst.conv.copy_from_slice(src.conv);
+            dst.matrix.copy_from_slice(src.matrix);
+        }
+        true
+    }
+}
+
 /// Floats of [`crate::model::scratch::Scratch::mixer`] for batches of `nb` tokens: the
 /// widest need of the model's recurrent mixers and of the attention gate.
 pub fn mixer_scratch_floats(c: &crate::model::config::Config, nb: usize) -> usize {

@@ -18,7 +18,7 @@ use crate::model::config::{Config, FfnKind, MixerKind};
 use crate::model::deltanet::DeltaNet;
 use crate::model::ffn_dense::DenseFfn;
 use crate::model::forward::{Profile, SessionOptions};
-use crate::model::hybrid::RecurrentState;
+use crate::model::hybrid::{recurrent_floats, RecurrentState};
 use crate::model::kv::{KvPlane, KvType};
 use crate::model::matmul::MatMul;
 use crate::model::scratch::Scratch;
@@ -211,18 +211,21 @@ impl<'a> LayerState<'a> {
     pub fn is_recurrent(&self) -> bool {
         matches!(self, LayerState::Recurrent(_))
     }
-}
 
-/// Floats of a recurrent layer's state: (conv tail, delta-rule matrices).
-fn recurrent_floats(c: &Config, mixer: MixerKind) -> (usize, usize) {
-    match mixer {
-        MixerKind::GatedDeltaNet => c.delta.map_or((0, 0), |d| {
-            (d.dims.conv_dim() * (d.conv_kernel - 1), d.dims.state_len())
-        }),
-        MixerKind::ShortConv => c
-            .shortconv
-            .map_or((0, 0), |sc| (sc.state_floats(c.n_embd), 0)),
-        MixerKind::Attention => (0, 0),
+    /// The recurrent state, if this is one.
+    pub fn recurrent(&self) -> Option<&RecurrentState<'a>> {
+        match self {
+            LayerState::Recurrent(r) => Some(r),
+            LayerState::Kv(_) => None,
+        }
+    }
+
+    /// The recurrent state, if this is one, to update.
+    pub fn recurrent_mut(&mut self) -> Option<&mut RecurrentState<'a>> {
+        match self {
+            LayerState::Recurrent(r) => Some(r),
+            LayerState::Kv(_) => None,
+        }
     }
 }
 
