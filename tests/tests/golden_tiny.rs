@@ -48,7 +48,7 @@ fn unsupported(name: &str) -> bool {
 /// Architectures whose fixtures and goldens are in `tests/data/tiny` but that pinch does
 /// not run yet: loading them must fail with `UnsupportedArch`. An architecture leaves
 /// this list in the change that makes it pass the goldens.
-const PENDING_ARCHS: &[&str] = &["qwen35", "lfm2"];
+const PENDING_ARCHS: &[&str] = &[];
 
 fn pending_arch(name: &str) -> bool {
     PENDING_ARCHS
