@@ -58,16 +58,16 @@ fn pending_arch(name: &str) -> bool {
 
 #[test]
 fn pending_architectures_are_a_clear_error() {
+    let spec = RunSpec {
+        math: Math::Reference,
+        kv: KvType::F32,
+        batch: 24,
+        threads: 1,
+        attn_skip: false,
+    };
     for name in fixtures().into_iter().filter(|n| pending_arch(n)) {
         let bytes = std::fs::read(data_dir().join("tiny").join(&name)).unwrap();
         let meta = Meta::load(&data_dir().join("tiny").join(format!("{name}.meta")));
-        let spec = RunSpec {
-            math: Math::Reference,
-            kv: KvType::F32,
-            batch: 24,
-            threads: 1,
-            attn_skip: false,
-        };
         match run_logits(&bytes, &meta.u32s("token_ids"), spec) {
             Err(ModelError::UnsupportedArch) => {}
             other => panic!(
@@ -76,6 +76,19 @@ fn pending_architectures_are_a_clear_error() {
             ),
         }
     }
+    // An architecture no one runs: tiny llama renamed (every `llama` in the header,
+    // the architecture and its keys, becomes `xlama`).
+    let mut bytes = std::fs::read(data_dir().join("tiny").join("tiny-llama-F32.gguf")).unwrap();
+    let header = 64 << 10;
+    for i in 0..header - 5 {
+        if &bytes[i..i + 5] == b"llama" {
+            bytes[i] = b'x';
+        }
+    }
+    assert!(matches!(
+        run_logits(&bytes, &[1, 2], spec),
+        Err(ModelError::UnsupportedArch)
+    ));
 }
 
 fn oracle_tol(name: &str) -> f32 {

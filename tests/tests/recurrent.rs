@@ -28,6 +28,7 @@ fn opts(n_batch: usize) -> SessionOptions {
         head_group: 4,
         cpu: host_cpu(),
         attn_skip: false,
+        swa_ring: true,
     }
 }
 
@@ -211,15 +212,15 @@ fn session_bytes_count_the_recurrent_state() {
     let g = Gguf::parse(&bytes, bytes.len() as u64).unwrap();
     let cfg = Config::from_gguf(&g).unwrap();
     for n_ctx in [64, 200] {
+        let mut o = opts(4);
+        o.n_ctx = n_ctx;
         let per_layer: Vec<usize> = (0..3)
-            .map(|il| LayerState::bytes_needed(&cfg, il, KvType::F32, n_ctx))
+            .map(|il| LayerState::bytes_needed(&cfg, il, &o))
             .collect();
         let recurrent = 4 * (4 * 64 * 64 + 3 * 512);
         assert!(per_layer[0] >= recurrent && per_layer[0] < recurrent + 256);
         assert_eq!(per_layer[0], per_layer[1]);
         assert_eq!(per_layer[2], n_ctx * 2 * 128 * 4);
-        let mut o = opts(4);
-        o.n_ctx = n_ctx;
         assert!(Session::bytes_needed(&cfg, &o) > per_layer.iter().sum::<usize>());
     }
 }

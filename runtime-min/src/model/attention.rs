@@ -81,7 +81,12 @@ impl<'a> Attention<'a> {
         let [wq, wk, wv] = match &fused_qkv {
             Some(t) => split_qkv(t, qd, kvd)?,
             None => [
-                l.layer_matrix(n.get(q), c.n_embd, qd * (1 + c.gated_attn as usize), streamed)?,
+                l.layer_matrix(
+                    n.get(q),
+                    c.n_embd,
+                    qd * (1 + c.gated_attn as usize),
+                    streamed,
+                )?,
                 l.layer_matrix(n.get(k), c.n_embd, kvd, streamed)?,
                 l.layer_matrix(n.get(v), c.n_embd, kvd, streamed)?,
             ],

@@ -9,8 +9,8 @@ use core::fmt::Write;
 use pinch_kernels::ops::RopeKind;
 
 use crate::gguf::Gguf;
-use crate::model::moe_route::MoeConfig;
 use crate::model::hybrid::{self, DeltaNetHparams, Hybrid, ShortConvHparams};
+use crate::model::moe_route::MoeConfig;
 use crate::model::ModelError;
 
 /// The architectures this forward pass implements.
@@ -131,6 +131,9 @@ pub struct Config {
     pub ffn_act: FfnAct,
     /// q, k and v have biases (qwen2).
     pub qkv_bias: bool,
+    /// Rope pairs that do not turn (IMROPE sections of the extra position id, which is
+    /// 0 for text: qwen35); `None`: every pair turns.
+    pub rope_still: Option<[bool; 128]>,
     /// Per-layer kinds: `layers[..n_layer]`.
     pub layers: [LayerKind; MAX_LAYERS],
     /// The experts' hyper-parameters (MoE architectures).
@@ -259,16 +262,18 @@ impl Config {
             }
             n_head_kv = h.layers.iter().map(|l| l.1).max().unwrap_or(0).max(1);
         }
+        // IMROPE for text is NEOX rope, except that pairs whose section belongs to the
+        // 4th position id (always 0 for text) turn by angle 0: they stay as they are.
+        let mut rope_still = None;
         if arch == Arch::Qwen35 {
-            // IMROPE for text is NEOX rope unless a section uses the 4th (always 0) id.
             if let Some(sec) = hybrid::rope_sections(g, p)? {
-                if !hybrid::imrope_text_pairs(sec, n_rot)[..n_rot / 2]
-                    .iter()
-                    .all(|&r| r)
-                {
-                    return Err(ModelError::BadShape(
-                        "rope.dimension_sections with a section at the extra position id",
-                    ));
+                let on = hybrid::imrope_text_pairs(sec, n_rot);
+                if !on[..n_rot / 2].iter().all(|&r| r) {
+                    let mut still = [false; 128];
+                    for (s, o) in still.iter_mut().zip(on).take(n_rot / 2) {
+                        *s = !o;
+                    }
+                    rope_still = Some(still);
                 }
             }
         }
@@ -320,6 +325,7 @@ impl Config {
                 FfnAct::Silu
             },
             qkv_bias: arch == Arch::Qwen2,
+            rope_still,
             layers,
             moe,
             delta: hybrid.as_ref().and_then(|h| h.delta),

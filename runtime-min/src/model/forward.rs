@@ -520,6 +520,16 @@ impl<'w, 'a> Session<'w, 'a> {
             let at = 2 * t * nr;
             let (rope_global, rope_local) = self.s.rope[at..at + 2 * nr].split_at_mut(nr);
             rope_angles(pos0 + t, nr, c.rope_base, c.rope_freq_scale, rope_global);
+            if let Some(still) = &c.rope_still {
+                for (sc, _) in rope_global
+                    .chunks_exact_mut(2)
+                    .zip(still)
+                    .filter(|(_, &s)| s)
+                {
+                    sc[0] = 0.0;
+                    sc[1] = 1.0;
+                }
+            }
             rope_angles(pos0 + t, nr, c.rope_base_swa, 1.0, rope_local);
         }
 

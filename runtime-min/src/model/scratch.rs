@@ -43,11 +43,7 @@ impl<'a> Scratch<'a> {
     /// Bytes [`Self::new`] takes (for the budget plan).
     pub fn bytes_needed(cfg: &Config, o: &SessionOptions) -> usize {
         let (nb, g) = (o.n_batch.max(1), o.head_group.max(1));
-        let maxd = cfg
-            .n_embd
-            .max(cfg.q_dim())
-            .max(cfg.n_ff)
-            .max(crate::model::hybrid::widest_matrix(cfg));
+        let maxd = widest_row(cfg);
         let floats = nb * (3 * cfg.n_embd + 2 * cfg.q_dim() + 2 * cfg.max_kv_dim() + 2 * cfg.n_ff)
             + o.threads.clamp(1, MAX_WORKERS) * o.n_ctx
             + (nb * maxd).max(cfg.n_vocab * g)
@@ -75,11 +71,7 @@ impl<'a> Scratch<'a> {
         head_rows: Option<usize>,
     ) -> Result<Scratch<'a>, ModelError> {
         let (nb, g) = (opts.n_batch, opts.head_group);
-        let maxd = cfg
-            .n_embd
-            .max(cfg.q_dim())
-            .max(cfg.n_ff)
-            .max(crate::model::hybrid::widest_matrix(cfg));
+        let maxd = widest_row(cfg);
         let kvd = cfg.max_kv_dim();
         let a = "activations";
         let s = Scratch {
@@ -117,4 +109,17 @@ impl<'a> Scratch<'a> {
         ops::gelu_table_fill(s.gelu);
         Ok(s)
     }
+}
+
+/// The widest input or output row of any matrix of the model: the shared matmul
+/// buffers (`act_q`, `mm_tmp`, `row`) are sized for it. MoE experts may be wider than
+/// the dense FFN (random shapes found a model whose 448-wide experts overran the
+/// 266-wide dense buffers).
+fn widest_row(cfg: &Config) -> usize {
+    let experts = cfg.moe.map_or(0, |m| m.n_ff_exp.max(m.n_ff_shexp));
+    cfg.n_embd
+        .max(cfg.q_dim())
+        .max(cfg.n_ff)
+        .max(experts)
+        .max(crate::model::hybrid::widest_matrix(cfg))
 }
