@@ -8,8 +8,10 @@
 //! - [`size`]: `size` reports the device binary size.
 //! - [`run`]: `run -- <pinch args>` builds the host binary and runs it on the test model.
 //! - [`bench`]: `bench [--vs-llama-cpp] [--qemu]`, the speed and memory targets.
+//! - [`compat`]: `compat`, llama.cpp's server test suite against `pinch serve`.
 //! - [`util`]: running commands, finding the workspace and the target directory.
 mod bench;
+mod compat;
 mod device;
 mod fetch;
 mod run;
@@ -25,7 +27,8 @@ const USAGE: &str = "usage: cargo xtask <command>
   test [--keep-going]               the one test command (what CI runs)
   size                              build the tv binary and report its size
   run -- <pinch args>               build the host binary and run `pinch run` on the test model
-  bench [--vs-llama-cpp] [--qemu]   speed and memory targets (issue #4) on Gemma 3 270M";
+  bench [--vs-llama-cpp] [--qemu]   speed and memory targets (issue #4) on Gemma 3 270M
+  compat [--files a,b] [-k EXPR]    llama.cpp's server tests against `pinch serve`";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -37,6 +40,7 @@ fn main() -> ExitCode {
         Some("size") => size::main(rest),
         Some("run") => run::main(rest),
         Some("bench") => bench::main(rest),
+        Some("compat") => compat::main(rest),
         Some("help" | "--help" | "-h") => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
