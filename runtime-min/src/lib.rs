@@ -20,6 +20,7 @@ pub mod chat;
 pub mod cli;
 pub mod commands;
 pub mod engine;
+pub mod generate;
 pub mod gguf;
 pub mod guard;
 pub mod head;
