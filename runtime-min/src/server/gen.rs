@@ -798,6 +798,24 @@ struct ServeSink<'x, 'a, 's, 'p, 'b, 'w, P: Platform> {
 }
 
 impl<P: Platform> ServeSink<'_, '_, '_, '_, '_, '_, P> {
+    /// llama-server's `prompt_progress` event (`return_progress`, streamed): `done`
+    /// tokens of this request's prompt evaluated after the cached ones.
+    fn progress_event(&mut self, done: usize) -> bool {
+        if !(self.p.stream && self.p.return_progress) {
+            return true;
+        }
+        let (total, cached) = self.progress;
+        let _ = write!(
+            self.w,
+            "data: {{\"prompt_progress\":{{\"total\":{total},\"cache\":{cached},\"processed\":{},\"time_ms\":0}}}}\n\n",
+            cached + done
+        );
+        if !self.w.flush() {
+            self.gone = true;
+        }
+        !self.gone
+    }
+
     fn alive(&mut self) -> bool {
         self.io.poll();
         if self.io.client_gone(self.i) {
@@ -809,19 +827,7 @@ impl<P: Platform> ServeSink<'_, '_, '_, '_, '_, '_, P> {
 
 impl<P: Platform> Sink for ServeSink<'_, '_, '_, '_, '_, '_, P> {
     fn prompt_batch(&mut self, done: usize, _total: usize) -> bool {
-        if self.p.stream && self.p.return_progress {
-            let (total, cached) = self.progress;
-            let _ = write!(
-                self.w,
-                "data: {{\"prompt_progress\":{{\"total\":{total},\"cache\":{cached},\"processed\":{},\"time_ms\":0}}}}\n\n",
-                cached + done
-            );
-            if !self.w.flush() {
-                self.gone = true;
-                return false;
-            }
-        }
-        self.alive()
+        self.progress_event(done) && self.alive()
     }
 
     fn sampled(&mut self, logits: &[f32], id: u32) {
@@ -869,20 +875,28 @@ impl<P: Platform> Sink for ServeSink<'_, '_, '_, '_, '_, '_, P> {
                 }
             }
         } else {
-            let room = self.out.len() - self.out_len;
-            if piece.len() > room {
+            if !keep(self.out, &mut self.out_len, &piece) {
                 // Never cut silently: the answer ends before this token, as "length".
                 self.full = true;
                 return false;
             }
-            self.out[self.out_len..self.out_len + piece.len()].copy_from_slice(&piece);
-            self.out_len += piece.len();
         }
         if self.hit.is_some() {
             return false;
         }
         self.alive()
     }
+}
+
+/// Append `piece` to the answer in `out[..*len]`; false (nothing appended) when it
+/// does not fit whole, so a token's text is never cut.
+fn keep(out: &mut [u8], len: &mut usize, piece: &[u8]) -> bool {
+    let Some(dst) = out.get_mut(*len..*len + piece.len()) else {
+        return false;
+    };
+    dst.copy_from_slice(piece);
+    *len += piece.len();
+    true
 }
 
 /// Stream event for one token with released text `text`.
@@ -1305,11 +1319,26 @@ fn tokens_endpoint<P: Platform>(
             n += 1;
         }
         let ids = &bufs.tokens[..n];
+        // Bytes of consecutive tokens joined before UTF-8 is checked (a character may
+        // span byte tokens); the space SentencePiece puts before the text is dropped.
+        let strip = tok.adds_space_prefix();
         http::respond(p, sock, 200, "application/json", "", &|w| {
             w.write_str("{\"content\":\"")?;
+            let mut utf8 = Utf8Stream::new();
+            let mut first = strip;
+            let mut out = |s: &str| -> Result<(), ()> {
+                let s = match first {
+                    true => s.strip_prefix(' ').unwrap_or(s),
+                    false => s,
+                };
+                first &= s.is_empty();
+                json::json_bytes_inner(w, s.as_bytes()).map_err(|_| ())
+            };
             for &id in ids {
-                json::json_bytes_inner(w, tok.token_bytes(id))?;
+                utf8.push(tok.token_bytes(id), &mut out)
+                    .map_err(|_| core::fmt::Error)?;
             }
+            utf8.finish(&mut out).map_err(|_| core::fmt::Error)?;
             w.write_str("\"}")
         });
         return Ok(());
@@ -1531,6 +1560,8 @@ pub fn serve_one<P: Platform>(
                 progress: (n_prompt, reuse),
             };
             let toks = &bufs.tokens[a + reuse..b];
+            // The first progress report: the cached tokens, before any pass.
+            sink.progress_event(0);
             let got = generate::generate(p, tok, &mut ctx.sess, settings, toks, &mut sink);
             let (gone, full, hit) = (sink.gone, sink.full, sink.hit);
             out_len = sink.out_len;
@@ -1761,6 +1792,68 @@ mod tests {
         assert_eq!([t.top[0].id, t.top[1].id, t.top[2].id], [1, 2, 0]);
         assert!((t.lp - t.top[1].logit).abs() < 1e-6);
         assert!(t.top[0].logit > t.top[1].logit && t.top[1].logit > t.top[2].logit);
+    }
+
+    #[test]
+    fn a_full_answer_buffer_takes_no_part_of_a_token() {
+        let mut out = [0u8; 8];
+        let mut len = 0;
+        assert!(keep(&mut out, &mut len, b"hello"));
+        assert!(
+            !keep(&mut out, &mut len, b" world"),
+            "6 bytes do not fit in 3"
+        );
+        assert_eq!((len, &out[..len]), (5, &b"hello"[..]));
+        assert!(keep(&mut out, &mut len, b"!!!"));
+        assert!(!keep(&mut out, &mut len, b"x"));
+        assert!(keep(&mut out, &mut len, b""));
+        assert_eq!(&out, b"hello!!!");
+    }
+
+    #[test]
+    fn timings_rate_is_over_the_decode_steps_and_usage_counts_the_cache() {
+        let t = Timings {
+            prompt_n: 10,
+            cached: 4,
+            prompt_s: 0.5,
+            gen_n: 5,
+            gen_s: 2.0,
+        };
+        let mut s: heapless::String<512> = heapless::String::new();
+        t.write(&mut s).unwrap();
+        assert!(s.contains("\"cache_n\":4,\"prompt_n\":6,"), "{s}");
+        assert!(
+            s.ends_with("\"predicted_per_second\":2}"),
+            "4 steps in 2 s: {s}"
+        );
+        assert!(s.contains("\"predicted_per_token_ms\":500"), "{s}");
+        let one = Timings { gen_n: 1, ..t };
+        s.clear();
+        one.write(&mut s).unwrap();
+        assert!(s.contains("\"predicted_per_second\":0}"), "{s}");
+        s.clear();
+        t.usage(&mut s).unwrap();
+        assert!(
+            s.contains("\"prompt_tokens_details\":{\"cached_tokens\":4}"),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn response_fields_pick_and_unnest() {
+        let obj = super::super::jraw::root(
+            br#"{"content":"x","generation_settings":{"n_predict":3},"a":1}"#,
+        )
+        .unwrap();
+        let f =
+            super::super::jraw::root(br#"["content","generation_settings/n_predict","missing"]"#)
+                .unwrap();
+        let mut s: heapless::String<128> = heapless::String::new();
+        project(&mut s, obj, f).unwrap();
+        assert_eq!(
+            s.as_str(),
+            r#"{"content":"x","generation_settings/n_predict":3}"#
+        );
     }
 
     #[test]
