@@ -110,25 +110,31 @@ pub fn serve<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> 
         n_predict: o.n_predict,
         seed: o.sampler.seed,
     };
-    let (listener, port) = match p.tcp_listen(o.host, o.port) {
-        Ok(l) => l,
-        Err(e) => {
-            let _ = writeln!(
-                Out::stderr(p),
-                "pinch: cannot listen on {}:{}: {e}",
-                o.host,
-                o.port
-            );
-            return Err(AppError::Usage("could not listen on --host/--port"));
+    // `--host a,b`: every address on the same port (the first one's when `--port 0`).
+    let mut listeners: heapless::Vec<crate::platform::Socket, { crate::server::MAX_LISTEN }> =
+        heapless::Vec::new();
+    let mut port = o.port;
+    for host in o.host.split(',').map(str::trim).filter(|h| !h.is_empty()) {
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        match p.tcp_listen(host, port) {
+            Ok((l, bound)) if listeners.push(l).is_ok() => port = bound,
+            Ok(_) => return Err(AppError::Usage("at most 4 addresses in --host")),
+            Err(e) => {
+                let _ = writeln!(Out::stderr(p), "pinch: cannot listen on {host}:{port}: {e}");
+                return Err(AppError::Usage("could not listen on --host/--port"));
+            }
         }
-    };
+    }
+    if listeners.is_empty() {
+        return Err(AppError::Usage("--host names no address"));
+    }
     let _ = writeln!(
         Out::stderr(p),
         "pinch: serving {id} on http://{}:{port}/ (context {n_ctx}, queue {queue}, {} KiB of server buffers)",
         o.host,
         (n_slots * slot_bytes + bufs.text.len() + bufs.scratch.len() + bufs.out.len() + n_ctx * (8 + 8 * stride)) >> 10
     );
-    let mut io = Io::new(p, listener, conns.chunks_mut(slot_bytes), queue, info);
+    let mut io = Io::new(p, &listeners, conns.chunks_mut(slot_bytes), queue, info);
     // Idle: sleep 1 ms after activity, backing off to 10 ms, so an idle server costs
     // next to nothing and a new request waits at most 10 ms.
     let mut idle = 0u32;

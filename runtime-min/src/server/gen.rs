@@ -194,7 +194,7 @@ fn prepare<P: Platform>(
         *why = msg(d);
         Refusal::Status(status)
     };
-    let req = json::parse(api, body).map_err(|e| refuse(400, &e))?;
+    let req = json::parse(api, body).map_err(|e| refuse(e.status(), &e))?;
     let tok = ctx.tok;
     let n_ctx = ctx.sess.opts.n_ctx;
     let bos = !setup.no_bos;

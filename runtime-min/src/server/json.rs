@@ -190,6 +190,19 @@ pub enum BodyError {
     TwoAssistants,
     /// `add_generation_prompt` and `continue_final_message` together.
     PrefillAndPrompt,
+    /// A valid request for what pinch does not do yet (constrained output: `grammar`,
+    /// `json_schema`, `response_format` JSON): 501, never silently ignored.
+    Unsupported(&'static str),
+}
+
+impl BodyError {
+    /// The HTTP status: 501 for [`BodyError::Unsupported`], else 400.
+    pub fn status(&self) -> u16 {
+        match self {
+            BodyError::Unsupported(_) => 501,
+            _ => 400,
+        }
+    }
 }
 
 impl core::fmt::Display for BodyError {
@@ -214,7 +227,62 @@ impl core::fmt::Display for BodyError {
                 f,
                 "'add_generation_prompt' and 'continue_final_message' cannot both be true"
             ),
+            BodyError::Unsupported(what) => write!(
+                f,
+                "{what}: constrained output is not supported by this server yet"
+            ),
         }
+    }
+}
+
+/// Check `response_format`, `json_schema` and `grammar`: a malformed one is a 400
+/// (as llama-server answers it); a well-formed request for constrained output is
+/// [`BodyError::Unsupported`].
+fn constraints(r: Val<'_>) -> Result<(), BodyError> {
+    fn schema_ok(s: Val<'_>) -> bool {
+        const TYPES: [&str; 7] = [
+            "object", "array", "string", "number", "integer", "boolean", "null",
+        ];
+        let one = |t: Val<'_>| t.str().is_some_and(|t| TYPES.contains(&t.0));
+        s.kind() == Kind::Obj
+            && match s.get("type") {
+                None => true,
+                Some(t) if t.kind() == Kind::Arr => t.items().all(one),
+                Some(t) => one(t),
+            }
+    }
+    if let Some(f) = r.get("response_format").filter(|v| v.kind() != Kind::Null) {
+        let kind = f.get("type").and_then(|t| t.str()).map(|t| t.0);
+        match kind {
+            Some("text") => {}
+            Some("json_object") => match f.get("schema") {
+                Some(s) if !schema_ok(s) => return Err(BodyError::Shape("response_format.schema")),
+                _ => return Err(BodyError::Unsupported("response_format json_object")),
+            },
+            Some("json_schema") => {
+                let s = f.get("json_schema").and_then(|j| j.get("schema"));
+                if !s.is_some_and(schema_ok) {
+                    return Err(BodyError::Shape("response_format.json_schema.schema"));
+                }
+                return Err(BodyError::Unsupported("response_format json_schema"));
+            }
+            _ => {
+                return Err(BodyError::Shape(
+                    "response_format.type (text, json_object or json_schema)",
+                ))
+            }
+        }
+    }
+    if let Some(s) = r.get("json_schema").filter(|v| v.kind() != Kind::Null) {
+        if !schema_ok(s) {
+            return Err(BodyError::Shape("json_schema"));
+        }
+        return Err(BodyError::Unsupported("json_schema"));
+    }
+    match r.get("grammar") {
+        Some(g) if g.kind() == Kind::Str => Err(BodyError::Unsupported("grammar")),
+        Some(g) if g.kind() != Kind::Null => Err(BodyError::Shape("grammar")),
+        _ => Ok(()),
     }
 }
 
@@ -293,6 +361,7 @@ pub fn parse(api: Api, body: &[u8]) -> Result<Parsed<'_>, BodyError> {
         .map(|(b, _)| b)
         .map_err(BodyError::Json)?;
     let r = root(body).ok_or(BodyError::Shape("body"))?;
+    constraints(r)?;
     let stop = stops(r.get("stop"))?;
     // `logprobs`: a flag (chat) or a count (legacy completions).
     let (logprobs, lp_top) = match r.get("logprobs") {
@@ -625,6 +694,41 @@ mod tests {
             parse(Api::Chat, br#"{"messages":[{"role":"user","content":"x"},{"role":"assistant","content":"a"},{"role":"assistant","content":"b"}]}"#).err(),
             Some(BodyError::TwoAssistants)
         );
+    }
+
+    #[test]
+    fn constrained_output_is_refused_501_and_malformed_constraints_400() {
+        let m = r#""messages":[{"role":"user","content":"x"}]"#;
+        let status = |extra: &str| {
+            let mut b: heapless::String<256> = heapless::String::new();
+            write!(b, "{{{m},{extra}}}").unwrap();
+            parse(Api::Chat, b.as_bytes()).err().map(|e| e.status())
+        };
+        assert_eq!(status(r#""response_format":{"type":"text"}"#), None);
+        assert_eq!(
+            status(r#""response_format":{"type":"json_object"}"#),
+            Some(501)
+        );
+        assert_eq!(
+            status(
+                r#""response_format":{"type":"json_schema","json_schema":{"schema":{"const":"a"}}}"#
+            ),
+            Some(501)
+        );
+        assert_eq!(status(r#""grammar":"root ::= \"a\"""#), Some(501));
+        assert_eq!(
+            status(r#""json_schema":{"type":["string","null"]}"#),
+            Some(501)
+        );
+        for bad in [
+            r#""response_format":{"type":"sound"}"#,
+            r#""response_format":{"type":"json_object","schema":123}"#,
+            r#""response_format":{"type":"json_object","schema":{"type":123}}"#,
+            r#""response_format":{"type":"json_object","schema":{"type":"hiccup"}}"#,
+            r#""grammar":5"#,
+        ] {
+            assert_eq!(status(bad), Some(400), "{bad}");
+        }
     }
 
     #[test]

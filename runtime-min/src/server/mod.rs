@@ -59,6 +59,8 @@ pub const READ_TIMEOUT_NS: u64 = 10_000_000_000;
 /// Connections beyond the running and queued requests (for health checks, metrics and
 /// requests still being read).
 pub const SPARE_SLOTS: usize = 4;
+/// Most listening addresses (`--host 127.0.0.1,::1`).
+pub const MAX_LISTEN: usize = 4;
 /// Most slots (running + queued + spare).
 pub const MAX_SLOTS: usize = 40;
 
@@ -206,7 +208,8 @@ fn route(method: Method, path: &str) -> Route {
 /// The connection side of the server: slots, queue and counters.
 pub struct Io<'a, 's, 'p, P: Platform> {
     pub p: &'p P,
-    pub listener: Socket,
+    /// Listening sockets (`--host a,b`: one per address).
+    pub listeners: heapless::Vec<Socket, MAX_LISTEN>,
     pub slots: heapless::Vec<Slot<'a>, MAX_SLOTS>,
     queue: heapless::Deque<u8, MAX_SLOTS>,
     /// Generations that may wait (`--queue`).
@@ -222,7 +225,7 @@ impl<'a, 's, 'p, P: Platform> Io<'a, 's, 'p, P> {
     /// [`MAX_BODY`] bytes).
     pub fn new(
         p: &'p P,
-        listener: Socket,
+        listeners: &[Socket],
         bufs: impl Iterator<Item = &'a mut [u8]>,
         queue_cap: usize,
         info: Info<'s>,
@@ -244,7 +247,7 @@ impl<'a, 's, 'p, P: Platform> Io<'a, 's, 'p, P> {
         }
         Io {
             p,
-            listener,
+            listeners: listeners.iter().copied().take(MAX_LISTEN).collect(),
             slots,
             queue: heapless::Deque::new(),
             queue_cap,
@@ -262,13 +265,15 @@ impl<'a, 's, 'p, P: Platform> Io<'a, 's, 'p, P> {
     /// Move every connection one step; true when anything happened.
     pub fn poll(&mut self) -> bool {
         let mut busy = false;
-        for _ in 0..16 {
-            match self.p.tcp_accept(self.listener) {
-                Ok(Some(s)) => {
-                    busy = true;
-                    self.admit(s);
+        for l in 0..self.listeners.len() {
+            for _ in 0..16 {
+                match self.p.tcp_accept(self.listeners[l]) {
+                    Ok(Some(s)) => {
+                        busy = true;
+                        self.admit(s);
+                    }
+                    _ => break,
                 }
-                _ => break,
             }
         }
         for i in 0..self.slots.len() {
@@ -574,7 +579,7 @@ impl<'a, 's, 'p, P: Platform> Io<'a, 's, 'p, P> {
         let sl = &self.slots[i];
         let body = &sl.buf[sl.body.0..sl.body.1];
         let err: Option<(u16, heapless::String<256>)> = match json::parse(api, body) {
-            Err(e) => Some((400, msg(&e))),
+            Err(e) => Some((e.status(), msg(&e))),
             Ok(req) => match req.model {
                 Some(m) if !self.info.knows(&m) => {
                     let mut s = heapless::String::new();
@@ -799,7 +804,7 @@ mod tests {
         let mut store = [0u8; 7 * 1024];
         let mut i = info();
         i.api_key = Some("k");
-        let mut io = Io::new(&p, Socket(0), store.chunks_mut(1024), 1, i);
+        let mut io = Io::new(&p, &[Socket(0)], store.chunks_mut(1024), 1, i);
         io.poll();
         assert_eq!(p.status(1), Some(401));
         assert!(sent(&p, 1).contains("\"authentication_error\""));
@@ -818,7 +823,7 @@ mod tests {
             pre(b"OPTIONS /completions HTTP/1.1\r\nOrigin: http://[::1]:3000\r\n\r\n"),
         ]);
         let mut store = [0u8; 7 * 1024];
-        let mut io = Io::new(&p, Socket(0), store.chunks_mut(1024), 1, info());
+        let mut io = Io::new(&p, &[Socket(0)], store.chunks_mut(1024), 1, info());
         io.poll();
         assert_eq!(p.status(1), Some(200));
         let s = sent(&p, 1);
@@ -835,7 +840,7 @@ mod tests {
         let mut store = [0u8; 7 * 1024];
         let mut i = info();
         i.cors_local_only = true;
-        let mut io = Io::new(&p2, Socket(0), store.chunks_mut(1024), 1, i);
+        let mut io = Io::new(&p2, &[Socket(0)], store.chunks_mut(1024), 1, i);
         io.poll();
         assert!(!sent(&p2, 1).contains("Access-Control-Allow-Origin"));
         assert!(sent(&p2, 2).contains("Access-Control-Allow-Origin: http://127.0.0.1:3000\r\n"));
@@ -860,7 +865,7 @@ mod tests {
         let mut store = [0u8; 7 * 1024];
         let mut i = info();
         (i.slots, i.metrics, i.webui) = (false, false, false);
-        let mut io = Io::new(&p, Socket(0), store.chunks_mut(1024), 1, i);
+        let mut io = Io::new(&p, &[Socket(0)], store.chunks_mut(1024), 1, i);
         io.poll();
         assert_eq!(p.status(1), Some(501));
         assert!(sent(&p, 1).contains("not_supported_error"));
@@ -883,7 +888,7 @@ mod tests {
             b"POST /completion HTTP/1.1\r\nContent-Length: 9\r\n\r\n{",
         ]);
         let mut store = [0u8; 7 * 1024];
-        let mut io = Io::new(&p, Socket(0), store.chunks_mut(1024), 1, info());
+        let mut io = Io::new(&p, &[Socket(0)], store.chunks_mut(1024), 1, info());
         io.poll();
         // Idle: one may run and one may wait; the third is refused.
         assert_eq!(io.queued(), 2);
