@@ -235,4 +235,10 @@ fn stream_ends_with_usage_chunk_and_reports_progress() {
     assert_eq!(usage["choices"], json!([]));
     assert_eq!(usage["usage"]["completion_tokens"], 3);
     assert!(usage["timings"]["predicted_n"].is_u64());
+    // Asked not to: the stream ends with the finish chunk.
+    req["stream_options"] = json!({"include_usage": false});
+    let chunks = s.post("/v1/chat/completions", &req.to_string()).chunks();
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "length");
+    assert!(chunks.iter().all(|c| c.get("usage").is_none()));
 }

@@ -1269,6 +1269,9 @@ fn final_events(w: &mut dyn Write, b: &Body<'_, '_>, res: &Res, tail: &[u8]) -> 
                 "\"logprobs\":null,\"finish_reason\":\"{}\"}}]",
                 res.fin.openai()
             )?;
+            if chat && !b.gs.p.include_usage {
+                return w.write_str("}\n\ndata: [DONE]\n\n");
+            }
             if chat {
                 // llama-server's last chunk: no choices, the usage and timings.
                 w.write_str("}\n\ndata: ")?;

@@ -166,7 +166,8 @@ pub struct Params {
     pub post_sampling: bool,
     pub ignore_eos: Option<bool>,
     pub cache_prompt: bool,
-    /// Stream: a last chunk with `usage` and empty `choices`.
+    /// Chat stream: a last chunk with `usage` and empty `choices` (llama-server's
+    /// default; `stream_options.include_usage: false` leaves it out).
     pub include_usage: bool,
     pub echo: bool,
     pub return_tokens: bool,
@@ -492,7 +493,7 @@ pub fn parse(api: Api, body: &[u8]) -> Result<Parsed<'_>, BodyError> {
             include_usage: b
                 .stream_options
                 .and_then(|o| o.include_usage)
-                .unwrap_or(false),
+                .unwrap_or(true),
             echo: b.echo.unwrap_or(false),
             return_tokens: b.return_tokens.unwrap_or(false),
             return_progress: b.return_progress.unwrap_or(false),

@@ -957,10 +957,12 @@ mod tests {
 
     #[test]
     fn mutated_requests_never_panic_the_parsers() {
-        let bodies: [&[u8]; 3] = [
+        let bodies: [&[u8]; 5] = [
             br#"{"model":"m","messages":[{"role":"user","content":"hi \u00e9\n"}],"stream":true,"max_tokens":5,"stop":["a","b"],"logprobs":true,"top_logprobs":2,"x":{"y":[1,2.5e3,null,true]}}"#,
             br#"{"prompt":"abc","n_predict":-1,"n_probs":3,"stop":"END","temperature":0.7,"seed":1}"#,
             br#"{"prompt":"x","logprobs":2,"max_tokens":1}"#,
+            br#"{"prompt":[[1,2],"a\ud83e\udd17",{"prompt_string":"y"},[3,"z"]],"logit_bias":[[5,-1],["ab",false]],"n":2,"response_format":{"type":"json_object","schema":{"type":["string"]}}}"#,
+            br#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},{"role":"assistant","content":null}],"logit_bias":{"7":2.5},"input_extra":[{"filename":"f","text":"t"}],"input_prefix":"p"}"#,
         ];
         let heads: [&[u8]; 2] = [
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\nExpect: 100-continue\r\n\r\n",
@@ -972,18 +974,45 @@ mod tests {
         for round in 0..30_000 {
             let seed = bodies[round % bodies.len()];
             mutate(seed, &mut st, &mut buf);
-            for api in [Api::Chat, Api::Completions, Api::Llama] {
+            // The raw walker on its own, over every value it can reach.
+            if let Some(r) = jraw::root(&buf) {
+                let mut depth = 0;
+                let mut stack: heapless::Vec<jraw::Val<'_>, 64> = heapless::Vec::new();
+                let _ = stack.push(r);
+                while let Some(v) = stack.pop() {
+                    depth += 1;
+                    let _ = (v.num(), v.u32(), v.bool(), v.str());
+                    for x in v.items().chain(v.members().map(|(_, x)| x)) {
+                        if depth < 200 {
+                            let _ = stack.push(x);
+                        }
+                    }
+                }
+            }
+            for api in [Api::Chat, Api::Completions, Api::Llama, Api::Infill] {
                 if let Ok(p) = json::parse(api, &buf) {
                     ok += 1;
                     let mut store = [0u8; 256];
                     let mut out: &mut [u8] = &mut store;
+                    let mut texts: heapless::Vec<jraw::Val<'_>, 16> = heapless::Vec::new();
                     if let Some(pr) = p.prompt {
-                        if let Some(t) = pr.str() {
+                        let _ = texts.push(pr);
+                        texts.extend(pr.items().take(8));
+                    }
+                    for v in texts.iter() {
+                        if let Some(t) = v.str() {
                             let _ = json::unescape(&t, &mut out);
                         }
                     }
                     for m in p.messages.iter() {
                         let _ = json::unescape(&m.role, &mut out);
+                        if let json::Content::Parts(v) = m.content {
+                            for part in v.items() {
+                                if let Some(t) = part.get("text").and_then(|t| t.str()) {
+                                    let _ = json::unescape(&t, &mut out);
+                                }
+                            }
+                        }
                     }
                 }
             }
