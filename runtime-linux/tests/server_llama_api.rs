@@ -73,6 +73,31 @@ fn several_prompts_and_n_choices_and_token_prompts() {
 }
 
 #[test]
+fn echo_repeats_the_prompt_and_penalties_change_a_repetitive_answer() {
+    let s = Server::start(&["-c", "256", "--temp", "0"]);
+    let req = json!({"prompt": "abc abc", "max_tokens": 24, "ignore_eos": true});
+    let (_, plain) = s.post_json("/v1/completions", &req);
+    let mut echo = req.clone();
+    echo["echo"] = json!(true);
+    let (_, e) = s.post_json("/v1/completions", &echo);
+    let text = plain["choices"][0]["text"].as_str().unwrap();
+    assert_eq!(
+        e["choices"][0]["text"].as_str().unwrap(),
+        format!("abc abc{text}")
+    );
+    // A strong frequency penalty over 24 greedy tokens of a random model changes them.
+    let mut pen = req.clone();
+    pen["frequency_penalty"] = json!(2.0);
+    pen["presence_penalty"] = json!(2.0);
+    let (st, p) = s.post_json("/v1/completions", &pen);
+    assert_eq!(st, 200, "{p}");
+    assert_ne!(p["choices"][0]["text"], plain["choices"][0]["text"]);
+    let mut bad = req.clone();
+    bad["presence_penalty"] = json!(3.0);
+    assert_eq!(s.post_json("/v1/completions", &bad).0, 400);
+}
+
+#[test]
 fn logit_bias_bans_the_greedy_token() {
     let s = Server::start(&["-c", "256", "--temp", "0"]);
     let req =
