@@ -411,6 +411,13 @@ impl Platform for LinuxPlatform {
         u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
+    fn unix_time_s(&self) -> Option<u64> {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()
+            .map(|d| d.as_secs())
+    }
+
     fn stdout(&self, bytes: &[u8]) {
         // Generated text is streamed a token at a time, so flush; a closed pipe is not
         // the engine's problem.

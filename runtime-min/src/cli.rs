@@ -90,6 +90,27 @@ pub struct Opts<'s> {
     pub no_repack: bool,
     /// head-select / recut: write the result to this file (`-o`; `None` or `-`: stdout).
     pub output: Option<&'s str>,
+    /// serve, llama-server's flags: `--alias`, `--api-key`, `--parallel`,
+    /// `--chat-template NAME`, `--chat-template-file FILE`, `--no-webui`, `--no-slots`,
+    /// `--no-metrics`, `--cors-origins localhost`.
+    pub serve: ServeFlags<'s>,
+}
+
+/// `pinch serve`'s llama-server flags.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ServeFlags<'s> {
+    pub alias: Option<&'s str>,
+    pub api_key: Option<&'s str>,
+    /// Slots reported by `/props` and `/slots` (generations run one at a time).
+    pub parallel: usize,
+    pub chat_template: Option<&'s str>,
+    pub chat_template_file: Option<&'s str>,
+    pub no_webui: bool,
+    pub no_slots: bool,
+    pub no_metrics: bool,
+    pub cors_origins: Option<&'s str>,
+    /// `--tags a,b`: labels `/v1/models` reports.
+    pub tags: Option<&'s str>,
 }
 
 /// A command line pinch cannot act on.
@@ -162,6 +183,16 @@ flags (llama.cpp names):
   -d, --n-depth N         bench: tokens already in the context before each test
   --host ADDR --port N    serve: listen address (default 127.0.0.1:8080)
   --queue N               serve: requests that may wait for the running one (default 4)
+  --alias A[,B..]         serve: the model's names (the first in sort order is its id)
+  --tags T[,U..]          serve: labels /v1/models reports
+  --api-key KEY           serve: requests need 'Authorization: Bearer KEY' (or X-Api-Key)
+  --parallel N            serve: slots /props and /slots report (one generation runs
+                          at a time; -c is each one's context)
+  --chat-template NAME|--chat-template-file FILE
+                          serve: chat format instead of the model's (chatml, gemma, llama3)
+  --cors-origins localhost  serve: CORS only for loopback origins (default: any)
+  --no-webui --no-slots --no-metrics
+                          serve: turn off the page, /slots, /metrics (501)
   --head FILE             pruned LM head from a head.ids file (head-select's output)
   --head-rows N           pruned LM head of N rows chosen from --corpus at load time
   --corpus LIST           comma-separated text files, or directories with a files.txt
@@ -271,6 +302,7 @@ impl<'s> Opts<'s> {
             repack_cache: None,
             no_repack: false,
             output: None,
+            serve: ServeFlags::default(),
         }
     }
 
@@ -319,7 +351,28 @@ impl<'s> Opts<'s> {
                     }
                 }
                 "-f" | "--file" => o.file = Some(val()?),
-                "-n" | "--n-predict" => o.n_predict = num!(),
+                "-n" | "--n-predict" => {
+                    let v = val()?;
+                    // llama.cpp's -1: until the context is full.
+                    o.n_predict = match v {
+                        "-1" => usize::MAX,
+                        _ => v
+                            .parse()
+                            .map_err(|_| CliError::BadValue { flag, value: v })?,
+                    };
+                }
+                "--alias" => o.serve.alias = Some(val()?),
+                "--api-key" => o.serve.api_key = Some(val()?),
+                "-np" | "--parallel" => o.serve.parallel = num!(),
+                "--chat-template" => o.serve.chat_template = Some(val()?),
+                "--chat-template-file" => o.serve.chat_template_file = Some(val()?),
+                "--cors-origins" => o.serve.cors_origins = Some(val()?),
+                "--tags" => o.serve.tags = Some(val()?),
+                "--no-webui" | "--no-ui" => o.serve.no_webui = true,
+                "--no-slots" => o.serve.no_slots = true,
+                "--slots" => o.serve.no_slots = false,
+                "--no-metrics" => o.serve.no_metrics = true,
+                "--metrics" => o.serve.no_metrics = false,
                 "-t" | "--threads" => {
                     let v = val()?;
                     let l = list(flag, v).ok_or(CliError::BadValue { flag, value: v })?;

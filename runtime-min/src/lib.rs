@@ -21,6 +21,7 @@ pub mod cli;
 pub mod commands;
 pub mod draft;
 pub mod engine;
+pub mod generate;
 pub mod gguf;
 pub mod guard;
 pub mod head;

@@ -148,6 +148,11 @@ pub trait Platform: Sync {
 
     /// Monotonic time in nanoseconds.
     fn now_ns(&self) -> u64;
+    /// Wall-clock time in seconds since 1970 (`None`: the platform has no clock; the
+    /// server's `Process-Start-Time-Unix` header is then left out).
+    fn unix_time_s(&self) -> Option<u64> {
+        None
+    }
     /// Write to standard output / standard error.
     fn stdout(&self, bytes: &[u8]);
     fn stderr(&self, bytes: &[u8]);

@@ -9,8 +9,10 @@
 //! - [`run`]: `run -- <pinch args>` builds the host binary and runs it on the test model.
 //! - [`bench`]: `bench [--vs-llama-cpp] [--qemu]`, the speed and memory targets.
 //! - [`randshape`]: `randshape [--seed N] [--new K]`, random-shape models vs llama.cpp.
+//! - [`compat`]: `compat`, llama.cpp's server test suite against `pinch serve`.
 //! - [`util`]: running commands, finding the workspace and the target directory.
 mod bench;
+mod compat;
 mod device;
 mod fetch;
 mod randshape;
@@ -28,7 +30,8 @@ const USAGE: &str = "usage: cargo xtask <command>
   size                              build the tv binary and report its size
   run -- <pinch args>               build the host binary and run `pinch run` on the test model
   bench [--vs-llama-cpp] [--qemu]   speed and memory targets (issue #4) on Gemma 3 270M
-  randshape [--seed N ...] [--new K] random-shape models and pinch ppl vs llama.cpp";
+  randshape [--seed N ...] [--new K] random-shape models and pinch ppl vs llama.cpp
+  compat [--files a,b] [-k EXPR]    llama.cpp's server tests against `pinch serve`";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -41,6 +44,7 @@ fn main() -> ExitCode {
         Some("run") => run::main(rest),
         Some("bench") => bench::main(rest),
         Some("randshape") => randshape::main(rest),
+        Some("compat") => compat::main(rest),
         Some("help" | "--help" | "-h") => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;

@@ -34,6 +34,7 @@ const STEPS: &[Step] = &[
     }),
     ("model + server checks (release, --ignored)", test_slow),
     ("browser test (headless chromium)", test_browser),
+    ("llama.cpp server tests (cargo xtask compat)", test_compat),
     ("build no_std (aarch64-unknown-none)", build_no_std),
     ("build --device tv", build_tv),
 ];
@@ -226,6 +227,16 @@ fn test_slow() -> Result<Outcome> {
         "--ignored",
     ]))?);
     Ok(Outcome::Tested(counts))
+}
+
+/// llama.cpp's own server test suite against `pinch serve` (`crate::compat`; about
+/// 20 s once its Python packages are cached). Known failures are listed, not counted.
+fn test_compat() -> Result<Outcome> {
+    let t = crate::compat::suite(&[])?;
+    Ok(Outcome::Tested(Counts {
+        passed: t.passed as u64,
+        failed: 0,
+    }))
 }
 
 /// The chat page in Debian's headless Chromium (installed here when missing).

@@ -160,6 +160,15 @@ impl Resp {
             .filter_map(|e| e.strip_prefix("data: ").map(str::to_string))
             .collect()
     }
+    /// The JSON events of an OpenAI stream, checking that it ends with `[DONE]`.
+    pub fn chunks(&self) -> Vec<serde_json::Value> {
+        let ev = self.events();
+        assert_eq!(ev.last().map(String::as_str), Some("[DONE]"));
+        ev[..ev.len() - 1]
+            .iter()
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect()
+    }
 }
 
 pub fn connect(port: u16) -> TcpStream {

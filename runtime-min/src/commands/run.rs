@@ -2,10 +2,9 @@
 use core::fmt::Write;
 
 use super::out::{json_str, Mib, Out};
-use super::{secs, AppError, Ctx};
+use super::{AppError, Ctx};
 use crate::chat::{ChatMessage, ChatTemplate};
-use crate::guard::{GuardStop, MemoryGuard};
-use crate::model::Logits;
+use crate::guard::MemoryGuard;
 use crate::platform::Platform;
 use crate::sampler::Sampler;
 use crate::tokenizer::{Tokenizer, TokenizerError, Utf8Stream};
@@ -63,42 +62,13 @@ pub fn encode_into(
     }
 }
 
-/// Statistics of one generation.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct GenStats {
-    pub prompt_tokens: usize,
-    pub gen_tokens: usize,
-    pub prompt_s: f64,
-    pub gen_s: f64,
-    /// The memory guard ended the generation early.
-    pub stopped: Option<GuardStop>,
-    /// What weight streaming read during the generation (after the prompt).
-    pub stream: crate::model::stream::StreamStats,
-    /// Bytes the OS fetched from storage for this process during the generation.
-    pub os_read_bytes: Option<u64>,
-}
-
-impl GenStats {
-    pub fn prompt_tps(&self) -> f64 {
-        if self.prompt_s > 0.0 {
-            self.prompt_tokens as f64 / self.prompt_s
-        } else {
-            0.0
-        }
-    }
-    pub fn gen_tps(&self) -> f64 {
-        if self.gen_s > 0.0 {
-            self.gen_tokens as f64 / self.gen_s
-        } else {
-            0.0
-        }
-    }
-}
+pub use crate::generate::GenStats;
+use crate::generate::{Emit, Settings};
 
 /// Evaluate `prompt` and generate up to `n` tokens, calling `emit` with each token's id
-/// and text bytes. Stops at an end-of-generation token unless `ignore_eos`, and when
-/// `guard` finds available memory under its floor (before the prompt and before each
-/// token's pass; `GenStats::stopped` says so).
+/// and text bytes: [`crate::generate::generate`] with the command's settings (stops at
+/// an end-of-generation token unless `--ignore-eos`, and when `guard` finds available
+/// memory under its floor; `GenStats::stopped` says so).
 pub fn generate<P: Platform>(
     ctx: &mut Ctx<'_, '_, '_, P>,
     sampler: &mut Sampler,
@@ -107,56 +77,15 @@ pub fn generate<P: Platform>(
     n: usize,
     emit: &mut dyn FnMut(u32, &[u8]),
 ) -> Result<GenStats, AppError> {
-    let p = ctx.p;
-    let mut st = GenStats {
-        prompt_tokens: prompt.len(),
-        ..Default::default()
+    let s = Settings {
+        sampler,
+        guard,
+        adjust: None,
+        max_new: n,
+        ignore_eos: ctx.o.ignore_eos,
+        feed_last: true,
     };
-    for &t in prompt {
-        sampler.accept(t);
-    }
-    let mut next = 0u32;
-    let t0 = p.now_ns();
-    // What the engine can spare: KV pages past the positions in use.
-    if let Err(s) = guard.watch(p, &mut || ctx.sess.give_back(p)) {
-        st.prompt_tokens = 0;
-        st.stopped = Some(s);
-        return Ok(st);
-    }
-    if !prompt.is_empty() {
-        ctx.sess.eval(p, prompt, Logits::Last, &mut |_, l| {
-            next = sampler.sample(l)
-        })?;
-    }
-    let t1 = p.now_ns();
-    st.prompt_s = secs(t0, t1);
-    let s0 = ctx.sess.stream;
-    let io0 = p.storage_read_bytes();
-    for _ in 0..n {
-        if ctx.tok.is_eog(next) && !ctx.o.ignore_eos {
-            break;
-        }
-        emit(next, ctx.tok.token_bytes(next));
-        st.gen_tokens += 1;
-        sampler.accept(next);
-        if ctx.sess.n_past() >= ctx.sess.opts.n_ctx {
-            break;
-        }
-        if let Err(s) = guard.watch(p, &mut || ctx.sess.give_back(p)) {
-            st.stopped = Some(s);
-            break;
-        }
-        let cur = next;
-        ctx.sess.eval(p, &[cur], Logits::Last, &mut |_, l| {
-            next = sampler.sample(l)
-        })?;
-    }
-    st.gen_s = secs(t1, p.now_ns());
-    st.stream = ctx.sess.stream.since(&s0);
-    st.os_read_bytes = io0
-        .zip(p.storage_read_bytes())
-        .map(|(a, b)| b.saturating_sub(a));
-    Ok(st)
+    crate::generate::generate(ctx.p, ctx.tok, &mut ctx.sess, s, prompt, &mut Emit(emit))
 }
 
 /// One line on what streaming read per generated token, against the plan.
@@ -256,7 +185,7 @@ pub fn run<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
     if n > n_ctx {
         return Err(AppError::PromptTooLong { tokens: n, n_ctx });
     }
-    let text_cap = (o.n_predict * 16).clamp(256, 1 << 20);
+    let text_cap = o.n_predict.saturating_mul(16).clamp(256, 1 << 20);
     let gen_text = ctx.arena.bytes("generated text", text_cap)?;
     let mut gen_len = 0usize;
     let mut sampler = Sampler::new(o.sampler);

@@ -4,9 +4,10 @@ use core::fmt::Write;
 
 use super::out::Out;
 use super::{AppError, Ctx};
+use crate::chat::ChatTemplate;
 use crate::guard::MemoryGuard;
 use crate::platform::Platform;
-use crate::server::gen::{self, Bufs};
+use crate::server::gen::{self, Bufs, Setup};
 use crate::server::json::{MAX_MESSAGES, MAX_TOP};
 use crate::server::{http, Info, Io, MAX_BODY, MAX_SLOTS, SPARE_SLOTS};
 
@@ -32,6 +33,7 @@ pub fn buffer_bytes(o: &crate::cli::Opts, n_ctx: usize, tok: &crate::tokenizer::
         4 * n_ctx * stride,
         4 * n_ctx * stride,
         4 * n_ctx,
+        4 * tok.n_vocab() as usize,
     ];
     sizes.iter().map(|&b| b as u64 + 64).sum()
 }
@@ -58,35 +60,81 @@ pub fn serve<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> 
         prompt_limit: limit,
         cache: ctx.arena.slice::<u32>(a, n_ctx)?,
         n_cached: 0,
+        logits: ctx.arena.slice::<f32>(a, ctx.tok.n_vocab() as usize)?,
+    };
+    let sf = o.serve;
+    // `--chat-template NAME` or `--chat-template-file FILE` (a Jinja file whose format
+    // is recognised), else the model's own template.
+    let tmpl_text: Option<&str> = match (sf.chat_template, sf.chat_template_file) {
+        (Some(t), _) => Some(t),
+        (None, Some(f)) => Some(super::run::read_text(ctx, f)?),
+        (None, None) => None,
+    };
+    let template = match tmpl_text {
+        Some(t) => Some(ChatTemplate::detect(t).map_err(AppError::Chat)?),
+        None => ChatTemplate::from_gguf(g).ok(),
+    };
+    let setup = Setup {
+        template,
+        no_bos: o.no_bos,
+        verbose: o.verbose,
     };
     let path = o.model.unwrap_or("");
-    let id = model_id(path);
+    // `--alias a,b,c`: the first name in sort order is the id (as llama-server).
+    let id = match sf.alias {
+        Some(a) => a
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .min()
+            .unwrap_or(model_id(path)),
+        None => model_id(path),
+    };
     let file_name = path.rsplit(['/', '\\']).next().unwrap_or(path);
     let info = Info {
         model_id: id,
         aliases: [path, file_name, g.get_str("general.name").unwrap_or("")],
         budget: o.budget,
         n_ctx,
+        path,
+        alias: sf.alias,
+        api_key: sf.api_key,
+        n_parallel: sf.parallel.max(1),
+        webui: !sf.no_webui,
+        slots: !sf.no_slots,
+        metrics: !sf.no_metrics,
+        cors_local_only: sf.cors_origins == Some("localhost"),
+        tags: sf.tags,
+        start_unix: p.unix_time_s(),
+        verbose: o.verbose,
+        n_predict: o.n_predict,
+        seed: o.sampler.seed,
     };
-    let (listener, port) = match p.tcp_listen(o.host, o.port) {
-        Ok(l) => l,
-        Err(e) => {
-            let _ = writeln!(
-                Out::stderr(p),
-                "pinch: cannot listen on {}:{}: {e}",
-                o.host,
-                o.port
-            );
-            return Err(AppError::Usage("could not listen on --host/--port"));
+    // `--host a,b`: every address on the same port (the first one's when `--port 0`).
+    let mut listeners: heapless::Vec<crate::platform::Socket, { crate::server::MAX_LISTEN }> =
+        heapless::Vec::new();
+    let mut port = o.port;
+    for host in o.host.split(',').map(str::trim).filter(|h| !h.is_empty()) {
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        match p.tcp_listen(host, port) {
+            Ok((l, bound)) if listeners.push(l).is_ok() => port = bound,
+            Ok(_) => return Err(AppError::Usage("at most 4 addresses in --host")),
+            Err(e) => {
+                let _ = writeln!(Out::stderr(p), "pinch: cannot listen on {host}:{port}: {e}");
+                return Err(AppError::Usage("could not listen on --host/--port"));
+            }
         }
-    };
+    }
+    if listeners.is_empty() {
+        return Err(AppError::Usage("--host names no address"));
+    }
     let _ = writeln!(
         Out::stderr(p),
         "pinch: serving {id} on http://{}:{port}/ (context {n_ctx}, queue {queue}, {} KiB of server buffers)",
         o.host,
         (n_slots * slot_bytes + bufs.text.len() + bufs.scratch.len() + bufs.out.len() + n_ctx * (8 + 8 * stride)) >> 10
     );
-    let mut io = Io::new(p, listener, conns.chunks_mut(slot_bytes), queue, info);
+    let mut io = Io::new(p, &listeners, conns.chunks_mut(slot_bytes), queue, info);
     // Idle: sleep 1 ms after activity, backing off to 10 ms, so an idle server costs
     // next to nothing and a new request waits at most 10 ms.
     let mut idle = 0u32;
@@ -94,7 +142,7 @@ pub fn serve<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> 
     loop {
         let busy = io.poll();
         if let Some(i) = io.start_next() {
-            gen::serve_one(ctx, &mut io, &mut bufs, &mut guard, i);
+            gen::serve_one(ctx, setup, &mut io, &mut bufs, &mut guard, i);
             idle = 0;
             continue;
         }

@@ -1,27 +1,39 @@
-//! One generation for the server: the request body becomes a prompt (chat template or
-//! plain text), tokens are sampled one at a time with the server loop polled between
-//! them, stop strings are held back until they cannot match, and the result goes out as
-//! server-sent events or one JSON body in the shape of the API that was called.
+//! One request of the generation endpoints: the body becomes one or more prompts
+//! (chat template, plain text, token ids, a list of prompts, fill-in-the-middle), each
+//! prompt is answered `n` times by the shared driver ([`crate::generate`]) with the
+//! server loop polled between weight passes, stop strings are held back until they
+//! cannot match, and the result goes out as server-sent events or one JSON body in the
+//! shape of the API that was called (OpenAI chat or completions, llama-server's
+//! `/completion` and `/infill`).
 //!
 //! Log-probabilities are those of the model's distribution (softmax of the raw logits,
 //! temperature 1), as OpenAI and llama-server report them, whatever the sampling
 //! settings.
+//!
+//! # Limits
+//! A non-streamed answer is kept in [`Bufs::out`]: when the next token's text does not
+//! fit, the generation ends there with `finish_reason: "length"` (never a silent cut).
+//! All prompts of one request share [`Bufs::tokens`] (one context's worth); at most
+//! [`MAX_RESULTS`] answers (prompts × `n`) per request, streamed requests one.
 use core::fmt::Write;
 
 use super::http::{self, SockWriter};
+use super::jraw::{Kind, Val};
 use super::json::{
-    self, json_byte_list, json_bytes_str, json_f32, Api, Params, MAX_STOP, MAX_STOP_LEN, MAX_TOP,
+    self, json_byte_list, json_bytes_str, json_f32, Api, Content, Params, MAX_STOP, MAX_STOP_LEN,
+    MAX_TOP,
 };
 use super::{msg, Io};
 use crate::chat::{ChatMessage, ChatTemplate};
 use crate::commands::out::json_str;
 use crate::commands::run::SliceWriter;
-use crate::commands::{secs, Ctx};
+use crate::commands::Ctx;
+use crate::generate::{self, Adjust, End, Settings, Sink};
 use crate::guard::{GuardStop, MemoryGuard};
-use crate::model::Logits;
 use crate::platform::Platform;
 use crate::sampler::{top_n, Candidate, Sampler};
-use crate::tokenizer::{TokenizerError, Utf8Stream};
+use crate::tokenizer::{Tokenizer, TokenizerError, Utf8Stream};
+use serde_json_core::str::EscapedStr;
 
 /// Buffers of the generation side, carved once from the arena.
 pub struct Bufs<'a> {
@@ -41,27 +53,45 @@ pub struct Bufs<'a> {
     /// turn of a chat, a retry) only evaluates the rest, as llama-server's `cache_prompt`.
     pub cache: &'a mut [u32],
     pub n_cached: usize,
+    /// Adjusted logits (`logit_bias`, penalties): one vocabulary's worth.
+    pub logits: &'a mut [f32],
 }
 
 /// Bytes of text per context token the server accepts in a prompt (English averages
 /// about 4; the limit only keeps the tokenizer scratch bounded).
 pub const PROMPT_BYTES_PER_TOKEN: usize = 12;
+/// Most answers in one response (prompts × `n`).
+pub const MAX_RESULTS: usize = 8;
 
 /// The prompt text limit for a context of `n_ctx` tokens.
 pub fn prompt_limit(n_ctx: usize) -> usize {
     (n_ctx * PROMPT_BYTES_PER_TOKEN).clamp(8 << 10, super::MAX_BODY)
 }
 
-/// A request turned into tokens and settings.
+/// The build string clients see as `system_fingerprint` (llama-server's starts with
+/// `b` and the build number).
+pub const FINGERPRINT: &str = concat!("b", env!("CARGO_PKG_VERSION"), "-pinch");
+
+/// A request turned into token sequences and settings.
 struct Prepared {
-    n_prompt: usize,
+    /// Ranges of `Bufs::tokens`, one per prompt.
+    prompts: heapless::Vec<(usize, usize), MAX_RESULTS>,
     p: Params,
     stops: heapless::Vec<heapless::Vec<u8, MAX_STOP_LEN>, MAX_STOP>,
+    bias: heapless::Vec<(u32, f32), { generate::MAX_BIAS }>,
+    /// The rendered chat prompt or the prompt string (range of `Bufs::text`), for
+    /// `echo` and `__verbose`.
+    shown: Option<(usize, usize)>,
 }
 
-/// Why a request cannot run: the status; the message is written to the caller's
-/// buffer (a large error value would be copied through every `?`).
-type Refusal = u16;
+/// Why a request cannot run.
+enum Refusal {
+    /// Status and message (in the caller's buffer).
+    Status(u16),
+    /// The prompt does not fit the context (llama-server's `exceed_context_size_error`).
+    Context { n_prompt: usize },
+}
+
 type Msg = heapless::String<256>;
 
 /// Render `messages` without a template: `role: content` lines, then `assistant:`
@@ -73,8 +103,88 @@ fn render_plain(messages: &[ChatMessage<'_>], w: &mut dyn Write) -> core::fmt::R
     w.write_str("assistant:")
 }
 
+/// The server-wide settings a request is prepared with.
+#[derive(Clone, Copy)]
+pub struct Setup {
+    /// The chat template (`--chat-template`, or the model's).
+    pub template: Option<ChatTemplate>,
+    pub no_bos: bool,
+    /// Every chat answer carries `__verbose` (`-v`).
+    pub verbose: bool,
+}
+
+/// Tokenize `text` into `out` (BOS as the model wants it when `bos`).
+fn encode(
+    tok: &Tokenizer<'_>,
+    text: &str,
+    bos: bool,
+    scratch: &mut [u8],
+    out: &mut [u32],
+    n_ctx: usize,
+) -> Result<usize, (u16, TokenizerError)> {
+    let need = tok.scratch_bytes(text.len());
+    let scratch = scratch.get_mut(..need).ok_or((
+        400,
+        TokenizerError::OutputFull {
+            needed: need,
+            given: 0,
+        },
+    ))?;
+    match tok.encode(text, bos, true, scratch, out) {
+        Ok(n) => Ok(n),
+        Err(TokenizerError::OutputFull { .. }) => Ok(n_ctx + 1),
+        Err(e) => Err((400, e)),
+    }
+}
+
+/// Tokens of one prompt element appended at `*at`: a string (with BOS when `bos`), a
+/// token id, or (for a list) each of those in turn.
+struct Enc<'t, 'a> {
+    tok: &'t Tokenizer<'a>,
+    n_ctx: usize,
+    limit: usize,
+}
+
+impl Enc<'_, '_> {
+    fn text(
+        &self,
+        text: &str,
+        bos: bool,
+        at: &mut usize,
+        scratch: &mut [u8],
+        tokens: &mut [u32],
+    ) -> Result<(), Refusal> {
+        if text.len() > self.limit {
+            return Err(Refusal::Context {
+                n_prompt: self.n_ctx + 1,
+            });
+        }
+        let out = tokens.get_mut(*at..).unwrap_or(&mut []);
+        let n = encode(self.tok, text, bos, scratch, out, self.n_ctx)
+            .map_err(|_| Refusal::Status(400))?;
+        if n > out.len() {
+            return Err(Refusal::Context { n_prompt: *at + n });
+        }
+        *at += n;
+        Ok(())
+    }
+
+    fn id(&self, v: u32, at: &mut usize, tokens: &mut [u32]) -> Result<(), Refusal> {
+        if v >= self.tok.n_vocab() {
+            return Err(Refusal::Status(400));
+        }
+        let slot = tokens
+            .get_mut(*at)
+            .ok_or(Refusal::Context { n_prompt: *at + 1 })?;
+        *slot = v;
+        *at += 1;
+        Ok(())
+    }
+}
+
 fn prepare<P: Platform>(
     ctx: &Ctx<'_, '_, '_, P>,
+    setup: Setup,
     bufs: &mut Bufs<'_>,
     api: Api,
     body: &[u8],
@@ -82,21 +192,59 @@ fn prepare<P: Platform>(
 ) -> Result<Prepared, Refusal> {
     let mut refuse = |status: u16, d: &dyn core::fmt::Display| -> Refusal {
         *why = msg(d);
-        status
+        Refusal::Status(status)
     };
-    let req = json::parse(api, body).map_err(|e| refuse(400, &e))?;
+    let req = json::parse(api, body).map_err(|e| refuse(e.status(), &e))?;
+    let tok = ctx.tok;
+    let n_ctx = ctx.sess.opts.n_ctx;
+    let bos = !setup.no_bos;
+    let enc = Enc {
+        tok,
+        n_ctx,
+        limit: bufs.prompt_limit,
+    };
+    let base = bufs.text.as_ptr() as usize;
     let half = bufs.text.len() / 2;
     let (strs, render) = bufs.text.split_at_mut(half);
     let mut strs: &mut [u8] = strs;
-    let text: &str = match api {
-        Api::Chat => {
+    let mut prompts: heapless::Vec<(usize, usize), MAX_RESULTS> = heapless::Vec::new();
+    let mut shown = None;
+    let mut at = 0usize;
+    let (scratch, tokens) = (&mut *bufs.scratch, &mut *bufs.tokens);
+    match api {
+        Api::Chat | Api::ApplyTemplate | Api::InputTokens => {
             let mut msgs: heapless::Vec<ChatMessage<'_>, { json::MAX_MESSAGES }> =
                 heapless::Vec::new();
             for m in req.messages.iter() {
                 let role = json::unescape(&m.role, &mut strs).map_err(|e| refuse(400, &e))?;
-                let content = match &m.content {
-                    Some(c) => json::unescape(c, &mut strs).map_err(|e| refuse(400, &e))?,
-                    None => "",
+                let content: &str = match m.content {
+                    Content::None => "",
+                    Content::Text(c) => {
+                        json::unescape(&c, &mut strs).map_err(|e| refuse(400, &e))?
+                    }
+                    Content::Parts(v) => {
+                        // Text parts joined with blank lines, unescaped one after another.
+                        let region: &mut [u8] = core::mem::take(&mut strs);
+                        let total = region.len();
+                        let used = {
+                            let mut cur: &mut [u8] = &mut region[..];
+                            for (k, part) in v.items().enumerate() {
+                                if k > 0 {
+                                    json::unescape(&EscapedStr("\\n\\n"), &mut cur)
+                                        .map_err(|e| refuse(400, &e))?;
+                                }
+                                let t = part
+                                    .get("text")
+                                    .and_then(|t| t.str())
+                                    .unwrap_or(EscapedStr(""));
+                                json::unescape(&t, &mut cur).map_err(|e| refuse(400, &e))?;
+                            }
+                            total - cur.len()
+                        };
+                        let (joined, rest) = region.split_at_mut(used);
+                        strs = rest;
+                        core::str::from_utf8(joined).map_err(|_| refuse(400, &"invalid UTF-8"))?
+                    }
                 };
                 let _ = msgs.push(ChatMessage::new(role, content));
             }
@@ -104,10 +252,22 @@ fn prepare<P: Platform>(
                 buf: render,
                 len: 0,
             };
-            let ok = match ChatTemplate::from_gguf(ctx.g) {
-                Ok(t) => t.render(&msgs, true, &mut w).is_ok(),
-                Err(_) => render_plain(&msgs, &mut w).is_ok(),
+            // A conversation that ends with the assistant's message continues it
+            // (llama-server's prefill, vLLM's `continue_final_message`): the turns before
+            // it with the assistant's opening, then its text, not closed.
+            let prefill = msgs.len() > 1 && msgs.last().is_some_and(|m| m.role == "assistant");
+            let (turns, tail) = match prefill {
+                true => (
+                    &msgs[..msgs.len() - 1],
+                    msgs.last().map_or("", |m| m.content),
+                ),
+                false => (&msgs[..], ""),
             };
+            let gen_prompt = req.p.add_generation_prompt || prefill;
+            let ok = match setup.template {
+                Some(t) => t.render(turns, gen_prompt, &mut w).is_ok(),
+                None => render_plain(turns, &mut w).is_ok(),
+            } && w.write_str(tail).is_ok();
             if !ok {
                 return Err(refuse(
                     400,
@@ -115,45 +275,127 @@ fn prepare<P: Platform>(
                 ));
             }
             let n = w.len;
-            core::str::from_utf8(&w.buf[..n]).map_err(|_| refuse(400, &"invalid UTF-8"))?
+            let text =
+                core::str::from_utf8(&w.buf[..n]).map_err(|_| refuse(400, &"invalid UTF-8"))?;
+            shown = Some((text.as_ptr() as usize - base, text.len()));
+            enc.text(text, bos, &mut at, scratch, tokens)?;
+            let _ = prompts.push((0, at));
         }
-        Api::Completions | Api::Llama => {
-            let mut r: &mut [u8] = render;
-            let prompt = req
+        Api::Infill => {
+            let (pre, suf, _extra) = req.infill.unwrap_or((Val(b"\"\""), Val(b"\"\""), None));
+            let find = |names: [&[u8]; 3]| names.iter().find_map(|n| tok.token_id(n));
+            let ids = [
+                find([b"<|fim_prefix|>", b"<fim_prefix>", b"<PRE>"]),
+                find([b"<|fim_suffix|>", b"<fim_suffix>", b"<SUF>"]),
+                find([b"<|fim_middle|>", b"<fim_middle>", b"<MID>"]),
+            ];
+            let [Some(fp), Some(fs), Some(fm)] = ids else {
+                return Err(refuse(
+                    501,
+                    &"this model has no fill-in-the-middle tokens (prefix, suffix, middle): /infill needs a code model",
+                ));
+            };
+            // [BOS] <prefix> prefix <suffix> suffix <middle> prompt
+            if bos {
+                if let Some(b) = tok.bos().filter(|_| tok.adds_bos()) {
+                    enc.id(b, &mut at, tokens)?;
+                }
+            }
+            let mid = req.prompt.unwrap_or(Val(b"\"\""));
+            for (id, v) in [(fp, pre), (fs, suf), (fm, mid)] {
+                enc.id(id, &mut at, tokens)?;
+                let t = json::unescape(&v.str().unwrap_or(EscapedStr("")), &mut strs)
+                    .map_err(|e| refuse(400, &e))?;
+                if !t.is_empty() {
+                    enc.text(t, false, &mut at, scratch, tokens)?;
+                }
+            }
+            let _ = prompts.push((0, at));
+        }
+        Api::Completions | Api::Llama | Api::Tokenize | Api::Detokenize => {
+            let v = req
                 .prompt
-                .as_ref()
-                .ok_or_else(|| refuse(400, &"'prompt' is required"))?;
-            json::unescape(prompt, &mut r).map_err(|e| refuse(400, &e))?
+                .ok_or_else(|| refuse(400, &json::BodyError::Missing("prompt")))?;
+            // One prompt: a string, an object with `prompt_string`, or a list mixing
+            // token ids and strings. Several: a list of those (without numbers).
+            let mixed = v.kind() == Kind::Arr && v.items().any(|x| x.kind() == Kind::Num);
+            let single = v.kind() != Kind::Arr || mixed;
+            let mut one = |v: Val<'_>,
+                           at: &mut usize,
+                           strs: &mut &mut [u8],
+                           shown: &mut Option<(usize, usize)>|
+             -> Result<(), Refusal> {
+                let start = *at;
+                let mut elems: heapless::Vec<Val<'_>, 1> = heapless::Vec::new();
+                let list = match v.kind() {
+                    Kind::Arr => v,
+                    _ => {
+                        let _ = elems.push(v);
+                        Val(b"")
+                    }
+                };
+                let mut first = true;
+                for e in elems.iter().copied().chain(list.items()) {
+                    let e = match e.kind() {
+                        Kind::Obj => {
+                            if e.get("multimodal_data").is_some() {
+                                return Err(Refusal::Status(400));
+                            }
+                            e.get("prompt_string").ok_or(Refusal::Status(400))?
+                        }
+                        _ => e,
+                    };
+                    match e.kind() {
+                        Kind::Num => enc.id(e.u32().ok_or(Refusal::Status(400))?, at, tokens)?,
+                        Kind::Str => {
+                            let s = e.str().ok_or(Refusal::Status(400))?;
+                            let t = json::unescape(&s, strs).map_err(|_| Refusal::Status(400))?;
+                            if shown.is_none() {
+                                *shown = Some((t.as_ptr() as usize - base, t.len()));
+                            }
+                            let bos_here = bos && first && *at == start;
+                            enc.text(t, bos_here, at, scratch, tokens)?;
+                        }
+                        _ => return Err(Refusal::Status(400)),
+                    }
+                    first = false;
+                }
+                Ok(())
+            };
+            if single {
+                one(v, &mut at, &mut strs, &mut shown)?;
+                let _ = prompts.push((0, at));
+            } else {
+                for e in v.items() {
+                    let start = at;
+                    one(e, &mut at, &mut strs, &mut shown)?;
+                    prompts
+                        .push((start, at))
+                        .map_err(|_| Refusal::Status(400))?;
+                }
+            }
         }
-    };
-    let n_ctx = ctx.sess.opts.n_ctx;
-    if text.len() > bufs.prompt_limit {
-        let (len, limit) = (text.len(), bufs.prompt_limit);
+    }
+    if prompts.is_empty() || prompts.iter().any(|&(a, b)| a == b) {
+        return Err(refuse(400, &"the prompt is empty"));
+    }
+    for &(a, b) in prompts.iter() {
+        if b - a >= n_ctx {
+            return Err(Refusal::Context { n_prompt: b - a });
+        }
+    }
+    let p = req.p;
+    if p.stream && prompts.len() * p.n > 1 {
         return Err(refuse(
             400,
-            &format_args!(
-                "the prompt has {len} bytes; this server accepts {limit} (context {n_ctx} tokens)"
-            ),
+            &"streaming several answers (a list of prompts, or n > 1) is not supported",
         ));
     }
-    let need = ctx.tok.scratch_bytes(text.len());
-    let scratch = bufs
-        .scratch
-        .get_mut(..need)
-        .ok_or_else(|| refuse(400, &"prompt too long"))?;
-    let n = match ctx
-        .tok
-        .encode(text, !ctx.o.no_bos, true, scratch, bufs.tokens)
-    {
-        Ok(n) => n,
-        Err(TokenizerError::OutputFull { .. }) => n_ctx + 1,
-        Err(e) => return Err(refuse(400, &e)),
-    };
-    if n >= n_ctx {
-        return Err(refuse(400, &format_args!("the prompt needs {n} or more tokens but the context holds {n_ctx} (with room for one generated token)")));
-    }
-    if n == 0 {
-        return Err(refuse(400, &"the prompt is empty"));
+    if prompts.len() * p.n > MAX_RESULTS {
+        return Err(refuse(
+            400,
+            &format_args!("at most {MAX_RESULTS} answers (prompts x n) per request"),
+        ));
     }
     let mut stops = heapless::Vec::new();
     for s in req.stop.iter() {
@@ -164,7 +406,7 @@ fn prepare<P: Platform>(
         let _ = stops.push(heapless::Vec::from_slice(t.as_bytes()).unwrap_or_default());
     }
     if api == Api::Chat {
-        if let Ok(t) = ChatTemplate::from_gguf(ctx.g) {
+        if let Some(t) = setup.template {
             if stops.len() < MAX_STOP {
                 let _ = stops.push(
                     heapless::Vec::from_slice(t.end_of_turn().as_bytes()).unwrap_or_default(),
@@ -172,10 +414,71 @@ fn prepare<P: Platform>(
             }
         }
     }
+    let mut bias = heapless::Vec::new();
+    if let Some(v) = req.logit_bias {
+        let mut add = |key: Val<'_>,
+                       b: Val<'_>,
+                       strs: &mut [u8],
+                       scratch: &mut [u8]|
+         -> Result<(), Refusal> {
+            let bias_v = match b.kind() {
+                Kind::Bool if b.bool() == Some(false) => f32::NEG_INFINITY,
+                Kind::Num => b.num().unwrap_or(0.0) as f32,
+                _ => return Err(Refusal::Status(400)),
+            };
+            let mut ids = [0u32; 64];
+            let n = match key.kind() {
+                Kind::Num => {
+                    ids[0] = key.u32().ok_or(Refusal::Status(400))?;
+                    1
+                }
+                Kind::Str => {
+                    // A text key: each of its tokens (object keys may also be ids).
+                    let mut buf: &mut [u8] = &mut strs[..];
+                    let t = json::unescape(&key.str().ok_or(Refusal::Status(400))?, &mut buf)
+                        .map_err(|_| Refusal::Status(400))?;
+                    match t.parse::<u32>() {
+                        Ok(id) => {
+                            ids[0] = id;
+                            1
+                        }
+                        Err(_) => encode(tok, t, false, scratch, &mut ids, n_ctx)
+                            .map_err(|_| Refusal::Status(400))?
+                            .min(ids.len()),
+                    }
+                }
+                _ => return Err(Refusal::Status(400)),
+            };
+            for &id in &ids[..n] {
+                if id < tok.n_vocab() {
+                    bias.push((id, bias_v)).map_err(|_| Refusal::Status(400))?;
+                }
+            }
+            Ok(())
+        };
+        match v.kind() {
+            Kind::Obj => {
+                for (k, b) in v.members() {
+                    add(k, b, strs, scratch)?;
+                }
+            }
+            _ => {
+                for pair in v.items() {
+                    let mut it = pair.items();
+                    let (Some(k), Some(b)) = (it.next(), it.next()) else {
+                        return Err(refuse(400, &json::BodyError::Shape("logit_bias")));
+                    };
+                    add(k, b, strs, scratch)?;
+                }
+            }
+        }
+    }
     Ok(Prepared {
-        n_prompt: n,
-        p: req.p,
+        prompts,
+        p,
         stops,
+        bias,
+        shown,
     })
 }
 
@@ -282,7 +585,7 @@ fn probs(logits: &[f32], chosen: u32, k: usize) -> TokProbs {
     t
 }
 
-/// Why a generation ended.
+/// Why one answer ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Finish {
     Eos,
@@ -306,7 +609,7 @@ impl Finish {
     }
 }
 
-/// Identity and figures shared by every event of one response.
+/// Identity shared by every event of one response.
 struct Resp<'s> {
     api: Api,
     id: u64,
@@ -322,7 +625,7 @@ impl Resp<'_> {
         };
         write!(
             w,
-            "{{\"id\":\"{prefix}-{}\",\"object\":\"{object}\",\"created\":0,\"model\":",
+            "{{\"id\":\"{prefix}-{}\",\"object\":\"{object}\",\"created\":0,\"system_fingerprint\":\"{FINGERPRINT}\",\"model\":",
             self.id
         )?;
         json_str(w, self.model)
@@ -330,9 +633,9 @@ impl Resp<'_> {
 }
 
 /// One token's log-probability entry (OpenAI chat and llama-server shape).
-fn entry<P: Platform>(
+fn entry(
     w: &mut dyn Write,
-    ctx: &Ctx<'_, '_, '_, P>,
+    tok: &Tokenizer<'_>,
     id: u32,
     t: &TokProbs,
     with_id: bool,
@@ -342,7 +645,7 @@ fn entry<P: Platform>(
         if with_id {
             write!(w, "\"id\":{id},")?;
         }
-        let b = ctx.tok.token_bytes(id);
+        let b = tok.token_bytes(id);
         w.write_str("\"token\":")?;
         json_bytes_str(w, b)?;
         w.write_str(",\"logprob\":")?;
@@ -362,7 +665,10 @@ fn entry<P: Platform>(
     w.write_str("]}")
 }
 
+/// Figures of one answer.
+#[derive(Clone, Copy, Default)]
 struct Timings {
+    /// Prompt tokens (cached + evaluated).
     prompt_n: usize,
     /// Prompt tokens reused from the cache (not evaluated).
     cached: usize,
@@ -372,35 +678,232 @@ struct Timings {
 }
 
 impl Timings {
+    /// llama-server's `timings`: `prompt_n` counts the evaluated tokens, `cache_n` the
+    /// reused ones; the generation rate is over the decode steps after the first token
+    /// (which comes from the prompt's last pass).
     fn write(&self, w: &mut dyn Write) -> core::fmt::Result {
-        let per = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
+        let evaluated = self.prompt_n - self.cached;
+        let steps = self.gen_n.saturating_sub(1);
+        // Rates from the milliseconds as printed (3 decimals), so that they agree.
+        let ms = |s: f64| libm::round(s * 1e6) / 1e3;
+        let (pms, gms) = (ms(self.prompt_s), ms(self.gen_s));
+        let per_ms = |ms: f64, n: usize| if n > 0 { ms / n as f64 } else { 0.0 };
         write!(
             w,
-            "{{\"prompt_n\":{},\"prompt_ms\":{:.3},\"prompt_per_second\":{:.3},\"predicted_n\":{},\"predicted_ms\":{:.3},\"predicted_per_second\":{:.3}}}",
-            self.prompt_n - self.cached,
-            self.prompt_s * 1e3,
-            per(self.prompt_n - self.cached, self.prompt_s),
+            "{{\"cache_n\":{},\"prompt_n\":{evaluated},\"prompt_ms\":{pms:.3},\"prompt_per_token_ms\":{:.3},\"prompt_per_second\":{:.3},\"predicted_n\":{},\"predicted_ms\":{gms:.3},\"predicted_per_token_ms\":{},\"predicted_per_second\":{}}}",
+            self.cached,
+            per_ms(pms, evaluated),
+            generate::per_second(evaluated, self.prompt_s),
             self.gen_n,
-            self.gen_s * 1e3,
-            per(self.gen_n, self.gen_s)
+            per_ms(gms, steps),
+            if gms > 0.0 { 1e3 / gms * steps as f64 } else { 0.0 },
         )
     }
     fn usage(&self, w: &mut dyn Write) -> core::fmt::Result {
         write!(
             w,
-            "{{\"prompt_tokens\":{},\"completion_tokens\":{},\"total_tokens\":{}}}",
+            "{{\"prompt_tokens\":{},\"completion_tokens\":{},\"total_tokens\":{},\"prompt_tokens_details\":{{\"cached_tokens\":{}}}}}",
             self.prompt_n,
             self.gen_n,
-            self.prompt_n + self.gen_n
+            self.prompt_n + self.gen_n,
+            self.cached
         )
+    }
+    fn add(&mut self, o: &Timings) {
+        self.prompt_n += o.prompt_n;
+        self.cached += o.cached;
+        self.prompt_s += o.prompt_s;
+        self.gen_n += o.gen_n;
+        self.gen_s += o.gen_s;
     }
 }
 
+/// One finished answer of a non-streamed response.
+#[derive(Clone, Copy)]
+struct Res {
+    /// Range of `Bufs::out`.
+    text: (usize, usize),
+    /// First record (index into the per-token records) and count.
+    rec: (usize, usize),
+    fin: Finish,
+    tm: Timings,
+    truncated: bool,
+    /// The prompt's tokens (range of `Bufs::tokens`).
+    prompt: (usize, usize),
+}
+
+/// The request-level settings echoed back as llama-server's `generation_settings`.
+struct GenSettings<'r> {
+    sp: crate::sampler::SamplerParams,
+    p: &'r Params,
+    n_predict: i64,
+    ignore_eos: bool,
+    eog: &'r [u32],
+}
+
+impl GenSettings<'_> {
+    fn write(&self, w: &mut dyn Write) -> core::fmt::Result {
+        let sp = &self.sp;
+        write!(
+            w,
+            "{{\"n_predict\":{},\"seed\":{},\"temperature\":{},\"top_k\":{},\"top_p\":{},\"min_p\":{},\"repeat_last_n\":{},\"repeat_penalty\":{},\"presence_penalty\":{},\"frequency_penalty\":{},\"n_probs\":{},\"ignore_eos\":{},\"stream\":{},\"post_sampling_probs\":{},",
+            self.n_predict, sp.seed, sp.temp, sp.top_k, sp.top_p, sp.min_p, sp.repeat_last_n,
+            sp.repeat_penalty, self.p.presence_penalty, self.p.frequency_penalty, self.p.top,
+            self.ignore_eos, self.p.stream, self.p.post_sampling
+        )?;
+        // pinch has no adaptive-p sampler: its settings are reported as off
+        // (llama-server's values for a disabled one).
+        w.write_str("\"adaptive_target\":-1.0,\"adaptive_decay\":0.9,\"logit_bias\":[")?;
+        if self.ignore_eos {
+            for (k, id) in self.eog.iter().enumerate() {
+                if k > 0 {
+                    w.write_char(',')?;
+                }
+                write!(w, "{{\"bias\":null,\"token\":{id}}}")?;
+            }
+        }
+        w.write_str("]}")
+    }
+}
+
+/// The per-request part of the server that the driver's sink writes to.
+struct ServeSink<'x, 'a, 's, 'p, 'b, 'w, P: Platform> {
+    io: &'x mut Io<'a, 's, 'p, P>,
+    i: usize,
+    w: &'x mut SockWriter<'w, P>,
+    r: &'x Resp<'s>,
+    tok: &'x Tokenizer<'b>,
+    p: &'x Params,
+    stops: &'x [heapless::Vec<u8, MAX_STOP_LEN>],
+    /// Records: ids (and log-probabilities when wanted), from `rec0`.
+    rec_id: &'x mut [u32],
+    rec_lp: &'x mut [f32],
+    rec0: usize,
+    n_rec: usize,
+    /// Non-streamed text.
+    out: &'x mut [u8],
+    out_len: usize,
+    /// The session's cached tokens: generated ones are appended at `n_cached`.
+    cache: &'x mut [u32],
+    n_cached: usize,
+    cur: TokProbs,
+    utf8: Utf8Stream,
+    matcher: StopMatcher,
+    hit: Option<usize>,
+    gone: bool,
+    /// The output buffer is full.
+    full: bool,
+    /// Prompt progress (`return_progress`): total, cached.
+    progress: (usize, usize),
+}
+
+impl<P: Platform> ServeSink<'_, '_, '_, '_, '_, '_, P> {
+    /// llama-server's `prompt_progress` event (`return_progress`, streamed): `done`
+    /// tokens of this request's prompt evaluated after the cached ones.
+    fn progress_event(&mut self, done: usize) -> bool {
+        if !(self.p.stream && self.p.return_progress) {
+            return true;
+        }
+        let (total, cached) = self.progress;
+        let _ = write!(
+            self.w,
+            "data: {{\"prompt_progress\":{{\"total\":{total},\"cache\":{cached},\"processed\":{},\"time_ms\":0}}}}\n\n",
+            cached + done
+        );
+        if !self.w.flush() {
+            self.gone = true;
+        }
+        !self.gone
+    }
+
+    fn alive(&mut self) -> bool {
+        self.io.poll();
+        if self.io.client_gone(self.i) {
+            self.gone = true;
+        }
+        !self.gone
+    }
+}
+
+impl<P: Platform> Sink for ServeSink<'_, '_, '_, '_, '_, '_, P> {
+    fn prompt_batch(&mut self, done: usize, _total: usize) -> bool {
+        self.progress_event(done) && self.alive()
+    }
+
+    fn sampled(&mut self, logits: &[f32], id: u32) {
+        if self.p.logprobs {
+            self.cur = probs(logits, id, self.p.top);
+        }
+    }
+
+    fn token(&mut self, id: u32, bytes: &[u8]) -> bool {
+        let stride = MAX_TOP + 1;
+        let j = self.rec0 + self.n_rec;
+        if (j + 1) * stride <= self.rec_id.len() {
+            let base = j * stride;
+            self.rec_id[base] = id;
+            self.rec_lp[base] = self.cur.lp;
+            for (kk, c) in self.cur.top[..self.cur.n].iter().enumerate() {
+                self.rec_id[base + 1 + kk] = c.id;
+                self.rec_lp[base + 1 + kk] = c.logit;
+            }
+            self.n_rec += 1;
+        }
+        if self.n_cached < self.cache.len() {
+            self.cache[self.n_cached] = id;
+            self.n_cached += 1;
+        }
+        // Released text of this token: through the UTF-8 assembler and the stop matcher.
+        let mut piece: heapless::Vec<u8, 1024> = heapless::Vec::new();
+        let (matcher, stops, hit) = (&mut self.matcher, self.stops, &mut self.hit);
+        let _ = self.utf8.push(bytes, &mut |s: &str| -> Result<(), ()> {
+            if hit.is_none() {
+                *hit = matcher.push(s.as_bytes(), stops, &mut |b| {
+                    let _ = piece.extend_from_slice(b);
+                });
+            }
+            Ok(())
+        });
+        self.io.m.tokens_generated += 1;
+        if self.p.stream {
+            let t = self.p.logprobs.then_some(&self.cur);
+            if !piece.is_empty() || t.is_some() || self.r.api != Api::Chat {
+                let _ = token_event(self.w, self.r, self.tok, &piece, id, t);
+                if !self.w.flush() {
+                    self.gone = true;
+                    return false;
+                }
+            }
+        } else {
+            if !keep(self.out, &mut self.out_len, &piece) {
+                // Never cut silently: the answer ends before this token, as "length".
+                self.full = true;
+                return false;
+            }
+        }
+        if self.hit.is_some() {
+            return false;
+        }
+        self.alive()
+    }
+}
+
+/// Append `piece` to the answer in `out[..*len]`; false (nothing appended) when it
+/// does not fit whole, so a token's text is never cut.
+fn keep(out: &mut [u8], len: &mut usize, piece: &[u8]) -> bool {
+    let Some(dst) = out.get_mut(*len..*len + piece.len()) else {
+        return false;
+    };
+    dst.copy_from_slice(piece);
+    *len += piece.len();
+    true
+}
+
 /// Stream event for one token with released text `text`.
-fn token_event<P: Platform>(
+fn token_event(
     w: &mut dyn Write,
     r: &Resp<'_>,
-    ctx: &Ctx<'_, '_, '_, P>,
+    tok: &Tokenizer<'_>,
     text: &[u8],
     id: u32,
     t: Option<&TokProbs>,
@@ -415,7 +918,7 @@ fn token_event<P: Platform>(
             match t {
                 Some(t) => {
                     w.write_str("{\"content\":[")?;
-                    entry(w, ctx, id, t, false)?;
+                    entry(w, tok, id, t, false)?;
                     w.write_str("]}")?;
                 }
                 None => w.write_str("null")?,
@@ -430,31 +933,25 @@ fn token_event<P: Platform>(
             match t {
                 Some(t) => {
                     w.write_str("{\"tokens\":[")?;
-                    json_bytes_str(w, ctx.tok.token_bytes(id))?;
+                    json_bytes_str(w, tok.token_bytes(id))?;
                     w.write_str("],\"token_logprobs\":[")?;
                     json_f32(w, t.lp)?;
-                    w.write_str("],\"top_logprobs\":[{")?;
-                    for (k, c) in t.top[..t.n].iter().enumerate() {
-                        if k > 0 {
-                            w.write_char(',')?;
-                        }
-                        json_bytes_str(w, ctx.tok.token_bytes(c.id))?;
-                        w.write_char(':')?;
-                        json_f32(w, c.logit)?;
-                    }
-                    w.write_str("}]}")?;
+                    w.write_str("],\"top_logprobs\":[")?;
+                    legacy_top(w, tok, t)?;
+                    w.write_str("]}")?;
                 }
                 None => w.write_str("null")?,
             }
             w.write_str(",\"finish_reason\":null}]}")?;
         }
-        Api::Llama => {
+        // llama-server's shape (`/completion`, `/infill`).
+        _ => {
             w.write_str("{\"index\":0,\"content\":")?;
             json_bytes_str(w, text)?;
             write!(w, ",\"tokens\":[{id}],\"stop\":false,\"id_slot\":0")?;
             if let Some(t) = t {
                 w.write_str(",\"completion_probabilities\":[")?;
-                entry(w, ctx, id, t, true)?;
+                entry(w, tok, id, t, true)?;
                 w.write_str("]")?;
             }
             w.write_str("}")?;
@@ -463,179 +960,248 @@ fn token_event<P: Platform>(
     w.write_str("\n\n")
 }
 
-/// Final stream event(s).
-fn final_event(
-    w: &mut dyn Write,
-    r: &Resp<'_>,
-    fin: Finish,
-    tm: &Timings,
-    stop_word: &[u8],
-) -> core::fmt::Result {
-    w.write_str("data: ")?;
-    match r.api {
-        Api::Chat | Api::Completions => {
-            if r.api == Api::Chat {
-                r.open(w, "chat.completion.chunk")?;
-                w.write_str(",\"choices\":[{\"index\":0,\"delta\":{},\"logprobs\":null,")?;
-            } else {
-                r.open(w, "text_completion")?;
-                w.write_str(",\"choices\":[{\"index\":0,\"text\":\"\",\"logprobs\":null,")?;
-            }
-            write!(w, "\"finish_reason\":\"{}\"}}],\"usage\":", fin.openai())?;
-            tm.usage(w)?;
-            w.write_str(",\"timings\":")?;
-            tm.write(w)?;
-            w.write_str("}\n\ndata: [DONE]\n\n")
+/// A token's alternatives in the legacy completions shape: `{"text": logprob, ...}`.
+fn legacy_top(w: &mut dyn Write, tok: &Tokenizer<'_>, t: &TokProbs) -> core::fmt::Result {
+    w.write_char('{')?;
+    for (k, c) in t.top[..t.n].iter().enumerate() {
+        if k > 0 {
+            w.write_char(',')?;
         }
-        Api::Llama => {
-            w.write_str("{\"index\":0,\"content\":\"\",\"stop\":true,\"model\":")?;
-            json_str(w, r.model)?;
-            write!(w, ",\"tokens_predicted\":{},\"tokens_evaluated\":{},\"tokens_cached\":{},\"stop_type\":\"{}\",\"stopping_word\":", tm.gen_n, tm.prompt_n, tm.cached, fin.llama())?;
-            json_bytes_str(w, stop_word)?;
-            w.write_str(",\"timings\":")?;
-            tm.write(w)?;
-            w.write_str("}\n\n")
-        }
+        json_bytes_str(w, tok.token_bytes(c.id))?;
+        w.write_char(':')?;
+        json_f32(w, c.logit)?;
     }
+    w.write_char('}')
 }
 
-/// Recorded log-probabilities of the generated tokens.
+/// Recorded log-probabilities of generated tokens.
 #[derive(Clone, Copy)]
 struct Recs<'r> {
     ids: &'r [u32],
     lps: &'r [f32],
     /// Alternatives per token.
     n_top: usize,
-    /// Tokens recorded.
-    count: usize,
 }
 
-/// The whole non-streamed body.
-#[allow(clippy::too_many_arguments)]
-fn full_body<P: Platform>(
-    w: &mut dyn Write,
-    r: &Resp<'_>,
-    ctx: &Ctx<'_, '_, '_, P>,
-    text: &[u8],
-    recs: Option<Recs<'_>>,
-    fin: Finish,
-    tm: &Timings,
-    stop_word: &[u8],
-) -> core::fmt::Result {
-    let stride = MAX_TOP + 1;
-    let n_rec = recs.map_or(0, |r| r.count);
-    let rec = |j: usize| -> (u32, TokProbs) {
-        let Recs {
-            ids, lps, n_top: n, ..
-        } = recs.unwrap_or(Recs {
-            ids: &[],
-            lps: &[],
-            n_top: 0,
-            count: 0,
-        });
-        let mut t = TokProbs::EMPTY;
+impl Recs<'_> {
+    fn get(&self, j: usize) -> (u32, TokProbs) {
+        let stride = MAX_TOP + 1;
         let base = j * stride;
-        t.lp = lps[base];
-        t.n = n;
-        for k in 0..n {
+        let mut t = TokProbs::EMPTY;
+        if base + stride > self.ids.len() {
+            return (0, t);
+        }
+        t.lp = self.lps[base];
+        t.n = self.n_top;
+        for k in 0..self.n_top {
             t.top[k] = Candidate {
-                id: ids[base + 1 + k],
-                logit: lps[base + 1 + k],
+                id: self.ids[base + 1 + k],
+                logit: self.lps[base + 1 + k],
             };
         }
-        (ids[base], t)
-    };
-    match r.api {
-        Api::Chat => {
-            r.open(w, "chat.completion")?;
-            w.write_str(
-                ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":",
-            )?;
-            json_bytes_str(w, text)?;
-            w.write_str("},\"logprobs\":")?;
-            if recs.is_some() {
-                w.write_str("{\"content\":[")?;
-                for j in 0..n_rec {
-                    if j > 0 {
-                        w.write_char(',')?;
-                    }
-                    let (id, t) = rec(j);
-                    entry(w, ctx, id, &t, false)?;
-                }
-                w.write_str("]}")?;
-            } else {
-                w.write_str("null")?;
-            }
-            write!(w, ",\"finish_reason\":\"{}\"}}],\"usage\":", fin.openai())?;
-            tm.usage(w)?;
-        }
-        Api::Completions => {
-            r.open(w, "text_completion")?;
-            w.write_str(",\"choices\":[{\"index\":0,\"text\":")?;
-            json_bytes_str(w, text)?;
-            w.write_str(",\"logprobs\":")?;
-            if recs.is_some() {
-                w.write_str("{\"tokens\":[")?;
-                for j in 0..n_rec {
-                    if j > 0 {
-                        w.write_char(',')?;
-                    }
-                    json_bytes_str(w, ctx.tok.token_bytes(rec(j).0))?;
-                }
-                w.write_str("],\"token_logprobs\":[")?;
-                for j in 0..n_rec {
-                    if j > 0 {
-                        w.write_char(',')?;
-                    }
-                    json_f32(w, rec(j).1.lp)?;
-                }
-                w.write_str("],\"top_logprobs\":[")?;
-                for j in 0..n_rec {
-                    if j > 0 {
-                        w.write_char(',')?;
-                    }
-                    let t = rec(j).1;
-                    w.write_char('{')?;
-                    for (k, c) in t.top[..t.n].iter().enumerate() {
-                        if k > 0 {
-                            w.write_char(',')?;
-                        }
-                        json_bytes_str(w, ctx.tok.token_bytes(c.id))?;
-                        w.write_char(':')?;
-                        json_f32(w, c.logit)?;
-                    }
-                    w.write_char('}')?;
-                }
-                w.write_str("]}")?;
-            } else {
-                w.write_str("null")?;
-            }
-            write!(w, ",\"finish_reason\":\"{}\"}}],\"usage\":", fin.openai())?;
-            tm.usage(w)?;
-        }
-        Api::Llama => {
-            w.write_str("{\"index\":0,\"content\":")?;
-            json_bytes_str(w, text)?;
-            w.write_str(",\"model\":")?;
-            json_str(w, r.model)?;
-            write!(w, ",\"stop\":true,\"tokens_predicted\":{},\"tokens_evaluated\":{},\"tokens_cached\":{},\"stop_type\":\"{}\",\"stopping_word\":", tm.gen_n, tm.prompt_n, tm.cached, fin.llama())?;
-            json_bytes_str(w, stop_word)?;
-            if recs.is_some() {
-                w.write_str(",\"completion_probabilities\":[")?;
-                for j in 0..n_rec {
-                    if j > 0 {
-                        w.write_char(',')?;
-                    }
-                    let (id, t) = rec(j);
-                    entry(w, ctx, id, &t, true)?;
-                }
-                w.write_str("]")?;
-            }
+        (self.ids[base], t)
+    }
+}
+
+/// What every answer of a response shares.
+struct Body<'x, 'b> {
+    r: &'x Resp<'x>,
+    tok: &'x Tokenizer<'b>,
+    out: &'x [u8],
+    recs: Recs<'x>,
+    res: &'x [Res],
+    stops: &'x [heapless::Vec<u8, MAX_STOP_LEN>],
+    gs: &'x GenSettings<'x>,
+    /// The rendered or given prompt text (for `echo` and `__verbose`).
+    shown: &'x [u8],
+    verbose: bool,
+    /// `Bufs::tokens`: each answer's prompt, shown as llama-server shows it (the
+    /// tokens' text, specials included).
+    tokens: &'x [u32],
+}
+
+impl Body<'_, '_> {
+    fn stop_word(&self, fin: Finish) -> &[u8] {
+        match fin {
+            Finish::Word(k) => self.stops.get(k).map_or(&[][..], |s| &s[..]),
+            _ => b"",
         }
     }
-    w.write_str(",\"timings\":")?;
-    tm.write(w)?;
-    w.write_str("}")
+
+    fn total(&self) -> Timings {
+        let mut t = Timings::default();
+        for r in self.res {
+            t.add(&r.tm);
+        }
+        t
+    }
+
+    /// llama-server's object for one answer (`/completion`, `/infill`; the final
+    /// stream event without its content when `text` is given separately).
+    fn llama_one(&self, w: &mut dyn Write, k: usize, res: &Res, text: &[u8]) -> core::fmt::Result {
+        let p = self.gs.p;
+        write!(w, "{{\"index\":{k},\"content\":")?;
+        json_bytes_str(w, text)?;
+        w.write_str(",\"tokens\":[")?;
+        if p.return_tokens && !p.stream {
+            for j in 0..res.rec.1 {
+                if j > 0 {
+                    w.write_char(',')?;
+                }
+                write!(w, "{}", self.recs.get(res.rec.0 + j).0)?;
+            }
+        }
+        w.write_str("],\"id_slot\":0,\"stop\":true,\"model\":")?;
+        json_str(w, self.r.model)?;
+        write!(
+            w,
+            ",\"tokens_predicted\":{},\"tokens_evaluated\":{},\"tokens_cached\":{},\"has_new_line\":{},\"truncated\":{},\"stop_type\":\"{}\",\"stopping_word\":",
+            res.tm.gen_n,
+            res.tm.prompt_n,
+            res.tm.cached,
+            text.contains(&b'\n'),
+            res.truncated,
+            res.fin.llama()
+        )?;
+        json_bytes_str(w, self.stop_word(res.fin))?;
+        w.write_str(",\"prompt\":")?;
+        self.prompt(w, res)?;
+        w.write_str(",\"generation_settings\":")?;
+        self.gs.write(w)?;
+        if p.logprobs && !p.stream {
+            w.write_str(",\"completion_probabilities\":")?;
+            self.entries(w, res, true)?;
+        }
+        w.write_str(",\"timings\":")?;
+        res.tm.write(w)?;
+        w.write_char('}')
+    }
+
+    /// The log-probability entries of `res`'s tokens, as a JSON list.
+    fn entries(&self, w: &mut dyn Write, res: &Res, with_id: bool) -> core::fmt::Result {
+        w.write_char('[')?;
+        for j in 0..res.rec.1 {
+            if j > 0 {
+                w.write_char(',')?;
+            }
+            let (id, t) = self.recs.get(res.rec.0 + j);
+            entry(w, self.tok, id, &t, with_id)?;
+        }
+        w.write_char(']')
+    }
+
+    /// The prompt of `res` as its tokens' text, as one JSON string.
+    fn prompt(&self, w: &mut dyn Write, res: &Res) -> core::fmt::Result {
+        w.write_char('"')?;
+        for &id in self.tokens.get(res.prompt.0..res.prompt.1).unwrap_or(&[]) {
+            json::json_bytes_inner(w, self.tok.token_to_piece(id, true))?;
+        }
+        w.write_char('"')
+    }
+
+    fn text(&self, res: &Res) -> &[u8] {
+        &self.out[res.text.0..res.text.0 + res.text.1]
+    }
+
+    /// The whole non-streamed body.
+    fn write(&self, w: &mut dyn Write) -> core::fmt::Result {
+        let p = self.gs.p;
+        match self.r.api {
+            Api::Chat => self.r.open(w, "chat.completion")?,
+            Api::Completions => self.r.open(w, "text_completion")?,
+            // llama-server's shape (`/completion`, `/infill`).
+            _ => {
+                if self.res.len() == 1 {
+                    return self.llama_one(w, 0, &self.res[0], self.text(&self.res[0]));
+                }
+                w.write_char('[')?;
+                for (k, res) in self.res.iter().enumerate() {
+                    if k > 0 {
+                        w.write_char(',')?;
+                    }
+                    self.llama_one(w, k, res, self.text(res))?;
+                }
+                return w.write_char(']');
+            }
+        }
+        w.write_str(",\"choices\":[")?;
+        for (k, res) in self.res.iter().enumerate() {
+            if k > 0 {
+                w.write_char(',')?;
+            }
+            write!(w, "{{\"index\":{k},")?;
+            if self.r.api == Api::Chat {
+                w.write_str("\"message\":{\"role\":\"assistant\",\"content\":")?;
+                json_bytes_str(w, self.text(res))?;
+                w.write_str("},\"logprobs\":")?;
+                if p.logprobs {
+                    w.write_str("{\"content\":")?;
+                    self.entries(w, res, false)?;
+                    w.write_char('}')?;
+                } else {
+                    w.write_str("null")?;
+                }
+            } else {
+                w.write_str("\"text\":")?;
+                if p.echo {
+                    // The prompt, then the answer, as one JSON string.
+                    w.write_char('"')?;
+                    json::json_bytes_inner(w, self.shown)?;
+                    json::json_bytes_inner(w, self.text(res))?;
+                    w.write_char('"')?;
+                } else {
+                    json_bytes_str(w, self.text(res))?;
+                }
+                w.write_str(",\"logprobs\":")?;
+                if p.logprobs {
+                    self.legacy_logprobs(w, res)?;
+                } else {
+                    w.write_str("null")?;
+                }
+            }
+            write!(w, ",\"finish_reason\":\"{}\"}}", res.fin.openai())?;
+        }
+        w.write_str("],\"usage\":")?;
+        let total = self.total();
+        total.usage(w)?;
+        w.write_str(",\"timings\":")?;
+        self.res.first().map_or(total, |r| r.tm).write(w)?;
+        if p.verbose || self.verbose {
+            w.write_str(",\"__verbose\":{\"prompt\":")?;
+            if let Some(first) = self.res.first() {
+                self.prompt(w, first)?;
+            }
+            w.write_char('}')?;
+        }
+        w.write_char('}')
+    }
+
+    fn legacy_logprobs(&self, w: &mut dyn Write, res: &Res) -> core::fmt::Result {
+        let tok = self.tok;
+        let ids = |j| self.recs.get(res.rec.0 + j);
+        w.write_str("{\"tokens\":[")?;
+        for j in 0..res.rec.1 {
+            if j > 0 {
+                w.write_char(',')?;
+            }
+            json_bytes_str(w, tok.token_bytes(ids(j).0))?;
+        }
+        w.write_str("],\"token_logprobs\":[")?;
+        for j in 0..res.rec.1 {
+            if j > 0 {
+                w.write_char(',')?;
+            }
+            json_f32(w, ids(j).1.lp)?;
+        }
+        w.write_str("],\"top_logprobs\":[")?;
+        for j in 0..res.rec.1 {
+            if j > 0 {
+                w.write_char(',')?;
+            }
+            legacy_top(w, tok, &ids(j).1)?;
+        }
+        w.write_str("]}")
+    }
 }
 
 /// The memory guard's error for a stopped generation: the status (503, with
@@ -660,9 +1226,164 @@ fn error_event(w: &mut dyn Write, api: Api, status: u16, m: &str) -> core::fmt::
     write!(w, "data: {{\"error\":{{\"code\":{status},\"message\":")?;
     json_str(w, m)?;
     w.write_str(",\"type\":\"unavailable_error\"}}\n\n")?;
-    if api != Api::Llama {
+    if !matches!(api, Api::Llama | Api::Infill) {
         w.write_str("data: [DONE]\n\n")?;
     }
+    Ok(())
+}
+
+/// The last events of a stream: the held-back text, the finish, usage and timings.
+fn final_events(w: &mut dyn Write, b: &Body<'_, '_>, res: &Res, tail: &[u8]) -> core::fmt::Result {
+    let r = b.r;
+    match r.api {
+        Api::Chat | Api::Completions => {
+            let chat = r.api == Api::Chat;
+            let obj = if chat {
+                "chat.completion.chunk"
+            } else {
+                "text_completion"
+            };
+            if !tail.is_empty() {
+                w.write_str("data: ")?;
+                r.open(w, obj)?;
+                if chat {
+                    w.write_str(",\"choices\":[{\"index\":0,\"delta\":{\"content\":")?;
+                    json_bytes_str(w, tail)?;
+                    w.write_str("},")?;
+                } else {
+                    w.write_str(",\"choices\":[{\"index\":0,\"text\":")?;
+                    json_bytes_str(w, tail)?;
+                    w.write_char(',')?;
+                }
+                w.write_str("\"logprobs\":null,\"finish_reason\":null}]}\n\n")?;
+            }
+            w.write_str("data: ")?;
+            r.open(w, obj)?;
+            if chat {
+                w.write_str(",\"choices\":[{\"index\":0,\"delta\":{},")?;
+            } else {
+                w.write_str(",\"choices\":[{\"index\":0,\"text\":\"\",")?;
+            }
+            write!(
+                w,
+                "\"logprobs\":null,\"finish_reason\":\"{}\"}}]",
+                res.fin.openai()
+            )?;
+            if chat && !b.gs.p.include_usage {
+                return w.write_str("}\n\ndata: [DONE]\n\n");
+            }
+            if chat {
+                // llama-server's last chunk: no choices, the usage and timings.
+                w.write_str("}\n\ndata: ")?;
+                r.open(w, obj)?;
+                w.write_str(",\"choices\":[]")?;
+            }
+            w.write_str(",\"usage\":")?;
+            res.tm.usage(w)?;
+            w.write_str(",\"timings\":")?;
+            res.tm.write(w)?;
+            w.write_str("}\n\ndata: [DONE]\n\n")
+        }
+        // llama-server's shape (`/completion`, `/infill`).
+        _ => {
+            w.write_str("data: ")?;
+            b.llama_one(w, 0, res, tail)?;
+            w.write_str("\n\n")
+        }
+    }
+}
+
+/// `/tokenize` (`content`, `add_special`, `with_pieces`) and `/detokenize` (`tokens`).
+fn tokens_endpoint<P: Platform>(
+    tok: &Tokenizer<'_>,
+    setup: Setup,
+    bufs: &mut Bufs<'_>,
+    api: Api,
+    body: &[u8],
+    p: &P,
+    sock: crate::platform::Socket,
+) -> Result<(), &'static str> {
+    let r = super::jraw::root(body)
+        .filter(|r| r.kind() == Kind::Obj)
+        .ok_or("the body must be a JSON object")?;
+    if api == Api::Detokenize {
+        let list = r
+            .get("tokens")
+            .filter(|v| v.kind() == Kind::Arr)
+            .ok_or("'tokens' must be a list of token ids")?;
+        let mut n = 0;
+        for v in list.items() {
+            let id = v
+                .u32()
+                .filter(|&id| id < tok.n_vocab())
+                .ok_or("'tokens' holds a value that is not a token id of this model")?;
+            let slot = bufs.tokens.get_mut(n).ok_or("too many tokens")?;
+            *slot = id;
+            n += 1;
+        }
+        let ids = &bufs.tokens[..n];
+        // Bytes of consecutive tokens joined before UTF-8 is checked (a character may
+        // span byte tokens); the space SentencePiece puts before the text is dropped.
+        let strip = tok.adds_space_prefix();
+        http::respond(p, sock, 200, "application/json", "", &|w| {
+            w.write_str("{\"content\":\"")?;
+            let mut utf8 = Utf8Stream::new();
+            let mut first = strip;
+            let mut out = |s: &str| -> Result<(), ()> {
+                let s = match first {
+                    true => s.strip_prefix(' ').unwrap_or(s),
+                    false => s,
+                };
+                first &= s.is_empty();
+                json::json_bytes_inner(w, s.as_bytes()).map_err(|_| ())
+            };
+            for &id in ids {
+                utf8.push(tok.token_bytes(id), &mut out)
+                    .map_err(|_| core::fmt::Error)?;
+            }
+            utf8.finish(&mut out).map_err(|_| core::fmt::Error)?;
+            w.write_str("\"}")
+        });
+        return Ok(());
+    }
+    let content = r
+        .get("content")
+        .and_then(|v| v.str())
+        .ok_or("'content' must be a string")?;
+    let add_special = r.get("add_special").and_then(|v| v.bool()).unwrap_or(false);
+    let pieces = r.get("with_pieces").and_then(|v| v.bool()).unwrap_or(false);
+    let mut strs: &mut [u8] = &mut bufs.text[..];
+    let text = json::unescape(&content, &mut strs).map_err(|_| "'content' has a bad escape")?;
+    if text.len() > bufs.prompt_limit {
+        return Err("'content' is longer than this server tokenizes");
+    }
+    let n = encode(
+        tok,
+        text,
+        add_special && !setup.no_bos,
+        bufs.scratch,
+        bufs.tokens,
+        bufs.tokens.len(),
+    )
+    .map_err(|_| "'content' cannot be tokenized")?
+    .min(bufs.tokens.len());
+    let ids = &bufs.tokens[..n];
+    http::respond(p, sock, 200, "application/json", "", &|w| {
+        w.write_str("{\"tokens\":[")?;
+        for (k, &id) in ids.iter().enumerate() {
+            if k > 0 {
+                w.write_char(',')?;
+            }
+            if pieces {
+                write!(w, "{{\"id\":{id},\"piece\":")?;
+                json_bytes_str(w, tok.token_bytes(id))?;
+                w.write_char('}')?;
+            } else {
+                write!(w, "{id}")?;
+            }
+        }
+        w.write_str("]}")
+    });
     Ok(())
 }
 
@@ -672,6 +1393,7 @@ fn error_event(w: &mut dyn Write, api: Api, status: u16, m: &str) -> core::fmt::
 /// server goes on with the next request.
 pub fn serve_one<P: Platform>(
     ctx: &mut Ctx<'_, '_, '_, P>,
+    setup: Setup,
     io: &mut Io<'_, '_, '_, P>,
     bufs: &mut Bufs<'_>,
     guard: &mut MemoryGuard,
@@ -680,13 +1402,54 @@ pub fn serve_one<P: Platform>(
     // Take the request buffer out of the slot so the loop can poll the others meanwhile.
     let buf = core::mem::take(&mut io.slots[i].buf);
     let (api, (b0, b1), sock) = (io.slots[i].api, io.slots[i].body, io.slots[i].sock);
+    if matches!(api, Api::Tokenize | Api::Detokenize) {
+        let status = tokens_endpoint(ctx.tok, setup, bufs, api, &buf[b0..b1], io.p, sock);
+        io.slots[i].buf = buf;
+        if let Err(m) = status {
+            return io.fail(i, 400, &m);
+        }
+        return io.free(i);
+    }
     let mut why = Msg::new();
-    let prep = prepare(ctx, bufs, api, &buf[b0..b1], &mut why);
+    let prep = prepare(ctx, setup, bufs, api, &buf[b0..b1], &mut why);
     io.slots[i].buf = buf;
+    let n_ctx = ctx.sess.opts.n_ctx;
     let prep = match prep {
         Ok(p) => p,
-        Err(status) => return io.fail(i, status, &why.as_str()),
+        Err(Refusal::Status(status)) => {
+            if why.is_empty() {
+                why = msg(&"the prompt is invalid (a token id out of range, a bad element, or multimodal data this server does not take)");
+            }
+            return io.fail(i, status, &why.as_str());
+        }
+        Err(Refusal::Context { n_prompt }) => {
+            io.m.client_errors += 1;
+            let mut fields: heapless::String<64> = heapless::String::new();
+            let _ = write!(fields, ",\"n_prompt_tokens\":{n_prompt},\"n_ctx\":{n_ctx}");
+            http::respond_error_with(
+                io.p,
+                sock,
+                400,
+                "exceed_context_size_error",
+                &format_args!("the request exceeds the available context size, try increasing it: the prompt has {n_prompt} tokens, the context holds {n_ctx} (with room for one generated token)"),
+                &fields,
+            );
+            return io.free(i);
+        }
     };
+    if matches!(api, Api::ApplyTemplate | Api::InputTokens) {
+        let shown: &[u8] = prep.shown.map_or(&[][..], |(o, n)| &bufs.text[o..o + n]);
+        let n = prep.prompts.first().map_or(0, |&(a, b)| b - a);
+        http::respond(io.p, sock, 200, "application/json", "", &|w| {
+            if api == Api::InputTokens {
+                return write!(w, "{{\"input_tokens\":{n}}}");
+            }
+            w.write_str("{\"prompt\":")?;
+            json_bytes_str(w, shown)?;
+            w.write_char('}')
+        });
+        return io.free(i);
+    }
     io.m.generations += 1;
     let r = Resp {
         api,
@@ -695,8 +1458,9 @@ pub fn serve_one<P: Platform>(
     };
     let p = ctx.p;
     let o = ctx.o;
-    let mut sp = o.sampler;
+    let tok = ctx.tok;
     let q = prep.p;
+    let mut sp = o.sampler;
     sp.temp = q.temperature.unwrap_or(sp.temp);
     sp.top_p = q.top_p.unwrap_or(sp.top_p);
     sp.top_k = q.top_k.map_or(sp.top_k, |k| k as usize);
@@ -704,100 +1468,8 @@ pub fn serve_one<P: Platform>(
     sp.repeat_penalty = q.repeat_penalty.unwrap_or(sp.repeat_penalty);
     sp.seed = q.seed.unwrap_or(sp.seed);
     let ignore_eos = q.ignore_eos.unwrap_or(o.ignore_eos);
-    let n_ctx = ctx.sess.opts.n_ctx;
-    let n_prompt = prep.n_prompt;
-    let max_new = (q.max_tokens.map_or(o.n_predict, |n| n as usize)).min(n_ctx - n_prompt);
-    let k = q.top;
-    let want = q.logprobs;
     let stride = MAX_TOP + 1;
-    let max_recs = bufs.rec_id.len() / stride;
-
-    let mut sampler = Sampler::new(sp);
-    for &t in &bufs.tokens[..n_prompt] {
-        sampler.accept(t);
-    }
-    // Keep the longest cached prefix; at least one prompt token is evaluated, for the
-    // logits of the first generated token.
-    let reuse = if q.cache_prompt && ctx.sess.n_past() >= bufs.n_cached {
-        let same = bufs.cache[..bufs.n_cached]
-            .iter()
-            .zip(&bufs.tokens[..n_prompt])
-            .take_while(|(a, b)| a == b)
-            .count();
-        same.min(n_prompt - 1)
-    } else {
-        0
-    };
-    // Through `truncate`: a model whose state cannot go back refuses, and the prompt
-    // is evaluated from the start.
-    if ctx.sess.truncate(reuse).is_err() {
-        ctx.sess.reset();
-    }
-    let reuse = ctx.sess.n_past();
-    bufs.n_cached = reuse;
     let mut w = SockWriter::new(p, sock);
-    let mut tm = Timings {
-        prompt_n: n_prompt,
-        cached: reuse,
-        prompt_s: 0.0,
-        gen_n: 0,
-        gen_s: 0.0,
-    };
-    let t0 = p.now_ns();
-    let mut next = 0u32;
-    let mut cur = TokProbs::EMPTY;
-    let nb = ctx.sess.opts.n_batch.max(1);
-    let mut gone = false;
-    let mut failed = false;
-    if let Err(s) = guard.watch(p, &mut || ctx.sess.give_back(p)) {
-        let m = guard_stopped(p, io, s, 0);
-        return io.fail(i, 503, &m.as_str());
-    }
-    let mut start = reuse;
-    while start < n_prompt {
-        let end = (start + nb).min(n_prompt);
-        let which = if end == n_prompt {
-            Logits::Last
-        } else {
-            Logits::None
-        };
-        let res = ctx
-            .sess
-            .eval(p, &bufs.tokens[start..end], which, &mut |_, l| {
-                next = sampler.sample(l);
-                if want {
-                    cur = probs(l, next, k);
-                }
-            });
-        if res.is_err() {
-            failed = true;
-            break;
-        }
-        bufs.cache[start..end].copy_from_slice(&bufs.tokens[start..end]);
-        bufs.n_cached = end;
-        start = end;
-        io.poll();
-        if io.client_gone(i) {
-            gone = true;
-            break;
-        }
-    }
-    let t1 = p.now_ns();
-    tm.prompt_s = secs(t0, t1);
-    let evaluated = n_prompt - reuse;
-    io.m.prompt_tokens += evaluated as u64;
-    io.m.prompt_tps = if tm.prompt_s > 0.0 {
-        evaluated as f64 / tm.prompt_s
-    } else {
-        0.0
-    };
-    if failed {
-        return io.fail(i, 500, &"the model failed to evaluate the prompt");
-    }
-    if gone {
-        io.m.disconnects += 1;
-        return io.free(i);
-    }
     if q.stream {
         let _ = http::write_head(
             &mut w,
@@ -809,174 +1481,261 @@ pub fn serve_one<P: Platform>(
         if api == Api::Chat {
             let _ = w.write_str("data: ");
             let _ = r.open(&mut w, "chat.completion.chunk");
-            let _ = w.write_str(",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+            let _ = w.write_str(",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":null},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
         }
         w.flush();
     }
-    let mut stream = Utf8Stream::new();
-    let mut matcher = StopMatcher {
-        held: heapless::Vec::new(),
-    };
-    let mut out_len = 0usize;
-    let mut fin = Finish::Length;
-    let mut stopped = None;
-    let stops = &prep.stops[..];
-    loop {
-        if tm.gen_n >= max_new {
-            break;
-        }
-        if ctx.tok.is_eog(next) && !ignore_eos {
-            fin = Finish::Eos;
-            break;
-        }
-        let id = next;
-        if want && tm.gen_n < max_recs {
-            let base = tm.gen_n * stride;
-            bufs.rec_id[base] = id;
-            bufs.rec_lp[base] = cur.lp;
-            for (kk, c) in cur.top[..cur.n].iter().enumerate() {
-                bufs.rec_id[base + 1 + kk] = c.id;
-                bufs.rec_lp[base + 1 + kk] = c.logit;
-            }
-        }
-        // Released text of this token: through the UTF-8 assembler and the stop matcher.
-        let mut piece: heapless::Vec<u8, 1024> = heapless::Vec::new();
-        let mut hit = None;
-        let _ = stream.push(ctx.tok.token_bytes(id), &mut |s: &str| -> Result<(), ()> {
-            if hit.is_none() {
-                hit = matcher.push(s.as_bytes(), stops, &mut |b| {
-                    let _ = piece.extend_from_slice(b);
-                });
-            }
-            Ok(())
-        });
-        tm.gen_n += 1;
-        io.m.tokens_generated += 1;
-        if q.stream {
-            let _ = token_event(&mut w, &r, ctx, &piece, id, want.then_some(&cur));
-            if !w.flush() {
-                gone = true;
-                break;
-            }
-        } else {
-            let take = piece.len().min(bufs.out.len() - out_len);
-            bufs.out[out_len..out_len + take].copy_from_slice(&piece[..take]);
-            out_len += take;
-        }
-        if let Some(kk) = hit {
-            fin = Finish::Word(kk);
-            break;
-        }
-        if ctx.sess.n_past() >= n_ctx || tm.gen_n >= max_new {
-            break;
-        }
-        if let Err(s) = guard.watch(p, &mut || ctx.sess.give_back(p)) {
-            stopped = Some(s);
-            break;
-        }
-        sampler.accept(id);
-        let res = ctx.sess.eval(p, &[id], Logits::Last, &mut |_, l| {
-            next = sampler.sample(l);
-            if want {
-                cur = probs(l, next, k);
-            }
-        });
-        tm.gen_s = secs(t1, p.now_ns());
-        io.m.gen_tps = if tm.gen_s > 0.0 {
-            tm.gen_n as f64 / tm.gen_s
-        } else {
-            0.0
-        };
-        if res.is_err() {
-            break;
-        }
-        if bufs.n_cached < bufs.cache.len() {
-            bufs.cache[bufs.n_cached] = id;
-            bufs.n_cached += 1;
-        }
-        io.poll();
-        if io.client_gone(i) {
-            gone = true;
-            break;
-        }
-    }
-    tm.gen_s = secs(t1, p.now_ns());
-    io.m.gen_tps = if tm.gen_s > 0.0 {
-        tm.gen_n as f64 / tm.gen_s
-    } else {
-        0.0
-    };
-    if gone {
-        io.m.disconnects += 1;
-        return io.free(i);
-    }
-    if let Some(s) = stopped {
-        let m = guard_stopped(p, io, s, tm.gen_n);
-        if !q.stream {
-            return io.fail(i, 503, &m.as_str());
-        }
-        // The text released so far has been sent; what is held back is dropped.
-        let _ = error_event(&mut w, api, 503, &m);
-        w.flush();
-        return io.free(i);
-    }
-    // Text still held: an incomplete character, or a prefix of a stop string that
-    // never completed.
+    let mut results: heapless::Vec<Res, MAX_RESULTS> = heapless::Vec::new();
+    let (mut out_len, mut n_rec) = (0usize, 0usize);
     let mut tail: heapless::Vec<u8, 1024> = heapless::Vec::new();
-    if !matches!(fin, Finish::Word(_)) {
-        let _ = stream.finish(&mut |s: &str| -> Result<(), ()> {
-            let _ = tail.extend_from_slice(s.as_bytes());
-            Ok(())
-        });
-        let _ = tail.extend_from_slice(&matcher.held);
-    }
-    let stop_word: &[u8] = match fin {
-        Finish::Word(kk) => &stops[kk],
-        _ => b"",
-    };
-    if q.stream {
-        if !tail.is_empty() {
-            let _ = w.write_str("data: ");
-            let _ = match api {
-                Api::Chat => {
-                    let _ = r.open(&mut w, "chat.completion.chunk");
-                    let _ = w.write_str(",\"choices\":[{\"index\":0,\"delta\":{\"content\":");
-                    let _ = json_bytes_str(&mut w, &tail);
-                    w.write_str("},\"logprobs\":null,\"finish_reason\":null}]}\n\n")
-                }
-                Api::Completions => {
-                    let _ = r.open(&mut w, "text_completion");
-                    let _ = w.write_str(",\"choices\":[{\"index\":0,\"text\":");
-                    let _ = json_bytes_str(&mut w, &tail);
-                    w.write_str(",\"logprobs\":null,\"finish_reason\":null}]}\n\n")
-                }
-                Api::Llama => {
-                    let _ = w.write_str("{\"index\":0,\"content\":");
-                    let _ = json_bytes_str(&mut w, &tail);
-                    w.write_str(",\"stop\":false,\"id_slot\":0}\n\n")
+    let mut max_new_shown = 0usize;
+    for &(a, b) in prep.prompts.iter() {
+        for choice in 0..q.n {
+            let prompt = &bufs.tokens[a..b];
+            let n_prompt = prompt.len();
+            let max_new = q
+                .max_tokens
+                .map_or(o.n_predict, |n| n as usize)
+                .min(n_ctx - n_prompt);
+            max_new_shown = max_new;
+            // Keep the longest cached prefix; at least one prompt token is evaluated,
+            // for the logits of the first generated token.
+            let reuse = if q.cache_prompt && ctx.sess.n_past() >= bufs.n_cached {
+                let same = bufs.cache[..bufs.n_cached]
+                    .iter()
+                    .zip(prompt)
+                    .take_while(|(x, y)| x == y)
+                    .count();
+                same.min(n_prompt - 1)
+            } else {
+                0
+            };
+            // Through `truncate`: a model whose state cannot go back refuses, and the
+            // prompt is evaluated from the start.
+            if ctx.sess.truncate(reuse).is_err() {
+                ctx.sess.reset();
+            }
+            let reuse = ctx.sess.n_past();
+            bufs.cache[reuse..n_prompt].copy_from_slice(&prompt[reuse..]);
+            bufs.n_cached = n_prompt;
+            let mut sp = sp;
+            sp.seed = sp.seed.wrapping_add(choice as u64);
+            let mut sampler = Sampler::new(sp);
+            for &t in &prompt[..reuse] {
+                sampler.accept(t);
+            }
+            let mut adjust = Adjust::new(bufs.logits);
+            let _ = adjust.bias.extend_from_slice(&prep.bias);
+            adjust.presence = q.presence_penalty;
+            adjust.frequency = q.frequency_penalty;
+            let settings = Settings {
+                sampler: &mut sampler,
+                guard,
+                adjust: adjust.is_active().then_some(&mut adjust),
+                max_new,
+                ignore_eos,
+                feed_last: false,
+            };
+            let mut sink = ServeSink {
+                io,
+                i,
+                w: &mut w,
+                r: &r,
+                tok,
+                p: &q,
+                stops: &prep.stops,
+                rec_id: bufs.rec_id,
+                rec_lp: bufs.rec_lp,
+                rec0: n_rec,
+                n_rec: 0,
+                out: bufs.out,
+                out_len,
+                cache: bufs.cache,
+                n_cached: n_prompt,
+                cur: TokProbs::EMPTY,
+                utf8: Utf8Stream::new(),
+                matcher: StopMatcher {
+                    held: heapless::Vec::new(),
+                },
+                hit: None,
+                gone: false,
+                full: false,
+                progress: (n_prompt, reuse),
+            };
+            let toks = &bufs.tokens[a + reuse..b];
+            // The first progress report: the cached tokens, before any pass.
+            sink.progress_event(0);
+            let got = generate::generate(p, tok, &mut ctx.sess, settings, toks, &mut sink);
+            let (gone, full, hit) = (sink.gone, sink.full, sink.hit);
+            out_len = sink.out_len;
+            let this_rec = (n_rec, sink.n_rec);
+            n_rec += sink.n_rec;
+            // Text still held: an incomplete character, or a prefix of a stop string
+            // that never completed.
+            tail.clear();
+            if hit.is_none() && !full {
+                let _ = sink.utf8.finish(&mut |s: &str| -> Result<(), ()> {
+                    let _ = tail.extend_from_slice(s.as_bytes());
+                    Ok(())
+                });
+                let _ = tail.extend_from_slice(&sink.matcher.held);
+            }
+            bufs.n_cached = ctx.sess.n_past().min(bufs.cache.len());
+            io.m.n_tokens_max = io.m.n_tokens_max.max(ctx.sess.n_past() as u64);
+            let st = match got {
+                Ok(st) => st,
+                Err(_) => {
+                    if q.stream {
+                        let _ = error_event(&mut w, api, 500, "the model failed to evaluate");
+                        w.flush();
+                        return io.free(i);
+                    }
+                    return io.fail(i, 500, &"the model failed to evaluate the prompt");
                 }
             };
+            io.m.prompt_tokens += (n_prompt - reuse) as u64;
+            io.m.prompt_cached += reuse as u64;
+            io.m.prompt_seconds += st.prompt_s;
+            io.m.gen_seconds += st.gen_s;
+            io.m.decode_passes += ((n_prompt - reuse).div_ceil(ctx.sess.opts.n_batch.max(1))
+                + st.gen_tokens.saturating_sub(1)) as u64;
+            io.m.prompt_tps = generate::per_second(n_prompt - reuse, st.prompt_s);
+            io.m.gen_tps = generate::per_second(st.gen_tokens, st.gen_s);
+            if gone {
+                io.m.disconnects += 1;
+                return io.free(i);
+            }
+            if let End::Stopped(s) = st.end {
+                let m = guard_stopped(p, io, s, st.gen_tokens);
+                if !q.stream {
+                    return io.fail(i, 503, &m.as_str());
+                }
+                // The text released so far has been sent; what is held back is dropped.
+                let _ = error_event(&mut w, api, 503, &m);
+                w.flush();
+                return io.free(i);
+            }
+            if !q.stream {
+                let take = tail.len().min(bufs.out.len() - out_len);
+                bufs.out[out_len..out_len + take].copy_from_slice(&tail[..take]);
+                out_len += take;
+            }
+            let start = results.last().map_or(0, |x: &Res| x.text.0 + x.text.1);
+            let fin = match (hit, st.end) {
+                (Some(k), _) => Finish::Word(k),
+                (None, End::Eos) => Finish::Eos,
+                _ => Finish::Length,
+            };
+            let _ = results.push(Res {
+                text: (start, out_len - start),
+                rec: this_rec,
+                fin,
+                tm: Timings {
+                    prompt_n: n_prompt,
+                    cached: reuse,
+                    prompt_s: st.prompt_s,
+                    gen_n: st.gen_tokens,
+                    gen_s: st.gen_s,
+                },
+                truncated: st.end == End::ContextFull,
+                prompt: (a, b),
+            });
         }
-        let _ = final_event(&mut w, &r, fin, &tm, stop_word);
+    }
+    let gs = GenSettings {
+        sp,
+        p: &q,
+        n_predict: max_new_shown as i64,
+        ignore_eos,
+        eog: tok.eog_ids(),
+    };
+    let shown: &[u8] = match prep.shown {
+        Some((o, n)) => &bufs.text[o..o + n],
+        None => b"",
+    };
+    let body = Body {
+        r: &r,
+        tok,
+        out: bufs.out,
+        recs: Recs {
+            ids: bufs.rec_id,
+            lps: bufs.rec_lp,
+            n_top: q.top.min(MAX_TOP),
+        },
+        res: &results,
+        stops: &prep.stops,
+        gs: &gs,
+        shown,
+        verbose: setup.verbose,
+        tokens: bufs.tokens,
+    };
+    let _ = stride;
+    if q.stream {
+        if let Some(res) = results.first() {
+            let _ = final_events(&mut w, &body, res, &tail);
+        }
         w.flush();
     } else {
-        let take = tail.len().min(bufs.out.len() - out_len);
-        bufs.out[out_len..out_len + take].copy_from_slice(&tail[..take]);
-        out_len += take;
-        let n_rec = tm.gen_n.min(max_recs);
-        let recs = want.then(|| Recs {
-            ids: &bufs.rec_id[..n_rec * stride],
-            lps: &bufs.rec_lp[..n_rec * stride],
-            n_top: cur.n.min(k),
-            count: n_rec,
-        });
-        let text = &bufs.out[..out_len];
-        let c: &Ctx<'_, '_, '_, P> = ctx;
-        http::respond(p, sock, 200, "application/json", "", &|w| {
-            full_body(w, &r, c, text, recs, fin, &tm, stop_word)
-        });
+        let req = &io.slots[i].buf[b0..b1];
+        let fields = super::jraw::root(req)
+            .and_then(|r| r.get("response_fields"))
+            .filter(|f| f.kind() == Kind::Arr && f.items().next().is_some());
+        let llama = matches!(api, Api::Llama | Api::Infill);
+        let mut whole = SliceWriter {
+            buf: &mut *bufs.scratch,
+            len: 0,
+        };
+        match fields {
+            // llama-server's `response_fields`: only the listed fields, `a/b` taken
+            // out of `a` (the full body is written to the tokenizer scratch first,
+            // which is free once the prompt is tokenized).
+            Some(f) if llama && body.write(&mut whole).is_ok() => {
+                let n = whole.len;
+                let full = super::jraw::root(&whole.buf[..n]);
+                http::respond(p, sock, 200, "application/json", "", &|w| match full {
+                    Some(v) if v.kind() == Kind::Arr => {
+                        w.write_char('[')?;
+                        for (k, one) in v.items().enumerate() {
+                            if k > 0 {
+                                w.write_char(',')?;
+                            }
+                            project(w, one, f)?;
+                        }
+                        w.write_char(']')
+                    }
+                    Some(v) => project(w, v, f),
+                    None => w.write_str("{}"),
+                });
+            }
+            _ => {
+                http::respond(p, sock, 200, "application/json", "", &|w| body.write(w));
+            }
+        }
     }
     io.free(i);
+}
+
+/// The members of `obj` named in `fields` (a list of names; `a/b` is member `b` of
+/// member `a`, written as `"a/b"`), in the order given; missing ones are left out.
+fn project(w: &mut dyn Write, obj: Val<'_>, fields: Val<'_>) -> core::fmt::Result {
+    w.write_char('{')?;
+    let mut first = true;
+    for f in fields.items() {
+        let Some(name) = f.str() else { continue };
+        let mut v = Some(obj);
+        for part in name.0.split('/') {
+            v = v.and_then(|x| x.get(part));
+        }
+        let Some(v) = v else { continue };
+        if !first {
+            w.write_char(',')?;
+        }
+        first = false;
+        json_str(w, name.0)?;
+        w.write_char(':')?;
+        w.write_str(core::str::from_utf8(v.0).unwrap_or("null"))?;
+    }
+    w.write_char('}')
 }
 
 #[cfg(test)]
@@ -1036,6 +1795,68 @@ mod tests {
         assert_eq!([t.top[0].id, t.top[1].id, t.top[2].id], [1, 2, 0]);
         assert!((t.lp - t.top[1].logit).abs() < 1e-6);
         assert!(t.top[0].logit > t.top[1].logit && t.top[1].logit > t.top[2].logit);
+    }
+
+    #[test]
+    fn a_full_answer_buffer_takes_no_part_of_a_token() {
+        let mut out = [0u8; 8];
+        let mut len = 0;
+        assert!(keep(&mut out, &mut len, b"hello"));
+        assert!(
+            !keep(&mut out, &mut len, b" world"),
+            "6 bytes do not fit in 3"
+        );
+        assert_eq!((len, &out[..len]), (5, &b"hello"[..]));
+        assert!(keep(&mut out, &mut len, b"!!!"));
+        assert!(!keep(&mut out, &mut len, b"x"));
+        assert!(keep(&mut out, &mut len, b""));
+        assert_eq!(&out, b"hello!!!");
+    }
+
+    #[test]
+    fn timings_rate_is_over_the_decode_steps_and_usage_counts_the_cache() {
+        let t = Timings {
+            prompt_n: 10,
+            cached: 4,
+            prompt_s: 0.5,
+            gen_n: 5,
+            gen_s: 2.0,
+        };
+        let mut s: heapless::String<512> = heapless::String::new();
+        t.write(&mut s).unwrap();
+        assert!(s.contains("\"cache_n\":4,\"prompt_n\":6,"), "{s}");
+        assert!(
+            s.ends_with("\"predicted_per_second\":2}"),
+            "4 steps in 2 s: {s}"
+        );
+        assert!(s.contains("\"predicted_per_token_ms\":500"), "{s}");
+        let one = Timings { gen_n: 1, ..t };
+        s.clear();
+        one.write(&mut s).unwrap();
+        assert!(s.contains("\"predicted_per_second\":0}"), "{s}");
+        s.clear();
+        t.usage(&mut s).unwrap();
+        assert!(
+            s.contains("\"prompt_tokens_details\":{\"cached_tokens\":4}"),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn response_fields_pick_and_unnest() {
+        let obj = super::super::jraw::root(
+            br#"{"content":"x","generation_settings":{"n_predict":3},"a":1}"#,
+        )
+        .unwrap();
+        let f =
+            super::super::jraw::root(br#"["content","generation_settings/n_predict","missing"]"#)
+                .unwrap();
+        let mut s: heapless::String<128> = heapless::String::new();
+        project(&mut s, obj, f).unwrap();
+        assert_eq!(
+            s.as_str(),
+            r#"{"content":"x","generation_settings/n_predict":3}"#
+        );
     }
 
     #[test]

@@ -37,6 +37,10 @@ pub struct Head<'b> {
     /// The client waits for `100 Continue` before sending the body (curl does for
     /// bodies over 1 KiB).
     pub expect_continue: bool,
+    /// `Authorization: Bearer KEY` or `X-Api-Key: KEY` (the key).
+    pub api_key: Option<&'b [u8]>,
+    /// The `Origin` header.
+    pub origin: Option<&'b [u8]>,
 }
 
 /// A request that cannot be served, as the status it is answered with.
@@ -115,8 +119,16 @@ pub fn parse_head(buf: &[u8], max_body: usize) -> Result<Option<Head<'_>>, HttpE
     let path = target.split(['?', '#']).next().unwrap_or("/");
     let mut body_len = 0usize;
     let mut expect_continue = false;
+    let mut api_key = None;
+    let mut origin = None;
     for h in req.headers.iter() {
-        if h.name.eq_ignore_ascii_case("content-length") {
+        if h.name.eq_ignore_ascii_case("authorization") {
+            api_key = Some(h.value.strip_prefix(b"Bearer ").unwrap_or(h.value));
+        } else if h.name.eq_ignore_ascii_case("x-api-key") {
+            api_key = Some(h.value);
+        } else if h.name.eq_ignore_ascii_case("origin") {
+            origin = Some(h.value);
+        } else if h.name.eq_ignore_ascii_case("content-length") {
             let v = core::str::from_utf8(h.value)
                 .map_err(|_| HttpError::BadRequest("Content-Length is not a number"))?;
             let v = v.trim();
@@ -140,6 +152,8 @@ pub fn parse_head(buf: &[u8], max_body: usize) -> Result<Option<Head<'_>>, HttpE
         head_len,
         body_len,
         expect_continue,
+        api_key,
+        origin,
     }))
 }
 
@@ -149,6 +163,7 @@ pub fn reason(status: u16) -> &'static str {
         200 => "OK",
         204 => "No Content",
         400 => "Bad Request",
+        401 => "Unauthorized",
         404 => "Not Found",
         405 => "Method Not Allowed",
         408 => "Request Timeout",
@@ -239,7 +254,12 @@ pub fn write_head(
     if let Some(n) = len {
         write!(w, "Content-Length: {n}\r\n")?;
     }
-    write!(w, "Connection: close\r\nCache-Control: no-cache\r\nAccess-Control-Allow-Origin: *\r\n{extra}\r\n")
+    w.write_str("Connection: close\r\nCache-Control: no-cache\r\n")?;
+    // A preflight answer carries its own CORS headers.
+    if !extra.contains("Access-Control-Allow-") {
+        w.write_str("Access-Control-Allow-Origin: *\r\n")?;
+    }
+    write!(w, "{extra}\r\n")
 }
 
 /// Send a whole response whose body is produced by `body` (called twice: once to count).
@@ -259,10 +279,12 @@ pub fn respond<P: Platform>(
     w.flush()
 }
 
-/// The error kind OpenAI clients expect for a status.
-fn error_type(status: u16) -> &'static str {
+/// The error kind llama-server and OpenAI clients expect for a status.
+pub fn error_type(status: u16) -> &'static str {
     match status {
+        401 => "authentication_error",
         404 => "not_found_error",
+        501 => "not_supported_error",
         503 => "unavailable_error",
         s if s >= 500 => "server_error",
         _ => "invalid_request_error",
@@ -276,6 +298,20 @@ pub fn respond_error<P: Platform>(
     status: u16,
     msg: &dyn core::fmt::Display,
 ) -> bool {
+    respond_error_with(p, sock, status, error_type(status), msg, "")
+}
+
+/// [`respond_error`] with an explicit `type` and more members (`fields`: JSON members
+/// with a leading comma, or empty), e.g. llama-server's `exceed_context_size_error`
+/// with `n_prompt_tokens` and `n_ctx`.
+pub fn respond_error_with<P: Platform>(
+    p: &P,
+    sock: Socket,
+    status: u16,
+    kind: &str,
+    msg: &dyn core::fmt::Display,
+    fields: &str,
+) -> bool {
     let mut text: heapless::String<512> = heapless::String::new();
     let _ = write!(text, "{msg}");
     let extra = if status == 503 {
@@ -286,7 +322,7 @@ pub fn respond_error<P: Platform>(
     respond(p, sock, status, "application/json", extra, &|w| {
         write!(w, "{{\"error\":{{\"code\":{status},\"message\":")?;
         json_str(w, &text)?;
-        write!(w, ",\"type\":\"{}\"}}}}", error_type(status))
+        write!(w, ",\"type\":\"{kind}\"{fields}}}}}")
     })
 }
 

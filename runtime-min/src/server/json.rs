@@ -3,50 +3,65 @@
 //! into the arena by [`unescape`]), and the checks that turn bad values into 400s.
 //!
 //! `serde-json-core` cannot deserialize "either a string or a list" (it has no
-//! `deserialize_any`), so `stop` is tried as a list first and then as a single string.
-//! `prompt` and message `content` must be strings.
+//! `deserialize_any`): it reads the scalar fields, and [`super::jraw`] walks the ones
+//! whose shape varies (`prompt`, `messages`, `stop`, `logprobs`, `logit_bias`).
 use core::fmt::Write;
 
 use serde::Deserialize;
 use serde_json_core::str::{EscapedStr, EscapedStringFragment};
 
+use super::jraw::{root, Kind, Val};
+
 /// Most messages in one chat request.
-pub const MAX_MESSAGES: usize = 64;
+pub const MAX_MESSAGES: usize = 256;
 /// Most stop strings, and the longest one in bytes.
 pub const MAX_STOP: usize = 4;
 pub const MAX_STOP_LEN: usize = 64;
 /// Most alternatives reported per token (OpenAI allows 20).
 pub const MAX_TOP: usize = 20;
 
-/// One chat message.
-#[derive(Deserialize, Debug)]
-pub struct Message<'a> {
-    #[serde(borrow)]
-    pub role: EscapedStr<'a>,
-    #[serde(borrow, default)]
-    pub content: Option<EscapedStr<'a>>,
+/// A message's `content`: absent or null, a string, or a list of parts
+/// (`{"type":"text","text":...}`; the text parts are joined with blank lines).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Content<'a> {
+    None,
+    Text(EscapedStr<'a>),
+    Parts(Val<'a>),
 }
 
-/// The fields of all three generation APIs (each ignores what it does not use).
-/// `S`: the shape of `stop`; `L`: the type of `logprobs` (a flag for chat, a count for
-/// legacy completions).
+/// One chat message.
+#[derive(Clone, Copy, Debug)]
+pub struct Message<'a> {
+    pub role: EscapedStr<'a>,
+    pub content: Content<'a>,
+}
+
+/// `stream_options`.
+#[derive(Deserialize, Debug, Default, Clone, Copy)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: Option<bool>,
+}
+
+/// The scalar fields of all the generation APIs (each ignores what it does not use);
+/// the fields whose shape varies are read with [`jraw`](super::jraw) in [`parse`].
 #[derive(Deserialize, Debug)]
-pub struct Body<'a, S, L> {
+pub struct Body<'a> {
     #[serde(borrow, default)]
     pub model: Option<EscapedStr<'a>>,
-    #[serde(borrow, default)]
-    pub messages: Option<heapless::Vec<Message<'a>, MAX_MESSAGES>>,
-    #[serde(borrow, default)]
-    pub prompt: Option<EscapedStr<'a>>,
     #[serde(default)]
     pub stream: Option<bool>,
     #[serde(default)]
-    pub max_tokens: Option<u32>,
+    pub stream_options: Option<StreamOptions>,
     #[serde(default)]
-    pub max_completion_tokens: Option<u32>,
+    pub max_tokens: Option<i32>,
+    #[serde(default)]
+    pub max_completion_tokens: Option<i32>,
     /// llama-server: -1 means "until the context is full".
     #[serde(default)]
     pub n_predict: Option<i32>,
+    #[serde(default)]
+    pub n: Option<u32>,
     #[serde(default)]
     pub temperature: Option<f32>,
     #[serde(default)]
@@ -58,20 +73,36 @@ pub struct Body<'a, S, L> {
     #[serde(default)]
     pub repeat_penalty: Option<f32>,
     #[serde(default)]
+    pub presence_penalty: Option<f32>,
+    #[serde(default)]
+    pub frequency_penalty: Option<f32>,
+    #[serde(default)]
     pub seed: Option<u64>,
-    // No `default` on fields of a generic type: it would demand `L: Default`; a missing
-    // `Option` field is `None` anyway.
-    pub logprobs: Option<L>,
     #[serde(default)]
     pub top_logprobs: Option<u32>,
     #[serde(default)]
     pub n_probs: Option<u32>,
-    pub stop: Option<S>,
+    #[serde(default)]
+    pub post_sampling_probs: Option<bool>,
     #[serde(default)]
     pub ignore_eos: Option<bool>,
     /// llama-server: reuse the cached prefix of the previous request (default true).
     #[serde(default)]
     pub cache_prompt: Option<bool>,
+    #[serde(default)]
+    pub echo: Option<bool>,
+    #[serde(default)]
+    pub return_tokens: Option<bool>,
+    #[serde(default)]
+    pub return_progress: Option<bool>,
+    #[serde(default)]
+    pub timings_per_token: Option<bool>,
+    #[serde(default)]
+    pub verbose: Option<bool>,
+    #[serde(default)]
+    pub add_generation_prompt: Option<bool>,
+    #[serde(default)]
+    pub continue_final_message: Option<bool>,
 }
 
 /// `stop` as a list.
@@ -86,14 +117,28 @@ pub enum Api {
     Completions,
     /// `POST /completion` (llama-server)
     Llama,
+    /// `POST /infill` (llama-server: fill in the middle)
+    Infill,
+    /// `POST /tokenize`, `POST /detokenize` (no generation; answered in turn).
+    Tokenize,
+    Detokenize,
+    /// `POST /apply-template`: the rendered chat prompt, no generation.
+    ApplyTemplate,
+    /// `POST /v1/chat/completions/input_tokens`: the chat prompt's token count.
+    InputTokens,
 }
 
-/// A request body, whatever the shape of its `stop`.
+/// A request body, checked.
 pub struct Parsed<'a> {
     pub model: Option<EscapedStr<'a>>,
     pub messages: heapless::Vec<Message<'a>, MAX_MESSAGES>,
-    pub prompt: Option<EscapedStr<'a>>,
+    /// The raw `prompt` (a string, token ids, or a list of prompts).
+    pub prompt: Option<Val<'a>>,
     pub stop: StopList<'a>,
+    /// The raw `logit_bias` (a list of `[token or text, bias]` pairs, or an object).
+    pub logit_bias: Option<Val<'a>>,
+    /// Infill: `input_prefix`, `input_suffix`, `input_extra`.
+    pub infill: Option<(Val<'a>, Val<'a>, Option<Val<'a>>)>,
     pub p: Params,
 }
 
@@ -103,18 +148,33 @@ pub struct Params {
     pub stream: bool,
     /// Tokens to generate at most (`None`: until the context is full).
     pub max_tokens: Option<u32>,
+    /// Answers per prompt (`n`).
+    pub n: usize,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub top_k: Option<u32>,
     pub min_p: Option<f32>,
     pub repeat_penalty: Option<f32>,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
     pub seed: Option<u64>,
     /// Report the chosen token's log-probability.
     pub logprobs: bool,
     /// Alternatives per token to report.
     pub top: usize,
+    /// Report probabilities after sampling (`post_sampling_probs`).
+    pub post_sampling: bool,
     pub ignore_eos: Option<bool>,
     pub cache_prompt: bool,
+    /// Chat stream: a last chunk with `usage` and empty `choices` (llama-server's
+    /// default; `stream_options.include_usage: false` leaves it out).
+    pub include_usage: bool,
+    pub echo: bool,
+    pub return_tokens: bool,
+    pub return_progress: bool,
+    pub verbose: bool,
+    /// Chat: end the prompt with the assistant's turn opening (default true).
+    pub add_generation_prompt: bool,
 }
 
 /// Why a body was refused (always a 400).
@@ -123,8 +183,27 @@ pub enum BodyError {
     Json(serde_json_core::de::Error),
     Missing(&'static str),
     Range(&'static str),
+    /// A field of the wrong type or shape.
+    Shape(&'static str),
     StopTooLong,
     BadEscape,
+    /// A conversation that ends with two assistant messages (llama-server refuses it).
+    TwoAssistants,
+    /// `add_generation_prompt` and `continue_final_message` together.
+    PrefillAndPrompt,
+    /// A valid request for what pinch does not do yet (constrained output: `grammar`,
+    /// `json_schema`, `response_format` JSON): 501, never silently ignored.
+    Unsupported(&'static str),
+}
+
+impl BodyError {
+    /// The HTTP status: 501 for [`BodyError::Unsupported`], else 400.
+    pub fn status(&self) -> u16 {
+        match self {
+            BodyError::Unsupported(_) => 501,
+            _ => 400,
+        }
+    }
 }
 
 impl core::fmt::Display for BodyError {
@@ -135,79 +214,176 @@ impl core::fmt::Display for BodyError {
             }
             BodyError::Missing(what) => write!(f, "'{what}' is required"),
             BodyError::Range(what) => write!(f, "'{what}' is out of range"),
+            BodyError::Shape(what) => write!(f, "'{what}' has the wrong type or shape"),
             BodyError::StopTooLong => write!(
                 f,
                 "at most {MAX_STOP} stop strings of at most {MAX_STOP_LEN} bytes"
             ),
             BodyError::BadEscape => write!(f, "invalid escape sequence in a string"),
+            BodyError::TwoAssistants => write!(
+                f,
+                "the conversation ends with two assistant messages: the last one cannot be continued"
+            ),
+            BodyError::PrefillAndPrompt => write!(
+                f,
+                "'add_generation_prompt' and 'continue_final_message' cannot both be true"
+            ),
+            BodyError::Unsupported(what) => write!(
+                f,
+                "{what}: constrained output is not supported by this server yet"
+            ),
         }
     }
 }
 
-trait LogprobsField: Copy {
-    /// (report the chosen token, alternatives requested by this field).
-    fn get(self) -> (bool, u32);
-}
-impl LogprobsField for bool {
-    fn get(self) -> (bool, u32) {
-        (self, 0)
-    }
-}
-impl LogprobsField for u32 {
-    fn get(self) -> (bool, u32) {
-        (true, self)
-    }
-}
-
-fn from_body<'a, S: Deserialize<'a>, L: Deserialize<'a>>(
-    body: &'a [u8],
-) -> Result<Body<'a, S, L>, serde_json_core::de::Error> {
-    serde_json_core::from_slice::<Body<'a, S, L>>(body).map(|(b, _)| b)
-}
-
-fn parse_as<'a, L: Deserialize<'a> + LogprobsField>(
-    api: Api,
-    body: &'a [u8],
-) -> Result<Parsed<'a>, BodyError> {
-    match from_body::<StopList<'a>, L>(body) {
-        Ok(b) => {
-            let stop = b.stop.clone().unwrap_or_default();
-            check(api, b, stop)
-        }
-        Err(serde_json_core::de::Error::InvalidType) => {
-            let b = from_body::<EscapedStr<'a>, L>(body).map_err(BodyError::Json)?;
-            let mut stop = StopList::new();
-            if let Some(s) = b.stop {
-                let _ = stop.push(s);
+/// Check `response_format`, `json_schema` and `grammar`: a malformed one is a 400
+/// (as llama-server answers it); a well-formed request for constrained output is
+/// [`BodyError::Unsupported`].
+fn constraints(r: Val<'_>) -> Result<(), BodyError> {
+    fn schema_ok(s: Val<'_>) -> bool {
+        const TYPES: [&str; 7] = [
+            "object", "array", "string", "number", "integer", "boolean", "null",
+        ];
+        let one = |t: Val<'_>| t.str().is_some_and(|t| TYPES.contains(&t.0));
+        s.kind() == Kind::Obj
+            && match s.get("type") {
+                None => true,
+                Some(t) if t.kind() == Kind::Arr => t.items().all(one),
+                Some(t) => one(t),
             }
-            check(api, b, stop)
+    }
+    if let Some(f) = r.get("response_format").filter(|v| v.kind() != Kind::Null) {
+        let kind = f.get("type").and_then(|t| t.str()).map(|t| t.0);
+        match kind {
+            Some("text") => {}
+            Some("json_object") => match f.get("schema") {
+                Some(s) if !schema_ok(s) => return Err(BodyError::Shape("response_format.schema")),
+                _ => return Err(BodyError::Unsupported("response_format json_object")),
+            },
+            Some("json_schema") => {
+                let s = f.get("json_schema").and_then(|j| j.get("schema"));
+                if !s.is_some_and(schema_ok) {
+                    return Err(BodyError::Shape("response_format.json_schema.schema"));
+                }
+                return Err(BodyError::Unsupported("response_format json_schema"));
+            }
+            _ => {
+                return Err(BodyError::Shape(
+                    "response_format.type (text, json_object or json_schema)",
+                ))
+            }
         }
-        Err(e) => Err(BodyError::Json(e)),
+    }
+    if let Some(s) = r.get("json_schema").filter(|v| v.kind() != Kind::Null) {
+        if !schema_ok(s) {
+            return Err(BodyError::Shape("json_schema"));
+        }
+        return Err(BodyError::Unsupported("json_schema"));
+    }
+    match r.get("grammar") {
+        Some(g) if g.kind() == Kind::Str => Err(BodyError::Unsupported("grammar")),
+        Some(g) if g.kind() != Kind::Null => Err(BodyError::Shape("grammar")),
+        _ => Ok(()),
     }
 }
 
-fn check<'a, S, L: LogprobsField>(
-    api: Api,
-    b: Body<'a, S, L>,
-    stop: StopList<'a>,
-) -> Result<Parsed<'a>, BodyError> {
+/// Most answers per prompt (`n`).
+pub const MAX_N: usize = 8;
+
+fn messages(v: Val<'_>) -> Result<heapless::Vec<Message<'_>, MAX_MESSAGES>, BodyError> {
+    if v.kind() != Kind::Arr {
+        return Err(BodyError::Shape("messages"));
+    }
+    let mut out = heapless::Vec::new();
+    for m in v.items() {
+        let role = m
+            .get("role")
+            .and_then(|r| r.str())
+            .ok_or(BodyError::Shape("messages[].role"))?;
+        let content = match m.get("content") {
+            None => Content::None,
+            Some(c) => match c.kind() {
+                Kind::Null => Content::None,
+                Kind::Str => Content::Text(c.str().ok_or(BodyError::BadEscape)?),
+                Kind::Arr => {
+                    for part in c.items() {
+                        let t = part.get("type").and_then(|t| t.str());
+                        if t.map(|t| t.0) != Some("text")
+                            || part.get("text").and_then(|x| x.str()).is_none()
+                        {
+                            return Err(BodyError::Shape("messages[].content[]: only text parts"));
+                        }
+                    }
+                    Content::Parts(c)
+                }
+                _ => return Err(BodyError::Shape("messages[].content")),
+            },
+        };
+        out.push(Message { role, content })
+            .map_err(|_| BodyError::Range("messages"))?;
+    }
+    let n = out.len();
+    if n >= 2 && out[n - 1].role.0 == "assistant" && out[n - 2].role.0 == "assistant" {
+        return Err(BodyError::TwoAssistants);
+    }
+    Ok(out)
+}
+
+fn stops(v: Option<Val<'_>>) -> Result<StopList<'_>, BodyError> {
+    let mut stop = StopList::new();
+    let Some(v) = v else { return Ok(stop) };
+    match v.kind() {
+        Kind::Null => {}
+        Kind::Str => {
+            let _ = stop.push(v.str().ok_or(BodyError::BadEscape)?);
+        }
+        Kind::Arr => {
+            for s in v.items() {
+                let s = s.str().ok_or(BodyError::Shape("stop"))?;
+                stop.push(s).map_err(|_| BodyError::StopTooLong)?;
+            }
+        }
+        _ => return Err(BodyError::Shape("stop")),
+    }
     for s in stop.iter() {
         if s.0.is_empty() || s.0.len() > MAX_STOP_LEN {
             return Err(BodyError::StopTooLong);
         }
     }
-    let (logprobs, mut top) = b.logprobs.map_or((false, 0), L::get);
-    top = top
+    Ok(stop)
+}
+
+/// Parse and check the body of a generation request.
+///
+/// # Errors
+/// A [`BodyError`] naming the field at fault (answered with 400).
+pub fn parse(api: Api, body: &[u8]) -> Result<Parsed<'_>, BodyError> {
+    let b = serde_json_core::from_slice::<Body<'_>>(body)
+        .map(|(b, _)| b)
+        .map_err(BodyError::Json)?;
+    let r = root(body).ok_or(BodyError::Shape("body"))?;
+    constraints(r)?;
+    let stop = stops(r.get("stop"))?;
+    // `logprobs`: a flag (chat) or a count (legacy completions).
+    let (logprobs, lp_top) = match r.get("logprobs") {
+        None => (false, 0),
+        Some(v) => match (v.kind(), v.bool(), v.u32()) {
+            (Kind::Null, ..) => (false, 0),
+            (_, Some(f), _) => (f, 0),
+            (_, _, Some(n)) => (true, n),
+            _ => return Err(BodyError::Shape("logprobs")),
+        },
+    };
+    let top = lp_top
         .max(b.top_logprobs.unwrap_or(0))
         .max(b.n_probs.unwrap_or(0));
     if top as usize > MAX_TOP {
         return Err(BodyError::Range("top_logprobs"));
     }
-    let max_tokens = match (b.max_tokens.or(b.max_completion_tokens), b.n_predict) {
-        (Some(n), _) => Some(n),
-        (None, Some(n)) if n < 0 => None,
-        (None, Some(n)) => Some(n as u32),
-        (None, None) => None,
+    let max_tokens = match b.max_tokens.or(b.max_completion_tokens).or(b.n_predict) {
+        Some(n) if n < 0 => None,
+        Some(n) => Some(n as u32),
+        None => None,
     };
     let finite_nonneg = |v: Option<f32>| v.is_none_or(|x| x.is_finite() && x >= 0.0);
     if !finite_nonneg(b.temperature) {
@@ -225,45 +401,106 @@ fn check<'a, S, L: LogprobsField>(
     if !b.repeat_penalty.is_none_or(|x| x.is_finite() && x > 0.0) {
         return Err(BodyError::Range("repeat_penalty"));
     }
-    let messages = b.messages.unwrap_or_default();
+    let pen = |v: Option<f32>, name| match v {
+        Some(x) if !(x.is_finite() && (-2.0..=2.0).contains(&x)) => Err(BodyError::Range(name)),
+        v => Ok(v.unwrap_or(0.0)),
+    };
+    let presence_penalty = pen(b.presence_penalty, "presence_penalty")?;
+    let frequency_penalty = pen(b.frequency_penalty, "frequency_penalty")?;
+    let n = b.n.unwrap_or(1) as usize;
+    if n == 0 || n > MAX_N {
+        return Err(BodyError::Range("n"));
+    }
+    let add_generation_prompt = b.add_generation_prompt.unwrap_or(true);
+    if b.continue_final_message == Some(true) && b.add_generation_prompt == Some(true) {
+        return Err(BodyError::PrefillAndPrompt);
+    }
+    let mut msgs = heapless::Vec::new();
+    let mut infill = None;
+    let prompt = r.get("prompt");
     match api {
-        Api::Chat if messages.is_empty() => return Err(BodyError::Missing("messages")),
-        Api::Completions | Api::Llama if b.prompt.is_none() => {
-            return Err(BodyError::Missing("prompt"))
+        Api::Chat | Api::ApplyTemplate | Api::InputTokens => {
+            msgs = messages(r.get("messages").ok_or(BodyError::Missing("messages"))?)?;
+            if msgs.is_empty() {
+                return Err(BodyError::Missing("messages"));
+            }
         }
-        _ => {}
+        Api::Tokenize | Api::Detokenize => {}
+        Api::Completions | Api::Llama => {
+            if prompt.is_none() {
+                return Err(BodyError::Missing("prompt"));
+            }
+        }
+        Api::Infill => {
+            let text = |k: &'static str| match r.get(k) {
+                None => Ok(Val(b"\"\"")),
+                Some(v) if v.kind() == Kind::Str => Ok(v),
+                Some(_) => Err(BodyError::Shape(k)),
+            };
+            let extra = r.get("input_extra");
+            if let Some(x) = extra {
+                if x.kind() != Kind::Arr {
+                    return Err(BodyError::Shape("input_extra"));
+                }
+                for chunk in x.items() {
+                    let ok = |k| chunk.get(k).is_some_and(|v| v.kind() == Kind::Str);
+                    if chunk.kind() != Kind::Obj
+                        || !ok("text")
+                        || chunk.get("filename").is_some_and(|v| v.kind() != Kind::Str)
+                    {
+                        return Err(BodyError::Shape(
+                            "input_extra: chunks need a string 'text' and 'filename'",
+                        ));
+                    }
+                }
+            }
+            infill = Some((text("input_prefix")?, text("input_suffix")?, extra));
+            if prompt.is_some_and(|v| v.kind() != Kind::Str) {
+                return Err(BodyError::Shape("prompt"));
+            }
+        }
+    }
+    let logit_bias = r.get("logit_bias").filter(|v| v.kind() != Kind::Null);
+    if let Some(v) = logit_bias {
+        if !matches!(v.kind(), Kind::Arr | Kind::Obj) {
+            return Err(BodyError::Shape("logit_bias"));
+        }
     }
     Ok(Parsed {
         model: b.model,
-        messages,
-        prompt: b.prompt,
+        messages: msgs,
+        prompt,
         stop,
+        logit_bias,
+        infill,
         p: Params {
             stream: b.stream.unwrap_or(false),
             max_tokens,
+            n,
             temperature: b.temperature,
             top_p: b.top_p,
             top_k: b.top_k,
             min_p: b.min_p,
             repeat_penalty: b.repeat_penalty,
+            presence_penalty,
+            frequency_penalty,
             seed: b.seed,
             logprobs: logprobs || top > 0,
             top: top as usize,
+            post_sampling: b.post_sampling_probs.unwrap_or(false),
             ignore_eos: b.ignore_eos,
             cache_prompt: b.cache_prompt.unwrap_or(true),
+            include_usage: b
+                .stream_options
+                .and_then(|o| o.include_usage)
+                .unwrap_or(true),
+            echo: b.echo.unwrap_or(false),
+            return_tokens: b.return_tokens.unwrap_or(false),
+            return_progress: b.return_progress.unwrap_or(false),
+            verbose: b.verbose.unwrap_or(false),
+            add_generation_prompt,
         },
     })
-}
-
-/// Parse and check the body of a generation request.
-///
-/// # Errors
-/// A [`BodyError`] naming the field at fault (answered with 400).
-pub fn parse(api: Api, body: &[u8]) -> Result<Parsed<'_>, BodyError> {
-    match api {
-        Api::Chat => parse_as::<bool>(api, body),
-        Api::Completions | Api::Llama => parse_as::<u32>(api, body),
-    }
 }
 
 /// Copy the unescaped text of `s` to the front of `*buf` and advance `*buf` past it.
@@ -271,27 +508,71 @@ pub fn parse(api: Api, body: &[u8]) -> Result<Parsed<'_>, BodyError> {
 /// # Errors
 /// `BadEscape` for an invalid escape, `Range` when `buf` is too small.
 pub fn unescape<'b>(s: &EscapedStr<'_>, buf: &mut &'b mut [u8]) -> Result<&'b str, BodyError> {
+    let src = s.0.as_bytes();
     let mut n = 0usize;
     {
         let out: &mut [u8] = buf;
-        for frag in s.fragments() {
-            let mut tmp = [0u8; 4];
-            let bytes = match frag.map_err(|_| BodyError::BadEscape)? {
-                EscapedStringFragment::NotEscaped(t) => t.as_bytes(),
-                EscapedStringFragment::Escaped(c) => c.encode_utf8(&mut tmp).as_bytes(),
-            };
-            let end = n + bytes.len();
+        let mut put = |bytes: &[u8], n: &mut usize| -> Result<(), BodyError> {
+            let end = *n + bytes.len();
             if end > out.len() {
                 return Err(BodyError::Range("prompt"));
             }
-            out[n..end].copy_from_slice(bytes);
-            n = end;
+            out[*n..end].copy_from_slice(bytes);
+            *n = end;
+            Ok(())
+        };
+        let hex4 = |at: usize| -> Option<u32> {
+            let h = src.get(at..at + 4)?;
+            u32::from_str_radix(core::str::from_utf8(h).ok()?, 16).ok()
+        };
+        let mut i = 0;
+        while i < src.len() {
+            let run = src[i..]
+                .iter()
+                .position(|&c| c == b'\\')
+                .unwrap_or(src.len() - i);
+            put(&src[i..i + run], &mut n)?;
+            i += run;
+            if i >= src.len() {
+                break;
+            }
+            let e = *src.get(i + 1).ok_or(BodyError::BadEscape)?;
+            let c = match e {
+                b'"' => '"',
+                b'\\' => '\\',
+                b'/' => '/',
+                b'b' => '\x08',
+                b'f' => '\x0C',
+                b'n' => '\n',
+                b'r' => '\r',
+                b't' => '\t',
+                b'u' => {
+                    let hi = hex4(i + 2).ok_or(BodyError::BadEscape)?;
+                    if (0xD800..0xDC00).contains(&hi) {
+                        // A surrogate pair: \uD83E\uDD17.
+                        let lo = (src.get(i + 6..i + 8) == Some(b"\\u"))
+                            .then(|| hex4(i + 8))
+                            .flatten()
+                            .filter(|lo| (0xDC00..0xE000).contains(lo))
+                            .ok_or(BodyError::BadEscape)?;
+                        i += 6;
+                        char::from_u32(0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00))
+                            .ok_or(BodyError::BadEscape)?
+                    } else {
+                        char::from_u32(hi).ok_or(BodyError::BadEscape)?
+                    }
+                }
+                _ => return Err(BodyError::BadEscape),
+            };
+            i += if e == b'u' { 6 } else { 2 };
+            let mut tmp = [0u8; 4];
+            put(c.encode_utf8(&mut tmp).as_bytes(), &mut n)?;
         }
     }
     let taken = core::mem::take(buf);
     let (head, tail) = taken.split_at_mut(n);
     *buf = tail;
-    // Fragments are `&str`s and chars, so their concatenation is valid UTF-8.
+    // The source is a `&str` and escapes become whole chars: valid UTF-8.
     core::str::from_utf8(head).map_err(|_| BodyError::BadEscape)
 }
 
@@ -316,6 +597,12 @@ pub fn escaped_eq(s: &EscapedStr<'_>, want: &str) -> bool {
 /// Write `bytes` as a JSON string, invalid UTF-8 as U+FFFD.
 pub fn json_bytes_str(w: &mut dyn Write, bytes: &[u8]) -> core::fmt::Result {
     w.write_char('"')?;
+    json_bytes_inner(w, bytes)?;
+    w.write_char('"')
+}
+
+/// The escaped text of `bytes` without the quotes (to join several into one string).
+pub fn json_bytes_inner(w: &mut dyn Write, bytes: &[u8]) -> core::fmt::Result {
     for chunk in bytes.utf8_chunks() {
         for c in chunk.valid().chars() {
             match c {
@@ -332,7 +619,7 @@ pub fn json_bytes_str(w: &mut dyn Write, bytes: &[u8]) -> core::fmt::Result {
             w.write_char('\u{FFFD}')?;
         }
     }
-    w.write_char('"')
+    Ok(())
 }
 
 /// Write `bytes` as a JSON array of numbers.
@@ -375,11 +662,74 @@ mod tests {
         assert_eq!((p.p.max_tokens, p.p.top, p.p.seed), (Some(7), 3, Some(3)));
         let mut store = [0u8; 64];
         let mut buf: &mut [u8] = &mut store;
-        let a = unescape(&p.messages[0].content.unwrap(), &mut buf).unwrap();
-        let b = unescape(&p.messages[1].content.unwrap(), &mut buf).unwrap();
+        fn text(c: Content<'_>) -> EscapedStr<'_> {
+            match c {
+                Content::Text(t) => t,
+                other => panic!("{other:?}"),
+            }
+        }
+        let a = unescape(&text(p.messages[0].content), &mut buf).unwrap();
+        let b = unescape(&text(p.messages[1].content), &mut buf).unwrap();
         assert_eq!(a, "be \"brief\"\n");
         assert_eq!(b, "hi é");
         assert!(escaped_eq(&p.model.unwrap(), "m"));
+    }
+
+    #[test]
+    fn flexible_fields_keep_their_raw_shape() {
+        let p = parse(
+            Api::Chat,
+            br#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],"logit_bias":{"5":-100},"n":2,"max_tokens":-1,"stream_options":{"include_usage":true}}"#,
+        )
+        .unwrap();
+        assert!(matches!(p.messages[0].content, Content::Parts(_)));
+        assert_eq!(p.logit_bias.unwrap().kind(), Kind::Obj);
+        assert_eq!((p.p.n, p.p.max_tokens, p.p.include_usage), (2, None, true));
+        let p = parse(
+            Api::Llama,
+            br#"{"prompt":[[1,2],"x",{"prompt_string":"y"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(p.prompt.unwrap().items().count(), 3);
+        assert_eq!(
+            parse(Api::Chat, br#"{"messages":[{"role":"user","content":"x"},{"role":"assistant","content":"a"},{"role":"assistant","content":"b"}]}"#).err(),
+            Some(BodyError::TwoAssistants)
+        );
+    }
+
+    #[test]
+    fn constrained_output_is_refused_501_and_malformed_constraints_400() {
+        let m = r#""messages":[{"role":"user","content":"x"}]"#;
+        let status = |extra: &str| {
+            let mut b: heapless::String<256> = heapless::String::new();
+            write!(b, "{{{m},{extra}}}").unwrap();
+            parse(Api::Chat, b.as_bytes()).err().map(|e| e.status())
+        };
+        assert_eq!(status(r#""response_format":{"type":"text"}"#), None);
+        assert_eq!(
+            status(r#""response_format":{"type":"json_object"}"#),
+            Some(501)
+        );
+        assert_eq!(
+            status(
+                r#""response_format":{"type":"json_schema","json_schema":{"schema":{"const":"a"}}}"#
+            ),
+            Some(501)
+        );
+        assert_eq!(status(r#""grammar":"root ::= \"a\"""#), Some(501));
+        assert_eq!(
+            status(r#""json_schema":{"type":["string","null"]}"#),
+            Some(501)
+        );
+        for bad in [
+            r#""response_format":{"type":"sound"}"#,
+            r#""response_format":{"type":"json_object","schema":123}"#,
+            r#""response_format":{"type":"json_object","schema":{"type":123}}"#,
+            r#""response_format":{"type":"json_object","schema":{"type":"hiccup"}}"#,
+            r#""grammar":5"#,
+        ] {
+            assert_eq!(status(bad), Some(400), "{bad}");
+        }
     }
 
     #[test]
@@ -410,7 +760,12 @@ mod tests {
             b"[1,2]",
             b"{\"messages\":\"hi\"}",
             b"{\"messages\":[{\"role\":1}]}",
-            b"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":-5}",
+            b"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1.5}",
+            b"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}",
+            b"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":\"b\"}]}",
+            b"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":0}",
+            b"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logit_bias\":3}",
+            b"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"add_generation_prompt\":true,\"continue_final_message\":true}",
             b"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":\"hot\"}",
             b"{\"messages\":[]}",
             b"{\"prompt\":\"x\"}",
@@ -445,12 +800,28 @@ mod tests {
     }
 
     #[test]
+    fn unescape_joins_surrogate_pairs_and_refuses_lone_ones() {
+        let mut store = [0u8; 32];
+        let mut buf: &mut [u8] = &mut store;
+        let t = unescape(&EscapedStr(r"a\u5abd \ud83e\udd17\n"), &mut buf).unwrap();
+        assert_eq!(t, "a\u{5abd} \u{1f917}\n");
+        for bad in [r"\ud83e", r"\ud83ex", r"\udd17", r"\q", r"\u12"] {
+            let mut buf: &mut [u8] = &mut store;
+            assert_eq!(
+                unescape(&EscapedStr(bad), &mut buf),
+                Err(BodyError::BadEscape),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
     fn unescape_reports_a_full_buffer() {
         let p = parse(Api::Llama, br#"{"prompt":"abcdef"}"#).unwrap();
         let mut store = [0u8; 3];
         let mut buf: &mut [u8] = &mut store;
         assert_eq!(
-            unescape(&p.prompt.unwrap(), &mut buf),
+            unescape(&p.prompt.unwrap().str().unwrap(), &mut buf),
             Err(BodyError::Range("prompt"))
         );
     }

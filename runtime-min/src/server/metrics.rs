@@ -16,6 +16,15 @@ pub struct Metrics {
     /// Generation speed of the running (or last) generation.
     pub gen_tps: f64,
     pub prompt_tps: f64,
+    /// Prompt tokens reused from the cache (not evaluated).
+    pub prompt_cached: u64,
+    /// Time spent on prompts and on generated tokens.
+    pub prompt_seconds: f64,
+    pub gen_seconds: f64,
+    /// Weight passes (prompt batches and generated tokens fed back).
+    pub decode_passes: u64,
+    /// Most tokens a generation held in the context.
+    pub n_tokens_max: u64,
 }
 
 /// Figures that come from the platform and the queue at the time of the scrape.
@@ -31,8 +40,10 @@ pub struct Live {
     pub n_ctx: usize,
 }
 
-fn metric(
+/// One sample with its help and type lines, named `{prefix}{name}`.
+fn sample(
     w: &mut dyn Write,
+    prefix: &str,
     name: &str,
     kind: &str,
     help: &str,
@@ -40,13 +51,142 @@ fn metric(
 ) -> core::fmt::Result {
     write!(
         w,
-        "# HELP pinch_{name} {help}\n# TYPE pinch_{name} {kind}\npinch_{name} {value}\n"
+        "# HELP {prefix}{name} {help}\n# TYPE {prefix}{name} {kind}\n{prefix}{name} {value}\n"
     )
 }
 
+fn metric(
+    w: &mut dyn Write,
+    name: &str,
+    kind: &str,
+    help: &str,
+    value: &dyn core::fmt::Display,
+) -> core::fmt::Result {
+    sample(w, "pinch_", name, kind, help, value)
+}
+
 impl Metrics {
+    /// llama-server's metrics, from the same counters. pinch decodes one sequence at a
+    /// time and has no speculative decoding: those figures are what they are (1 busy
+    /// slot per pass, 0 draft tokens).
+    fn write_llama(&self, l: &Live, w: &mut dyn Write) -> core::fmt::Result {
+        let rate = |n: u64, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
+        // llama-server's names (`llamacpp:NAME`), for dashboards made for it.
+        let llama_metric = |w: &mut dyn Write, name, kind, help, v: &dyn core::fmt::Display| {
+            sample(w, "llamacpp:", name, kind, help, v)
+        };
+        let c = "counter";
+        llama_metric(
+            w,
+            "prompt_tokens_total",
+            c,
+            "Number of prompt tokens processed.",
+            &self.prompt_tokens,
+        )?;
+        llama_metric(
+            w,
+            "prompt_tokens_cached_total",
+            c,
+            "Number of prompt tokens reused from the cache.",
+            &self.prompt_cached,
+        )?;
+        llama_metric(
+            w,
+            "prompt_seconds_total",
+            c,
+            "Prompt process time",
+            &self.prompt_seconds,
+        )?;
+        llama_metric(
+            w,
+            "tokens_predicted_total",
+            c,
+            "Number of generation tokens processed.",
+            &self.tokens_generated,
+        )?;
+        llama_metric(
+            w,
+            "tokens_predicted_seconds_total",
+            c,
+            "Predict process time",
+            &self.gen_seconds,
+        )?;
+        llama_metric(
+            w,
+            "n_decode_total",
+            c,
+            "Total number of llama_decode() calls",
+            &self.decode_passes,
+        )?;
+        llama_metric(
+            w,
+            "n_tokens_max",
+            c,
+            "Largest observed n_tokens.",
+            &self.n_tokens_max,
+        )?;
+        llama_metric(
+            w,
+            "spec_decode_num_draft_tokens_total",
+            c,
+            "Draft tokens proposed (no speculative decoding).",
+            &0,
+        )?;
+        llama_metric(
+            w,
+            "spec_decode_num_accepted_tokens_total",
+            c,
+            "Draft tokens accepted (no speculative decoding).",
+            &0,
+        )?;
+        llama_metric(
+            w,
+            "spec_decode_num_drafts_total",
+            c,
+            "Drafts made (no speculative decoding).",
+            &0,
+        )?;
+        let g = "gauge";
+        llama_metric(
+            w,
+            "prompt_tokens_seconds",
+            g,
+            "Average prompt throughput in tokens/s.",
+            &rate(self.prompt_tokens, self.prompt_seconds),
+        )?;
+        llama_metric(
+            w,
+            "predicted_tokens_seconds",
+            g,
+            "Average generation throughput in tokens/s.",
+            &rate(self.tokens_generated, self.gen_seconds),
+        )?;
+        llama_metric(
+            w,
+            "requests_processing",
+            g,
+            "Number of requests processing.",
+            &u8::from(l.generating),
+        )?;
+        llama_metric(
+            w,
+            "requests_deferred",
+            g,
+            "Number of requests deferred.",
+            &l.queue,
+        )?;
+        llama_metric(
+            w,
+            "n_busy_slots_per_decode",
+            g,
+            "Average number of busy slots per llama_decode() call",
+            &u8::from(self.decode_passes > 0),
+        )
+    }
+
     /// Write the Prometheus exposition text.
     pub fn write(&self, l: &Live, w: &mut dyn Write) -> core::fmt::Result {
+        self.write_llama(l, w)?;
         metric(
             w,
             "requests_total",
@@ -207,9 +347,12 @@ mod tests {
             queue_capacity: 4,
             ..Default::default()
         };
-        let mut s: heapless::String<4096> = heapless::String::new();
+        let mut s: heapless::String<8192> = heapless::String::new();
         m.write(&l, &mut s).unwrap();
         assert!(s.contains("\npinch_tokens_generated_total 42\n"));
+        // llama-server's names beside pinch's, from the same counters.
+        assert!(s.contains("\nllamacpp:tokens_predicted_total 42\n"));
+        assert!(s.contains("# TYPE llamacpp:requests_processing gauge\n"));
         assert!(s.contains("\npinch_tokens_per_second 12.500\n"));
         assert!(s.contains("\npinch_budget_bytes 2000\n"));
         for line in s.lines().filter(|l| !l.starts_with('#')) {

@@ -38,6 +38,7 @@
 //! - [`metrics`]: counters and the Prometheus text.
 pub mod gen;
 pub mod http;
+pub mod jraw;
 pub mod json;
 pub mod metrics;
 
@@ -58,6 +59,8 @@ pub const READ_TIMEOUT_NS: u64 = 10_000_000_000;
 /// Connections beyond the running and queued requests (for health checks, metrics and
 /// requests still being read).
 pub const SPARE_SLOTS: usize = 4;
+/// Most listening addresses (`--host 127.0.0.1,::1`).
+pub const MAX_LISTEN: usize = 4;
 /// Most slots (running + queued + spare).
 pub const MAX_SLOTS: usize = 40;
 
@@ -82,6 +85,10 @@ pub struct Slot<'a> {
     pub body: (usize, usize),
     /// `100 Continue` has been sent.
     pub continued: bool,
+    /// The request carried the `--api-key` (or none is needed).
+    pub authorized: bool,
+    /// The request's `Origin` (for CORS), cut at 128 bytes.
+    pub origin: heapless::String<128>,
 }
 
 /// What the server says about itself.
@@ -93,16 +100,37 @@ pub struct Info<'s> {
     pub aliases: [&'s str; 3],
     pub budget: Option<u64>,
     pub n_ctx: usize,
+    /// The model file as given.
+    pub path: &'s str,
+    /// `--alias`: comma-separated names (the first in sort order is the id).
+    pub alias: Option<&'s str>,
+    /// `--api-key`: requests other than `/health`, `/v1/health` and the page's files
+    /// need `Authorization: Bearer KEY` or `X-Api-Key: KEY`.
+    pub api_key: Option<&'s str>,
+    /// `--parallel`: the slots reported (generations run one at a time).
+    pub n_parallel: usize,
+    pub webui: bool,
+    pub slots: bool,
+    pub metrics: bool,
+    /// `--cors-origins localhost`: only loopback origins are reflected.
+    pub cors_local_only: bool,
+    /// `--tags`.
+    pub tags: Option<&'s str>,
+    /// When the server started (Unix seconds), if the platform has a clock.
+    pub start_unix: Option<u64>,
+    /// `-v`: every chat answer carries `__verbose.prompt` (llama-server's `--verbose`).
+    pub verbose: bool,
+    /// Defaults reported by `/props`.
+    pub n_predict: usize,
+    pub seed: u64,
 }
 
 impl Info<'_> {
-    fn knows(&self, m: &serde_json_core::str::EscapedStr<'_>) -> bool {
-        m.0.is_empty()
-            || json::escaped_eq(m, self.model_id)
-            || self
-                .aliases
-                .iter()
-                .any(|a| !a.is_empty() && json::escaped_eq(m, a))
+    /// Whether a request naming `m` is for this model. llama-server answers any name
+    /// when it serves one model (clients send theirs: `gpt-3.5-turbo`, `davinci-002`);
+    /// so does pinch.
+    fn knows(&self, _m: &serde_json_core::str::EscapedStr<'_>) -> bool {
+        true
     }
 }
 
@@ -114,6 +142,12 @@ enum Route {
     Models,
     Metrics,
     Preflight,
+    Props,
+    Slots,
+    /// `GET /v1/models/{id}`.
+    Model,
+    /// Files the page's service worker and manifest requests ask for.
+    Asset(&'static str, &'static str),
     Gen(Api),
     WrongMethod,
     NotFound,
@@ -124,14 +158,37 @@ fn route(method: Method, path: &str) -> Route {
     if method == Method::Options {
         return Route::Preflight;
     }
+    if get && (path.starts_with("/v1/models/") || path.starts_with("/models/")) {
+        return Route::Model;
+    }
     match path {
+        "/props" if get => Route::Props,
+        "/slots" if get => Route::Slots,
+        "/sw.js" if get => Route::Asset("application/javascript", "// pinch: no offline cache\n"),
+        "/manifest.webmanifest" if get => Route::Asset(
+            "application/manifest+json",
+            "{\"name\":\"pinch\",\"start_url\":\"/\",\"display\":\"standalone\"}",
+        ),
+        "/_app/version.json" if get => Route::Asset(
+            "application/json",
+            concat!("{\"version\":\"", env!("CARGO_PKG_VERSION"), "\"}"),
+        ),
+        "/tokenize" if post => Route::Gen(Api::Tokenize),
+        "/detokenize" if post => Route::Gen(Api::Detokenize),
+        "/infill" if post => Route::Gen(Api::Infill),
+        "/apply-template" if post => Route::Gen(Api::ApplyTemplate),
+        "/v1/chat/completions/input_tokens" | "/chat/completions/input_tokens" if post => {
+            Route::Gen(Api::InputTokens)
+        }
+        "/completions" if post => Route::Gen(Api::Llama),
         "/" | "/index.html" if get => Route::Page,
         "/health" | "/v1/health" if get => Route::Health,
         "/v1/models" | "/models" if get => Route::Models,
         "/metrics" if get => Route::Metrics,
         "/v1/chat/completions" | "/chat/completions" if post => Route::Gen(Api::Chat),
-        "/v1/completions" | "/completions" if post => Route::Gen(Api::Completions),
+        "/v1/completions" if post => Route::Gen(Api::Completions),
         "/completion" if post => Route::Gen(Api::Llama),
+        "/props" | "/slots" | "/tokenize" | "/detokenize" | "/infill" => Route::WrongMethod,
         "/"
         | "/index.html"
         | "/health"
@@ -151,7 +208,8 @@ fn route(method: Method, path: &str) -> Route {
 /// The connection side of the server: slots, queue and counters.
 pub struct Io<'a, 's, 'p, P: Platform> {
     pub p: &'p P,
-    pub listener: Socket,
+    /// Listening sockets (`--host a,b`: one per address).
+    pub listeners: heapless::Vec<Socket, MAX_LISTEN>,
     pub slots: heapless::Vec<Slot<'a>, MAX_SLOTS>,
     queue: heapless::Deque<u8, MAX_SLOTS>,
     /// Generations that may wait (`--queue`).
@@ -167,7 +225,7 @@ impl<'a, 's, 'p, P: Platform> Io<'a, 's, 'p, P> {
     /// [`MAX_BODY`] bytes).
     pub fn new(
         p: &'p P,
-        listener: Socket,
+        listeners: &[Socket],
         bufs: impl Iterator<Item = &'a mut [u8]>,
         queue_cap: usize,
         info: Info<'s>,
@@ -183,11 +241,13 @@ impl<'a, 's, 'p, P: Platform> Io<'a, 's, 'p, P> {
                 api: Api::Llama,
                 body: (0, 0),
                 continued: false,
+                authorized: false,
+                origin: heapless::String::new(),
             });
         }
         Io {
             p,
-            listener,
+            listeners: listeners.iter().copied().take(MAX_LISTEN).collect(),
             slots,
             queue: heapless::Deque::new(),
             queue_cap,
@@ -205,13 +265,15 @@ impl<'a, 's, 'p, P: Platform> Io<'a, 's, 'p, P> {
     /// Move every connection one step; true when anything happened.
     pub fn poll(&mut self) -> bool {
         let mut busy = false;
-        for _ in 0..16 {
-            match self.p.tcp_accept(self.listener) {
-                Ok(Some(s)) => {
-                    busy = true;
-                    self.admit(s);
+        for l in 0..self.listeners.len() {
+            for _ in 0..16 {
+                match self.p.tcp_accept(self.listeners[l]) {
+                    Ok(Some(s)) => {
+                        busy = true;
+                        self.admit(s);
+                    }
+                    _ => break,
                 }
-                _ => break,
             }
         }
         for i in 0..self.slots.len() {
@@ -350,10 +412,20 @@ impl<'a, 's, 'p, P: Platform> Io<'a, 's, 'p, P> {
                 }
                 return true;
             }
-            Ok(Some(h)) => (
-                route(h.method, h.path),
-                (h.head_len, h.head_len + h.body_len),
-            ),
+            Ok(Some(h)) => {
+                sl.authorized = match self.info.api_key {
+                    None => true,
+                    Some(k) => h.api_key == Some(k.as_bytes()),
+                };
+                sl.origin.clear();
+                if let Some(o) = h.origin.and_then(|o| core::str::from_utf8(o).ok()) {
+                    let _ = sl.origin.push_str(&o[..o.floor_char_boundary(128)]);
+                }
+                (
+                    route(h.method, h.path),
+                    (h.head_len, h.head_len + h.body_len),
+                )
+            }
         };
         sl.body = body;
         self.m.requests += 1;
@@ -363,33 +435,131 @@ impl<'a, 's, 'p, P: Platform> Io<'a, 's, 'p, P> {
 
     fn dispatch(&mut self, i: usize, r: Route) {
         let (p, sock) = (self.p, self.slots[i].sock);
+        let info = self.info;
+        let public = matches!(
+            r,
+            Route::Health | Route::Page | Route::Asset(..) | Route::Preflight
+        );
+        if !public && !self.slots[i].authorized {
+            self.m.client_errors += 1;
+            http::respond_error(
+                p,
+                sock,
+                401,
+                &"invalid API key: send 'Authorization: Bearer KEY' or 'X-Api-Key: KEY'",
+            );
+            return self.free(i);
+        }
         match r {
+            Route::Page if !info.webui => {
+                return self.fail(i, 404, &"the web page is off (--no-webui)")
+            }
             Route::Page => {
                 http::respond(p, sock, 200, "text/html; charset=utf-8", "", &|w| {
                     w.write_str(PAGE)
                 });
+            }
+            Route::Asset(kind, text) => {
+                http::respond(p, sock, 200, kind, "", &|w| w.write_str(text));
             }
             Route::Health => {
                 http::respond(p, sock, 200, "application/json", "", &|w| {
                     w.write_str("{\"status\":\"ok\"}")
                 });
             }
-            Route::Models => {
-                let info = self.info;
+            Route::Models | Route::Model => {
+                let one = r == Route::Model;
                 http::respond(p, sock, 200, "application/json", "", &|w| {
-                    w.write_str("{\"object\":\"list\",\"data\":[{\"id\":")?;
+                    if !one {
+                        w.write_str("{\"object\":\"list\",\"data\":[")?;
+                    }
+                    w.write_str("{\"id\":")?;
                     json_str(w, info.model_id)?;
-                    write!(w, ",\"object\":\"model\",\"created\":0,\"owned_by\":\"pinch\",\"meta\":{{\"n_ctx\":{}}}}}]}}", info.n_ctx)
+                    w.write_str(",\"aliases\":[")?;
+                    for (k, a) in info.alias.unwrap_or(info.model_id).split(',').enumerate() {
+                        if k > 0 {
+                            w.write_char(',')?;
+                        }
+                        json_str(w, a.trim())?;
+                    }
+                    w.write_str("],\"tags\":[")?;
+                    for (k, t) in info
+                        .tags
+                        .unwrap_or("")
+                        .split(',')
+                        .filter(|t| !t.trim().is_empty())
+                        .enumerate()
+                    {
+                        if k > 0 {
+                            w.write_char(',')?;
+                        }
+                        json_str(w, t.trim())?;
+                    }
+                    write!(w, "],\"object\":\"model\",\"created\":0,\"owned_by\":\"pinch\",\"meta\":{{\"n_ctx\":{}}}}}", info.n_ctx)?;
+                    if !one {
+                        w.write_str("]}")?;
+                    }
+                    Ok(())
                 });
+            }
+            Route::Props => {
+                let busy = self.active.is_some();
+                http::respond(p, sock, 200, "application/json", "", &|w| {
+                    w.write_str("{\"model_path\":")?;
+                    json_str(w, info.path)?;
+                    w.write_str(",\"model_alias\":")?;
+                    json_str(w, info.model_id)?;
+                    write!(w, ",\"total_slots\":{},\"is_processing\":{busy},\"build_info\":\"{}\",\"default_generation_settings\":{{\"id\":0,\"n_ctx\":{},\"is_processing\":{busy},\"params\":{{\"n_predict\":{},\"seed\":{}}}}}}}",
+                        info.n_parallel, gen::FINGERPRINT, info.n_ctx, info.n_predict as i64, info.seed)
+                });
+            }
+            Route::Slots if !info.slots => {
+                return self.fail(i, 501, &"the /slots endpoint is off (--no-slots)")
+            }
+            Route::Slots => {
+                let active = self.active.is_some();
+                http::respond(p, sock, 200, "application/json", "", &|w| {
+                    w.write_char('[')?;
+                    for k in 0..info.n_parallel.max(1) {
+                        if k > 0 {
+                            w.write_char(',')?;
+                        }
+                        // One generation runs at a time: it is reported on slot 0.
+                        write!(
+                            w,
+                            "{{\"id\":{k},\"n_ctx\":{},\"is_processing\":{}}}",
+                            info.n_ctx,
+                            active && k == 0
+                        )?;
+                    }
+                    w.write_char(']')
+                });
+            }
+            Route::Metrics if !info.metrics => {
+                return self.fail(i, 501, &"the /metrics endpoint is off (--no-metrics)")
             }
             Route::Metrics => {
                 let (m, l) = (self.m, self.live());
-                http::respond(p, sock, 200, "text/plain; version=0.0.4", "", &|w| {
+                let mut extra: heapless::String<64> = heapless::String::new();
+                if let Some(t) = info.start_unix {
+                    let _ = write!(extra, "Process-Start-Time-Unix: {t}\r\n");
+                }
+                http::respond(p, sock, 200, "text/plain; version=0.0.4", &extra, &|w| {
                     m.write(&l, w)
                 });
             }
             Route::Preflight => {
-                http::respond(p, sock, 204, "", "Access-Control-Allow-Methods: GET, POST, OPTIONS\r\nAccess-Control-Allow-Headers: Content-Type, Authorization\r\n", &|_| Ok(()));
+                // llama-server's CORS: the origin reflected (with --cors-origins
+                // localhost, only a loopback one), credentials allowed.
+                let o = self.slots[i].origin.as_str();
+                let mut extra: heapless::String<384> = heapless::String::new();
+                if !o.is_empty() && (!info.cors_local_only || is_loopback_origin(o)) {
+                    let _ = write!(extra, "Access-Control-Allow-Origin: {o}\r\n");
+                } else if !info.cors_local_only {
+                    let _ = extra.push_str("Access-Control-Allow-Origin: *\r\n");
+                }
+                let _ = extra.push_str("Access-Control-Allow-Credentials: true\r\nAccess-Control-Allow-Methods: GET, POST, DELETE, OPTIONS\r\nAccess-Control-Allow-Headers: *\r\n");
+                http::respond(p, sock, 200, "", &extra, &|_| Ok(()));
             }
             Route::WrongMethod => {
                 return self.fail(
@@ -409,7 +579,7 @@ impl<'a, 's, 'p, P: Platform> Io<'a, 's, 'p, P> {
         let sl = &self.slots[i];
         let body = &sl.buf[sl.body.0..sl.body.1];
         let err: Option<(u16, heapless::String<256>)> = match json::parse(api, body) {
-            Err(e) => Some((400, msg(&e))),
+            Err(e) => Some((e.status(), msg(&e))),
             Ok(req) => match req.model {
                 Some(m) if !self.info.knows(&m) => {
                     let mut s = heapless::String::new();
@@ -438,6 +608,24 @@ impl<'a, 's, 'p, P: Platform> Io<'a, 's, 'p, P> {
         self.slots[i].api = api;
         self.slots[i].state = State::Queued;
     }
+}
+
+/// `http://localhost`, `http://127.0.0.1:3000`, `http://[::1]` ... (any port).
+fn is_loopback_origin(o: &str) -> bool {
+    let rest = o
+        .strip_prefix("http://")
+        .or_else(|| o.strip_prefix("https://"))
+        .unwrap_or(o);
+    let host = if let Some(r) = rest.strip_prefix("[::1]") {
+        return r.is_empty() || r.starts_with(':');
+    } else {
+        rest.split(':').next().unwrap_or("")
+    };
+    let port_ok = rest[host.len()..].is_empty()
+        || rest[host.len()..]
+            .strip_prefix(':')
+            .is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    matches!(host, "localhost" | "127.0.0.1") && port_ok
 }
 
 /// A message as a short string (for errors built from `Display` values).
@@ -574,6 +762,119 @@ mod tests {
         }
     }
 
+    fn info() -> Info<'static> {
+        Info {
+            model_id: "m",
+            aliases: [""; 3],
+            budget: None,
+            n_ctx: 64,
+            path: "m.gguf",
+            alias: None,
+            api_key: None,
+            n_parallel: 1,
+            webui: true,
+            slots: true,
+            metrics: true,
+            cors_local_only: false,
+            tags: None,
+            start_unix: None,
+            verbose: false,
+            n_predict: 16,
+            seed: 1,
+        }
+    }
+
+    fn sent(p: &FakeNet, conn: usize) -> heapless::String<1024> {
+        let st = p.st.lock();
+        let mut s = heapless::String::new();
+        let _ = s.push_str(core::str::from_utf8(&st.sent[conn]).unwrap_or(""));
+        s
+    }
+
+    #[test]
+    fn api_key_guards_all_but_health_and_the_page_files() {
+        let p = FakeNet::new(&[
+            b"GET /v1/models HTTP/1.1\r\n\r\n",
+            b"GET /v1/models HTTP/1.1\r\nAuthorization: Bearer k\r\n\r\n",
+            b"GET /v1/models HTTP/1.1\r\nX-Api-Key: k\r\n\r\n",
+            b"GET /health HTTP/1.1\r\n\r\n",
+            b"GET /sw.js HTTP/1.1\r\n\r\n",
+            b"GET /props HTTP/1.1\r\nAuthorization: Bearer wrong\r\n\r\n",
+        ]);
+        let mut store = [0u8; 7 * 1024];
+        let mut i = info();
+        i.api_key = Some("k");
+        let mut io = Io::new(&p, &[Socket(0)], store.chunks_mut(1024), 1, i);
+        io.poll();
+        assert_eq!(p.status(1), Some(401));
+        assert!(sent(&p, 1).contains("\"authentication_error\""));
+        assert_eq!(p.status(2), Some(200));
+        assert_eq!(p.status(3), Some(200));
+        assert_eq!(p.status(4), Some(200));
+        assert_eq!(p.status(5), Some(200));
+        assert_eq!(p.status(6), Some(401));
+    }
+
+    #[test]
+    fn preflight_reflects_the_origin_and_local_only_refuses_others() {
+        let pre = |origin: &'static [u8]| origin;
+        let p = FakeNet::new(&[
+            pre(b"OPTIONS /completions HTTP/1.1\r\nOrigin: http://evil.com\r\n\r\n"),
+            pre(b"OPTIONS /completions HTTP/1.1\r\nOrigin: http://[::1]:3000\r\n\r\n"),
+        ]);
+        let mut store = [0u8; 7 * 1024];
+        let mut io = Io::new(&p, &[Socket(0)], store.chunks_mut(1024), 1, info());
+        io.poll();
+        assert_eq!(p.status(1), Some(200));
+        let s = sent(&p, 1);
+        assert!(
+            s.contains("Access-Control-Allow-Origin: http://evil.com\r\n"),
+            "{s}"
+        );
+        assert!(s.contains("Access-Control-Allow-Credentials: true\r\n"));
+        assert!(!s.contains("Allow-Origin: *"));
+        let p2 = FakeNet::new(&[
+            b"OPTIONS /completions HTTP/1.1\r\nOrigin: http://localhost.evil.com\r\n\r\n",
+            b"OPTIONS /completions HTTP/1.1\r\nOrigin: http://127.0.0.1:3000\r\n\r\n",
+        ]);
+        let mut store = [0u8; 7 * 1024];
+        let mut i = info();
+        i.cors_local_only = true;
+        let mut io = Io::new(&p2, &[Socket(0)], store.chunks_mut(1024), 1, i);
+        io.poll();
+        assert!(!sent(&p2, 1).contains("Access-Control-Allow-Origin"));
+        assert!(sent(&p2, 2).contains("Access-Control-Allow-Origin: http://127.0.0.1:3000\r\n"));
+        for (o, ok) in [
+            ("http://localhost", true),
+            ("http://[::1]", true),
+            ("http://localhost:80x", false),
+            ("http://notlocalhost", false),
+        ] {
+            assert_eq!(is_loopback_origin(o), ok, "{o}");
+        }
+    }
+
+    #[test]
+    fn switched_off_endpoints_answer_501_and_no_webui_404() {
+        let p = FakeNet::new(&[
+            b"GET /slots HTTP/1.1\r\n\r\n",
+            b"GET /metrics HTTP/1.1\r\n\r\n",
+            b"GET / HTTP/1.1\r\n\r\n",
+            b"GET /v1/models/m HTTP/1.1\r\n\r\n",
+        ]);
+        let mut store = [0u8; 7 * 1024];
+        let mut i = info();
+        (i.slots, i.metrics, i.webui) = (false, false, false);
+        let mut io = Io::new(&p, &[Socket(0)], store.chunks_mut(1024), 1, i);
+        io.poll();
+        assert_eq!(p.status(1), Some(501));
+        assert!(sent(&p, 1).contains("not_supported_error"));
+        assert_eq!(p.status(2), Some(501));
+        assert_eq!(p.status(3), Some(404));
+        assert_eq!(p.status(4), Some(200));
+        assert!(sent(&p, 4).contains("\"id\":\"m\""));
+    }
+
     const GEN: &[u8] = b"POST /completion HTTP/1.1\r\nContent-Length: 14\r\n\r\n{\"prompt\":\"x\"}";
 
     #[test]
@@ -587,13 +888,7 @@ mod tests {
             b"POST /completion HTTP/1.1\r\nContent-Length: 9\r\n\r\n{",
         ]);
         let mut store = [0u8; 7 * 1024];
-        let info = Info {
-            model_id: "m",
-            aliases: [""; 3],
-            budget: None,
-            n_ctx: 64,
-        };
-        let mut io = Io::new(&p, Socket(0), store.chunks_mut(1024), 1, info);
+        let mut io = Io::new(&p, &[Socket(0)], store.chunks_mut(1024), 1, info());
         io.poll();
         // Idle: one may run and one may wait; the third is refused.
         assert_eq!(io.queued(), 2);
@@ -662,10 +957,12 @@ mod tests {
 
     #[test]
     fn mutated_requests_never_panic_the_parsers() {
-        let bodies: [&[u8]; 3] = [
+        let bodies: [&[u8]; 5] = [
             br#"{"model":"m","messages":[{"role":"user","content":"hi \u00e9\n"}],"stream":true,"max_tokens":5,"stop":["a","b"],"logprobs":true,"top_logprobs":2,"x":{"y":[1,2.5e3,null,true]}}"#,
             br#"{"prompt":"abc","n_predict":-1,"n_probs":3,"stop":"END","temperature":0.7,"seed":1}"#,
             br#"{"prompt":"x","logprobs":2,"max_tokens":1}"#,
+            br#"{"prompt":[[1,2],"a\ud83e\udd17",{"prompt_string":"y"},[3,"z"]],"logit_bias":[[5,-1],["ab",false]],"n":2,"response_format":{"type":"json_object","schema":{"type":["string"]}}}"#,
+            br#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},{"role":"assistant","content":null}],"logit_bias":{"7":2.5},"input_extra":[{"filename":"f","text":"t"}],"input_prefix":"p"}"#,
         ];
         let heads: [&[u8]; 2] = [
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\nExpect: 100-continue\r\n\r\n",
@@ -677,16 +974,45 @@ mod tests {
         for round in 0..30_000 {
             let seed = bodies[round % bodies.len()];
             mutate(seed, &mut st, &mut buf);
-            for api in [Api::Chat, Api::Completions, Api::Llama] {
+            // The raw walker on its own, over every value it can reach.
+            if let Some(r) = jraw::root(&buf) {
+                let mut depth = 0;
+                let mut stack: heapless::Vec<jraw::Val<'_>, 64> = heapless::Vec::new();
+                let _ = stack.push(r);
+                while let Some(v) = stack.pop() {
+                    depth += 1;
+                    let _ = (v.num(), v.u32(), v.bool(), v.str());
+                    for x in v.items().chain(v.members().map(|(_, x)| x)) {
+                        if depth < 200 {
+                            let _ = stack.push(x);
+                        }
+                    }
+                }
+            }
+            for api in [Api::Chat, Api::Completions, Api::Llama, Api::Infill] {
                 if let Ok(p) = json::parse(api, &buf) {
                     ok += 1;
                     let mut store = [0u8; 256];
                     let mut out: &mut [u8] = &mut store;
+                    let mut texts: heapless::Vec<jraw::Val<'_>, 16> = heapless::Vec::new();
                     if let Some(pr) = p.prompt {
-                        let _ = json::unescape(&pr, &mut out);
+                        let _ = texts.push(pr);
+                        texts.extend(pr.items().take(8));
+                    }
+                    for v in texts.iter() {
+                        if let Some(t) = v.str() {
+                            let _ = json::unescape(&t, &mut out);
+                        }
                     }
                     for m in p.messages.iter() {
                         let _ = json::unescape(&m.role, &mut out);
+                        if let json::Content::Parts(v) = m.content {
+                            for part in v.items() {
+                                if let Some(t) = part.get("text").and_then(|t| t.str()) {
+                                    let _ = json::unescape(&t, &mut out);
+                                }
+                            }
+                        }
                     }
                 }
             }

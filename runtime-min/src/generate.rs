@@ -1,0 +1,347 @@
+//! The generation driver that `pinch run`, `pinch chat` and `pinch serve` share: the
+//! prompt evaluated in weight passes of `n_batch` tokens, then one token at a time
+//! sampled, handed to a [`Sink`] and fed back, until an end-of-generation token, the
+//! token limit, a full context, the memory guard or the sink ends it.
+//!
+//! The driver owns the order of things (what is checked before which pass), so the three
+//! commands stop for the same reasons at the same token. What differs between them is the
+//! sink: `run` prints, `chat` prints and keeps the cache, the server writes events or
+//! buffers the answer and polls its sockets between passes ([`Sink::prompt_batch`],
+//! [`Sink::token`]).
+//!
+//! [`Adjust`] applies the request-level logit changes llama-server offers (`logit_bias`,
+//! presence and frequency penalties) on a copy of the logits, before the sampler; the
+//! sink sees the raw logits (log-probabilities are reported from the model's own
+//! distribution, as llama-server and OpenAI do).
+use crate::commands::{secs, AppError};
+use crate::guard::{GuardStop, MemoryGuard};
+use crate::model::{Logits, Session};
+use crate::platform::Platform;
+use crate::sampler::Sampler;
+use crate::tokenizer::Tokenizer;
+
+/// Most `logit_bias` entries per request.
+pub const MAX_BIAS: usize = 256;
+/// Window of recent tokens that presence and frequency penalties count (llama.cpp's
+/// default `penalty_last_n`).
+pub const PENALTY_WINDOW: usize = 64;
+
+/// Why a generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    /// An end-of-generation token was sampled (and not given to the sink).
+    Eos,
+    /// The token limit was reached.
+    Length,
+    /// The context is full.
+    ContextFull,
+    /// The memory guard stopped it (before the prompt when no prompt token ran).
+    Stopped(GuardStop),
+    /// The sink asked to stop (a stop string, a client that went away).
+    Sink,
+}
+
+/// Statistics of one generation.
+#[derive(Clone, Copy, Debug)]
+pub struct GenStats {
+    /// Tokens of the prompt evaluated by this call (0 when the guard stopped it first).
+    pub prompt_tokens: usize,
+    pub gen_tokens: usize,
+    pub prompt_s: f64,
+    pub gen_s: f64,
+    pub end: End,
+    /// The memory guard ended the generation early.
+    pub stopped: Option<GuardStop>,
+    /// What weight streaming read during the generation (after the prompt).
+    pub stream: crate::model::stream::StreamStats,
+    /// Bytes the OS fetched from storage for this process during the generation.
+    pub os_read_bytes: Option<u64>,
+}
+
+impl Default for GenStats {
+    fn default() -> Self {
+        GenStats {
+            prompt_tokens: 0,
+            gen_tokens: 0,
+            prompt_s: 0.0,
+            gen_s: 0.0,
+            end: End::Length,
+            stopped: None,
+            stream: Default::default(),
+            os_read_bytes: None,
+        }
+    }
+}
+
+impl GenStats {
+    pub fn prompt_tps(&self) -> f64 {
+        per_second(self.prompt_tokens, self.prompt_s)
+    }
+    pub fn gen_tps(&self) -> f64 {
+        per_second(self.gen_tokens, self.gen_s)
+    }
+}
+
+/// `n / s`, 0 when no time passed.
+pub fn per_second(n: usize, s: f64) -> f64 {
+    if s > 0.0 {
+        n as f64 / s
+    } else {
+        0.0
+    }
+}
+
+/// Where generated tokens go.
+pub trait Sink {
+    /// After each weight pass of the prompt: `done` of the `total` tokens of this call
+    /// are evaluated. False stops the generation before any token.
+    fn prompt_batch(&mut self, _done: usize, _total: usize) -> bool {
+        true
+    }
+    /// The raw logits the next token `id` was sampled from.
+    fn sampled(&mut self, _logits: &[f32], _id: u32) {}
+    /// A generated token and its text bytes. False stops after it (it is not fed back).
+    fn token(&mut self, id: u32, bytes: &[u8]) -> bool;
+}
+
+/// A sink made of a closure that takes every token.
+pub struct Emit<F: FnMut(u32, &[u8])>(pub F);
+
+impl<F: FnMut(u32, &[u8])> Sink for Emit<F> {
+    fn token(&mut self, id: u32, bytes: &[u8]) -> bool {
+        (self.0)(id, bytes);
+        true
+    }
+}
+
+/// Request-level logit changes, applied to a copy of the logits in `scratch`
+/// (`n_vocab` long, lent by the caller) before sampling.
+pub struct Adjust<'b> {
+    /// (token, bias); `f32::NEG_INFINITY` bans the token.
+    pub bias: heapless::Vec<(u32, f32), MAX_BIAS>,
+    /// Subtracted once from every token seen in the window.
+    pub presence: f32,
+    /// Subtracted per occurrence in the window.
+    pub frequency: f32,
+    pub scratch: &'b mut [f32],
+    recent: heapless::Deque<u32, PENALTY_WINDOW>,
+}
+
+impl<'b> Adjust<'b> {
+    pub fn new(scratch: &'b mut [f32]) -> Self {
+        Adjust {
+            bias: heapless::Vec::new(),
+            presence: 0.0,
+            frequency: 0.0,
+            scratch,
+            recent: heapless::Deque::new(),
+        }
+    }
+
+    /// Whether anything would change the logits.
+    pub fn is_active(&self) -> bool {
+        !self.bias.is_empty() || self.presence != 0.0 || self.frequency != 0.0
+    }
+
+    fn accept(&mut self, id: u32) {
+        if self.recent.is_full() {
+            self.recent.pop_front();
+        }
+        let _ = self.recent.push_back(id);
+    }
+
+    /// The adjusted logits (`logits` itself when nothing changes them or the scratch is
+    /// shorter than the vocabulary).
+    pub fn apply<'l>(&'l mut self, logits: &'l [f32]) -> &'l [f32] {
+        if !self.is_active() || self.scratch.len() < logits.len() {
+            return logits;
+        }
+        let out = &mut self.scratch[..logits.len()];
+        out.copy_from_slice(logits);
+        for &(id, b) in self.bias.iter() {
+            if let Some(l) = out.get_mut(id as usize) {
+                *l += b;
+            }
+        }
+        if self.presence != 0.0 || self.frequency != 0.0 {
+            for (i, &id) in self.recent.iter().enumerate() {
+                // Count each token once, at its first occurrence in the window.
+                if self.recent.iter().take(i).any(|&r| r == id) {
+                    continue;
+                }
+                let n = self.recent.iter().filter(|&&r| r == id).count() as f32;
+                if let Some(l) = out.get_mut(id as usize) {
+                    *l -= self.presence + self.frequency * n;
+                }
+            }
+        }
+        out
+    }
+}
+
+/// How one generation is sampled and bounded.
+pub struct Settings<'s, 'b> {
+    pub sampler: &'s mut Sampler,
+    pub guard: &'s mut MemoryGuard,
+    pub adjust: Option<&'s mut Adjust<'b>>,
+    /// Tokens to generate at most.
+    pub max_new: usize,
+    /// Go on past end-of-generation tokens.
+    pub ignore_eos: bool,
+    /// Evaluate the last generated token too, so the cache holds the whole answer (chat
+    /// goes on from it; `run` keeps its timings as they were). The server skips that
+    /// pass.
+    pub feed_last: bool,
+}
+
+fn pick(s: &mut Settings<'_, '_>, sink: &mut dyn Sink, logits: &[f32]) -> u32 {
+    let id = match s.adjust.as_deref_mut() {
+        Some(a) => {
+            let l = a.apply(logits);
+            s.sampler.sample(l)
+        }
+        None => s.sampler.sample(logits),
+    };
+    sink.sampled(logits, id);
+    id
+}
+
+/// Evaluate `prompt` at the session's current position (in passes of the session's
+/// `n_batch` tokens) and generate up to `s.max_new` tokens into `sink`. The guard is
+/// checked before the prompt and before each token's pass.
+///
+/// # Errors
+/// The model's error when a pass fails (a token id out of range, a full context for
+/// the prompt, a streaming read error).
+pub fn generate<P: Platform>(
+    p: &P,
+    tok: &Tokenizer<'_>,
+    sess: &mut Session<'_, '_>,
+    mut s: Settings<'_, '_>,
+    prompt: &[u32],
+    sink: &mut dyn Sink,
+) -> Result<GenStats, AppError> {
+    let mut st = GenStats {
+        prompt_tokens: prompt.len(),
+        ..Default::default()
+    };
+    for &t in prompt {
+        s.sampler.accept(t);
+        if let Some(a) = s.adjust.as_deref_mut() {
+            a.accept(t);
+        }
+    }
+    let n_ctx = sess.opts.n_ctx;
+    let nb = sess.opts.n_batch.max(1);
+    let mut next = 0u32;
+    let t0 = p.now_ns();
+    if let Err(g) = s.guard.watch(p, &mut || sess.give_back(p)) {
+        st.prompt_tokens = 0;
+        st.stopped = Some(g);
+        st.end = End::Stopped(g);
+        return Ok(st);
+    }
+    let mut start = 0;
+    while start < prompt.len() {
+        let end = (start + nb).min(prompt.len());
+        let which = if end == prompt.len() {
+            Logits::Last
+        } else {
+            Logits::None
+        };
+        sess.eval(p, &prompt[start..end], which, &mut |_, l| {
+            next = pick(&mut s, sink, l)
+        })?;
+        start = end;
+        if !sink.prompt_batch(end, prompt.len()) {
+            st.prompt_s = secs(t0, p.now_ns());
+            st.end = End::Sink;
+            return Ok(st);
+        }
+    }
+    let t1 = p.now_ns();
+    st.prompt_s = secs(t0, t1);
+    let s0 = sess.stream;
+    let io0 = p.storage_read_bytes();
+    st.end = End::Length;
+    for _ in 0..s.max_new {
+        if tok.is_eog(next) && !s.ignore_eos {
+            st.end = End::Eos;
+            break;
+        }
+        let go = sink.token(next, tok.token_bytes(next));
+        st.gen_tokens += 1;
+        s.sampler.accept(next);
+        if let Some(a) = s.adjust.as_deref_mut() {
+            a.accept(next);
+        }
+        if !go {
+            st.end = End::Sink;
+            break;
+        }
+        if st.gen_tokens == s.max_new && !s.feed_last {
+            break;
+        }
+        if sess.n_past() >= n_ctx {
+            if st.gen_tokens < s.max_new {
+                st.end = End::ContextFull;
+            }
+            break;
+        }
+        if let Err(g) = s.guard.watch(p, &mut || sess.give_back(p)) {
+            st.stopped = Some(g);
+            st.end = End::Stopped(g);
+            break;
+        }
+        let cur = next;
+        sess.eval(p, &[cur], Logits::Last, &mut |_, l| {
+            next = pick(&mut s, sink, l)
+        })?;
+    }
+    st.gen_s = secs(t1, p.now_ns());
+    st.stream = sess.stream.since(&s0);
+    st.os_read_bytes = io0
+        .zip(p.storage_read_bytes())
+        .map(|(a, b)| b.saturating_sub(a));
+    Ok(st)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bias_bans_and_penalties_count_occurrences_in_the_window() {
+        let mut scratch = [0.0f32; 4];
+        let mut a = Adjust::new(&mut scratch);
+        let logits = [1.0f32, 2.0, 3.0, 4.0];
+        assert!(!a.is_active());
+        assert_eq!(a.apply(&logits), &logits);
+        a.bias.push((3, f32::NEG_INFINITY)).unwrap();
+        a.bias.push((0, 0.5)).unwrap();
+        a.presence = 0.25;
+        a.frequency = 1.0;
+        a.accept(1);
+        a.accept(1);
+        a.accept(2);
+        let out = a.apply(&logits);
+        assert_eq!(out[0], 1.5);
+        assert_eq!(out[1], 2.0 - 0.25 - 2.0);
+        assert_eq!(out[2], 3.0 - 0.25 - 1.0);
+        assert_eq!(out[3], f32::NEG_INFINITY);
+    }
+
+    #[test]
+    fn penalty_window_forgets_old_tokens() {
+        let mut scratch = [0.0f32; 2];
+        let mut a = Adjust::new(&mut scratch);
+        a.frequency = 1.0;
+        a.accept(0);
+        for _ in 0..PENALTY_WINDOW {
+            a.accept(1);
+        }
+        let out = a.apply(&[0.0, 0.0]);
+        assert_eq!(out[0], 0.0);
+        assert_eq!(out[1], -(PENALTY_WINDOW as f32));
+    }
+}
