@@ -184,12 +184,16 @@ def main():
     cases = json.load(open(os.path.join(DATA, "test-chat-template-cases.json"), encoding="utf-8"))
     for c in cases:
         jinja_texts.append(("test-chat-template-cases.json#" + c["name"], c["template"], "<s>", "</s>"))
+    # Small templates written for pinch, one Jinja feature each (jinja2 is the oracle).
+    features = json.load(open(os.path.join(DATA, "features.json"), encoding="utf-8"))
+    for c in features:
+        jinja_texts.append(("features.json#" + c["name"], c["template"], "<s>", "</s>"))
 
     detected, jinja = [], []
     for src, text, bos, eos in jinja_texts:
         for conv in CONVERSATIONS:
             for add in (True, False):
-                if conv in STRING_CONVS:
+                if conv in STRING_CONVS and not src.startswith("features.json#"):
                     detected.append({"source": src, "conv": conv, "add_generation_prompt": add,
                                      "out": apply_named(llama_cpp, text, CONVERSATIONS[conv], add)})
                 jinja.append({"source": src, "conv": conv, "add_generation_prompt": add,

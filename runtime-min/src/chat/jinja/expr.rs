@@ -418,6 +418,11 @@ impl<'a> Vm<'a, '_> {
                 Ok(v)
             }
             Tok::Int(i) => Ok(Value::Int(i)),
+            Tok::Float if skip => Ok(Value::Undefined),
+            Tok::Float => Err(JinjaError::Unsupported {
+                at: at as u32,
+                what: "floating-point numbers",
+            }),
             Tok::Op("(") => {
                 let v = self.expr(skip)?;
                 if !self.eat_op(",")? {

@@ -14,6 +14,8 @@ pub enum Tok<'a> {
     /// A string literal's text between its quotes, escapes not yet applied.
     Str(&'a str),
     Int(i64),
+    /// A floating-point literal (read, but not evaluated: no floats here).
+    Float,
     /// Operators and punctuation, longest match first.
     Op(&'static str),
     /// The tag's closing `}}` or `%}` (with its `-`/`+` mark).
@@ -98,10 +100,12 @@ impl<'a> Lexer<'a> {
                 e += 1;
             }
             if e + 1 < b.len() && b[e] == b'.' && b[e + 1].is_ascii_digit() {
-                return Err(JinjaError::Unsupported {
-                    at: at as u32,
-                    what: "floating-point numbers",
-                });
+                e += 1;
+                while e < b.len() && (b[e].is_ascii_alphanumeric() || b[e] == b'_') {
+                    e += 1;
+                }
+                self.pos = e;
+                return Ok(Tok::Float);
             }
             self.pos = e;
             return Ok(Tok::Int(v));

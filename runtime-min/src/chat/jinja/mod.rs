@@ -261,3 +261,18 @@ impl<'a, 'o> Vm<'a, 'o> {
             .map_err(|_| self.too_complex("too many namespace attributes"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_stays_small() {
+        // The evaluator lives on the caller's stack: keep it a few KiB.
+        let (v, vm) = (
+            core::mem::size_of::<Value<'_>>(),
+            core::mem::size_of::<Vm<'_, '_>>(),
+        );
+        assert!(v <= 64 && vm <= 16 * 1024, "Value {v} B, Vm {vm} B");
+    }
+}
