@@ -25,7 +25,9 @@ DATA = os.path.join(HERE, "..", "tests", "data", "templates")
 SDIST = "/root/.cache/pinch/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp"
 
 # The model templates tested: file in llama.cpp's models/templates -> (bos, eos) texts.
+# `*.gguf.jinja` are `tokenizer.chat_template` of GGUF files (see the README there).
 JINJA_FILES = {
+    "SmolLM2-135M-Instruct.gguf.jinja": ("<|im_start|>", "<|im_end|>"),
     "Qwen-Qwen2.5-7B-Instruct.jinja": ("", "<|im_end|>"),
     "Qwen-Qwen3-0.6B.jinja": ("", "<|im_end|>"),
     "Qwen-QwQ-32B.jinja": ("", "<|im_end|>"),
@@ -164,6 +166,8 @@ def main():
     if "--copy" in sys.argv:
         sdist = sys.argv[sys.argv.index("--copy") + 1]
         for f in JINJA_FILES:
+            if f.endswith(".gguf.jinja"):
+                continue
             shutil.copy(os.path.join(sdist, "models", "templates", f), os.path.join(DATA, f))
         with open(os.path.join(DATA, "test-chat-template-cases.json"), "w", encoding="utf-8") as fh:
             json.dump(inline_cases(sdist), fh, ensure_ascii=False, indent=1)
