@@ -4,12 +4,12 @@
 //!
 //! Filters: `trim`, `length`/`count`, `tojson`, `upper`, `lower`, `capitalize`, `title`,
 //! `default`/`d`, `join`, `first`, `last`, `string`, `int`, `list`, `reverse`, `replace`,
-//! `safe`, `selectattr`/`rejectattr`/`select`/`reject`, `map(attribute=...)`, `unique`?
-//! no. Tests: `defined`, `undefined`, `none`, `string`, `number`, `integer`, `boolean`,
+//! `safe`, `selectattr`/`rejectattr`/`select`/`reject`, `map(attribute=...)`, `items`,
+//! `dictsort`, `sort`. Tests: `defined`, `undefined`, `none`, `string`, `number`, `integer`, `boolean`,
 //! `true`, `false`, `mapping`, `iterable`, `sequence`, `callable`, `even`, `odd`,
 //! `divisibleby`, `eq`/`equalto`/`==`, `ne`/`!=`, `sameas`, `in`, `lt`/`gt`/`le`/`ge`.
 //! String methods: `strip`, `lstrip`, `rstrip`, `split`, `startswith`, `endswith`,
-//! `upper`, `lower`, `replace`, `title`, `capitalize`; mapping methods: `get`.
+//! `upper`, `lower`, `replace`, `title`, `capitalize`; mapping methods: `get`, `items`.
 //! Globals: `range`, `namespace`, `raise_exception`.
 use super::expr::Args;
 use super::value::{Base, Seq, Str, Value};

@@ -17,17 +17,22 @@
 //!
 //! # Supported
 //! `{{ }}`, `{% if/elif/else %}`, `{% for x in xs [if c] %}` (with `else`, `loop.*`,
-//! `break`, `continue`), `{% set %}` (names, `ns.attr`, `{% set x %}...{% endset %}`),
-//! `{% macro %}` with positional and keyword arguments, `{# #}`, whitespace control;
-//! literals (strings, integers, lists, `true`/`none`...), `+ - * // % ~`, comparisons,
-//! `and or not in is`, `a if c else b`, indexing and Python slices, the filters, tests
-//! and string methods of [`builtins`], `namespace()`, `range()`, `raise_exception()`.
-//! Variables: `messages`, `add_generation_prompt`, `bos_token`, `eos_token`; `tools`,
-//! `functions`, `function_call`, `tool_choice` are `none`.
+//! `break`, `continue`, unpacking `k, v`), `{% set %}` (names, `ns.attr`, `a, b = ...`,
+//! `{% set x %}...{% endset %}`), `{% macro %}` with positional and keyword arguments and
+//! defaults, `{# #}`, whitespace control; literals (strings with Python escapes,
+//! integers, lists, tuples, dicts, `true`/`none`...), `+ - * // % ** ~`, comparisons,
+//! `and or not in is`, `a if c else b`, indexing and Python slices (strings by
+//! character), the filters, tests and methods of [`builtins`], `namespace()`, `range()`,
+//! `raise_exception()`. Variables: `messages` (each with `role` and `content`, a string
+//! or a list of `{type: text, text}` parts), `add_generation_prompt`, `bos_token`,
+//! `eos_token`; `tools`, `functions`, `function_call`, `tool_choice` are `none`.
 //!
-//! Not supported (a typed error, never a wrong output): floats and `/`, dict literals,
-//! `{% raw %}`, `{% filter %}`, `{% call %}`, `include`/`import`/`extends`, recursive
-//! loops, tuple unpacking in `for`, `strftime_now` and other callables not listed.
+//! Not supported (a typed error, never a wrong output): floats and `/` (read in a branch
+//! not taken), `{% raw %}`, `{% filter %}`, `{% call %}`, `include`/`import`/`extends`,
+//! recursive loops, iterating over a string or a dict itself, `strftime_now` and other
+//! callables not listed. Known differences: message fields other than `role` and
+//! `content` are undefined (no `tool_calls`, `reasoning_content`, `name`); tuples print as
+//! lists; CRLF newlines in the template are kept (jinja2 turns them into `\n`).
 //!
 //! # Limits
 //! Nesting of statements and expressions, variables, namespace attributes, list values
