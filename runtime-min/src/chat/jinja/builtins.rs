@@ -857,6 +857,12 @@ impl<'a> Vm<'a, '_> {
                 let count = a.get(2, "count").and_then(|c| self.as_int(c));
                 Value::Str(self.replace(s, f, t, count)?)
             }
+            // jinja2 reads `none` as an empty sequence here (`if seq:`).
+            "selectattr" | "rejectattr" | "select" | "reject" | "map"
+                if matches!(v, Value::None) =>
+            {
+                self.slab_list(&[])?
+            }
             "selectattr" | "rejectattr" | "select" | "reject" => {
                 let s = self.seq_of(v)?;
                 let want = name == "selectattr" || name == "select";
@@ -1025,15 +1031,32 @@ impl<'a> Vm<'a, '_> {
             }
             "split" => {
                 let sep = self.str_arg(a, 0, "sep")?;
-                if a.get(1, "maxsplit").is_some() {
-                    return Err(self.unsupported("split with maxsplit"));
-                }
                 if sep.is_some_and(|p| self.buf.bytes(p).is_empty()) {
                     return Err(self.type_err("empty separator"));
                 }
                 let t = self.buf.text(s);
                 let n = split_count(t, sep.map(|p| self.buf.text(p)));
-                Value::Seq(Seq::new(Base::Split(s, sep), n))
+                let all = Seq::new(Base::Split(s, sep), n);
+                match a.get(1, "maxsplit").map(|m| self.as_int(m)) {
+                    None | Some(Some(-1)) => Value::Seq(all),
+                    Some(Some(m)) if m >= 0 && sep.is_some() => {
+                        // The first `m` pieces, then the rest of the string as one.
+                        let m = (m as u32).min(all.len.saturating_sub(1));
+                        let mut items: heapless::Vec<Value<'a>, 16> = heapless::Vec::new();
+                        for i in 0..m {
+                            items
+                                .push(self.elem(&all, i))
+                                .map_err(|_| self.too_complex("split list too long"))?;
+                        }
+                        let t = self.buf.text(s);
+                        let p = sep.map(|p| self.buf.text(p)).unwrap_or(" ");
+                        let from = split_piece(t, Some(p), m as usize).map_or(t.len(), |r| r.0);
+                        let rest = self.buf.sub(s, from, t.len());
+                        let _ = items.push(Value::Str(rest));
+                        self.slab_list(&items)?
+                    }
+                    _ => return Err(self.unsupported("split with this maxsplit")),
+                }
             }
             "startswith" | "endswith" => {
                 let Some(p) = self.str_arg(a, 0, "prefix")? else {
@@ -1047,6 +1070,40 @@ impl<'a> Vm<'a, '_> {
                 })
             }
             "upper" | "lower" | "title" | "capitalize" => self.filter(v, name, &Args::default())?,
+            "format" => {
+                // `'{}'.format(a, ...)`: positional `{}` fields and `{{`/`}}` only.
+                let mark = self.buf.len;
+                let (mut i, mut next) = (0, 0);
+                let t_len = self.buf.text(s).len();
+                while i < t_len {
+                    let rest = &self.buf.bytes(s)[i..];
+                    if rest.starts_with(b"{{") || rest.starts_with(b"}}") {
+                        let piece = self.buf.sub(s, i, i + 1);
+                        self.buf.put_str(piece)?;
+                        i += 2;
+                    } else if rest.starts_with(b"{}") {
+                        let v = a
+                            .pos
+                            .get(next)
+                            .copied()
+                            .ok_or_else(|| self.type_err("format has too few arguments"))?;
+                        self.write_value(v)?;
+                        next += 1;
+                        i += 2;
+                    } else if rest[0] == b'{' || rest[0] == b'}' {
+                        return Err(self.unsupported("format fields other than {}"));
+                    } else {
+                        let n = rest
+                            .iter()
+                            .position(|&b| b == b'{' || b == b'}')
+                            .unwrap_or(rest.len());
+                        let piece = self.buf.sub(s, i, i + n);
+                        self.buf.put_str(piece)?;
+                        i += n;
+                    }
+                }
+                Value::Str(self.buf.capture(mark))
+            }
             "replace" => self.filter(v, name, a)?,
             _ => return Err(self.unsupported("this string method")),
         })

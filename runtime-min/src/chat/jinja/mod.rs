@@ -59,7 +59,7 @@ pub const MAX_DEPTH: u32 = 32;
 /// Nested `for` loops.
 pub const MAX_LOOPS: usize = 8;
 /// Macros defined.
-pub const MAX_MACROS: usize = 8;
+pub const MAX_MACROS: usize = 16;
 /// Tokens read in one rendering (loop bodies count each time they run).
 pub const MAX_STEPS: u32 = 2_000_000;
 
