@@ -44,6 +44,10 @@ pub struct Opts<'s> {
     pub no_bos: bool,
     pub parse_special: bool,
     pub system: Option<&'s str>,
+    /// chat, serve: `--chat-template NAME|FILE` (a built-in name, a Jinja file, or Jinja
+    /// text) and `--chat-template-file FILE` (wins over it).
+    pub chat_template: Option<&'s str>,
+    pub chat_template_file: Option<&'s str>,
     /// bench: prompt lengths, generation length, thread counts, repetitions.
     pub bench_p: heapless::Vec<usize, 8>,
     pub bench_t: heapless::Vec<usize, 8>,
@@ -179,6 +183,12 @@ flags (llama.cpp names):
   --json                  print one JSON summary line at the end
   --profile               print the share of time per kind of operation
   -sys, --system TEXT     system prompt for chat
+  --chat-template NAME|FILE
+                          chat, serve: a llama.cpp template name (chatml, llama3, gemma,
+                          phi3, mistral-v7, ...) or a Jinja template (file or text)
+                          instead of the model's
+  --chat-template-file FILE
+                          chat, serve: the Jinja template in FILE instead of the model's
   -r, --repetitions N     bench repetitions (default 3)
   -d, --n-depth N         bench: tokens already in the context before each test
   --host ADDR --port N    serve: listen address (default 127.0.0.1:8080)
@@ -278,6 +288,8 @@ impl<'s> Opts<'s> {
             no_bos: false,
             parse_special: true,
             system: None,
+            chat_template: None,
+            chat_template_file: None,
             bench_p: heapless::Vec::from_slice(&[64, 512]).unwrap_or_default(),
             bench_t: heapless::Vec::new(),
             bench_reps: 3,
@@ -364,8 +376,6 @@ impl<'s> Opts<'s> {
                 "--alias" => o.serve.alias = Some(val()?),
                 "--api-key" => o.serve.api_key = Some(val()?),
                 "-np" | "--parallel" => o.serve.parallel = num!(),
-                "--chat-template" => o.serve.chat_template = Some(val()?),
-                "--chat-template-file" => o.serve.chat_template_file = Some(val()?),
                 "--cors-origins" => o.serve.cors_origins = Some(val()?),
                 "--tags" => o.serve.tags = Some(val()?),
                 "--no-webui" | "--no-ui" => o.serve.no_webui = true,
@@ -403,6 +413,8 @@ impl<'s> Opts<'s> {
                     }
                 }
                 "-sys" | "--system" => o.system = Some(val()?),
+                "--chat-template" => o.chat_template = Some(val()?),
+                "--chat-template-file" => o.chat_template_file = Some(val()?),
                 "--reference" => o.math = Math::Reference,
                 "--no-attn-skip" => o.attn_skip = Some(false),
                 "--swa-full" => o.swa_full = true,

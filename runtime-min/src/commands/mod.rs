@@ -47,6 +47,8 @@ pub enum AppError {
     Pool(crate::pager::PoolError),
     /// Writing an output file (`-o`) failed.
     Output(heapless::String<80>, PlatformError),
+    /// `--chat-template(-file)` names no built-in template and no readable file.
+    TemplateFile(heapless::String<80>, PlatformError),
 }
 
 impl From<ModelError> for AppError {
@@ -83,6 +85,11 @@ impl core::fmt::Display for AppError {
             AppError::Pool(e) => write!(f, "{e}"),
             AppError::Stopped(e) => write!(f, "{e}"),
             AppError::Output(file, e) => write!(f, "{file}: {e}"),
+            AppError::TemplateFile(file, e) => write!(
+                f,
+                "chat template '{file}' is not readable ({e}); {}",
+                crate::chat::ChatError::UnknownName
+            ),
             AppError::PromptTooLong { tokens, n_ctx } => write!(
                 f,
                 "the prompt has {tokens} tokens but the context holds {n_ctx}: shorten it or raise -c"

@@ -3,7 +3,7 @@ use core::fmt::Write;
 
 use super::out::{json_str, Mib, Out};
 use super::{AppError, Ctx};
-use crate::chat::{ChatMessage, ChatTemplate};
+use crate::chat::{ChatMessage, Named, Template};
 use crate::guard::MemoryGuard;
 use crate::platform::Platform;
 use crate::sampler::Sampler;
@@ -262,22 +262,85 @@ pub fn run<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
     }
 }
 
+/// The chat template for `pinch chat` and `pinch serve`: `--chat-template NAME|FILE`
+/// (or inline Jinja text) and `--chat-template-file FILE` override the GGUF's; the
+/// choice is printed on stderr.
+pub fn select_template<'a, P: Platform>(
+    ctx: &mut Ctx<'_, '_, 'a, P>,
+) -> Result<Template<'a>, AppError> {
+    let o = ctx.o;
+    let read = |ctx: &mut Ctx<'_, '_, 'a, P>, path: &str| {
+        if let Err(e) = ctx.p.open(path) {
+            let mut name = heapless::String::new();
+            for c in path.chars() {
+                if name.push(c).is_err() {
+                    break;
+                }
+            }
+            return Err(AppError::TemplateFile(name, e));
+        }
+        read_text(ctx, path).map(Some)
+    };
+    let text: Option<&'a str> = match (o.chat_template_file, o.chat_template) {
+        (Some(path), _) => read(ctx, path)?,
+        (None, Some(v))
+            if Named::from_name(v).is_some() || v.contains("{{") || v.contains("{%") =>
+        {
+            // Copied into the arena: the template lives as long as the model.
+            let buf = ctx.arena.bytes("chat template text", v.len())?;
+            buf.copy_from_slice(v.as_bytes());
+            let buf: &'a [u8] = buf;
+            Some(core::str::from_utf8(buf).unwrap_or(""))
+        }
+        (None, Some(path)) => read(ctx, path)?,
+        (None, None) => None,
+    };
+    let t = Template::select(ctx.g, text).map_err(AppError::Chat)?;
+    let _ = writeln!(Out::stderr(ctx.p), "pinch: chat template: {}", t.describe());
+    Ok(t)
+}
+
+/// The longest valid UTF-8 prefix of `b` (a reply cut inside a character).
+fn utf8_prefix(b: &[u8]) -> &str {
+    match core::str::from_utf8(b) {
+        Ok(s) => s,
+        Err(e) => core::str::from_utf8(&b[..e.valid_up_to()]).unwrap_or(""),
+    }
+}
+
+/// Messages most `pinch chat` conversations keep before starting over.
+const CHAT_MESSAGES: usize = 64;
+
 /// `pinch chat`: read lines, answer with the model's chat template, keep the history
 /// in the KV cache.
+///
+/// Each turn renders the whole conversation and feeds only what follows the text
+/// already in the cache (the previous prompt and the reply), as llama.cpp's chat does:
+/// the template closes the model's turn itself. A template that renders the past
+/// differently (some drop old reasoning) makes the turn start over from the full prompt.
 pub fn chat<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
     let o = ctx.o;
     let p = ctx.p;
     let n_ctx = ctx.sess.opts.n_ctx;
     let line = ctx.arena.bytes("chat input", 8192)?;
-    let rendered = ctx.arena.bytes("chat template", 16384)?;
+    // The rendered conversation, plus room for the Jinja interpreter's strings.
+    let rendered = ctx.arena.bytes("chat template", 32768)?;
+    // The text in the KV cache: the last prompt and the reply after it.
+    // (Larger than a rendered prompt, which always fits.)
+    let fed = ctx.arena.bytes("chat fed text", 49152)?;
+    // Message texts of the conversation.
+    let hist = ctx.arena.bytes("chat history", 16384)?;
     let scratch = ctx
         .arena
         .bytes("tokenizer scratch", ctx.tok.scratch_bytes(16384))?;
     let toks = ctx.arena.slice::<u32>("tokens", n_ctx)?;
-    let template = ChatTemplate::from_gguf(ctx.g).map_err(AppError::Chat)?;
+    let template = select_template(ctx)?;
+    let mut spans: heapless::Vec<(&'static str, usize, usize), CHAT_MESSAGES> =
+        heapless::Vec::new();
+    // Bytes of `fed` (the last prompt's first) and of `hist` in use.
+    let (mut hist_len, mut fed_len, mut prompt_len) = (0usize, 0usize, 0usize);
     let mut sampler = Sampler::new(o.sampler);
     let mut guard = MemoryGuard::from_opt(o.guard);
-    let mut first = true;
     let mut err = Out::stderr(p);
     let _ = writeln!(
         err,
@@ -291,32 +354,76 @@ pub fn chat<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
             let _ = writeln!(Out::stderr(p), "pinch: input is not valid UTF-8; ignored");
             continue;
         };
-        let mut w = SliceWriter {
-            buf: rendered,
-            len: 0,
-        };
-        if !first {
-            // Close the model's previous turn: its end-of-turn token was not fed back.
-            let _ = w.write_str(template.end_of_turn());
-            if template != ChatTemplate::Llama3 {
-                let _ = w.write_str("\n");
+        if ctx.sess.n_past() == 0 {
+            // A new conversation.
+            spans.clear();
+            (hist_len, fed_len, prompt_len) = (0, 0, 0);
+            if let Some(sys) = o.system {
+                let n = sys.len().min(hist.len());
+                hist[..n].copy_from_slice(&sys.as_bytes()[..n]);
+                let _ = spans.push(("system", 0, n));
+                hist_len = n;
             }
         }
-        let sys = ChatMessage::new("system", o.system.unwrap_or(""));
-        let msg = ChatMessage::new("user", user);
-        let msgs = [sys, msg];
-        let turn_msgs = if first && o.system.is_some() {
-            &msgs[..]
-        } else {
-            &msgs[1..]
-        };
-        if template.render(turn_msgs, true, &mut w).is_err() {
-            let _ = writeln!(Out::stderr(p), "pinch: message too long; ignored");
+        if hist_len + user.len() > hist.len() || spans.len() + 2 > CHAT_MESSAGES {
+            let _ = writeln!(
+                Out::stderr(p),
+                "pinch: history full; starting a new conversation"
+            );
+            ctx.sess.reset();
+            sampler.reset();
             continue;
         }
-        let len = w.len;
-        let turn = core::str::from_utf8(&rendered[..len]).unwrap_or("");
-        let nt = encode_into(ctx.tok, turn, first, true, scratch, toks, n_ctx)?;
+        hist[hist_len..hist_len + user.len()].copy_from_slice(user.as_bytes());
+        let _ = spans.push(("user", hist_len, user.len()));
+        hist_len += user.len();
+        let mut msgs: heapless::Vec<ChatMessage<'_>, CHAT_MESSAGES> = heapless::Vec::new();
+        for &(role, at, len) in spans.iter() {
+            let _ = msgs.push(ChatMessage::new(role, utf8_prefix(&hist[at..at + len])));
+        }
+        let len = match template.render(&msgs, true, rendered) {
+            Ok(len) => len,
+            Err(e) => {
+                let _ = writeln!(Out::stderr(p), "pinch: {e}; message ignored");
+                spans.pop();
+                hist_len -= user.len();
+                continue;
+            }
+        };
+        // Where the new text starts: after the text in the cache (the last prompt and the
+        // reply); or, when the template writes the reply trimmed, after the reply as the
+        // template writes it; else nowhere: start over.
+        let r = &rendered[..len];
+        let mut skip = None;
+        if ctx.sess.n_past() > 0 && r.starts_with(&fed[..prompt_len]) {
+            let reply = utf8_prefix(&fed[prompt_len..fed_len]);
+            let rest = &r[prompt_len..];
+            skip = [reply, reply.trim_end(), reply.trim_start(), reply.trim()]
+                .iter()
+                .find(|c| rest.starts_with(c.as_bytes()))
+                .map(|c| prompt_len + c.len());
+        }
+        drop(msgs);
+        let full = utf8_prefix(&rendered[..len]);
+        if ctx.sess.n_past() > 0 && skip.is_none() {
+            if o.verbose {
+                let _ = writeln!(
+                    Out::stderr(p),
+                    "[the template renders the past differently: prompt starts over]"
+                );
+            }
+            ctx.sess.reset();
+            sampler.reset();
+        }
+        let add_bos = ctx.sess.n_past() == 0;
+        let turn = if let Some(at) = skip {
+            full.get(at..).unwrap_or("")
+        } else if ctx.tok.adds_bos() {
+            template.strip_bos(full)
+        } else {
+            full
+        };
+        let nt = encode_into(ctx.tok, turn, add_bos, true, scratch, toks, n_ctx)?;
         if ctx.sess.n_past() + nt + 1 >= n_ctx {
             let _ = writeln!(
                 Out::stderr(p),
@@ -324,10 +431,13 @@ pub fn chat<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
             );
             ctx.sess.reset();
             sampler.reset();
-            first = true;
             continue;
         }
-        first = false;
+        // What the cache will hold: this prompt, then the reply (appended as it comes).
+        fed_len = full.len().min(fed.len());
+        fed[..fed_len].copy_from_slice(&full.as_bytes()[..fed_len]);
+        prompt_len = fed_len;
+        let reply_at = hist_len;
         if o.verbose {
             let mut e = Out::stderr(p);
             let _ = writeln!(e, "[{nt} prompt tokens: {:?}]", &toks[..nt.min(64)]);
@@ -341,6 +451,12 @@ pub fn chat<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
             &toks[..nt],
             o.n_predict.max(1),
             &mut |_, bytes| {
+                for (buf, len) in [(&mut *fed, &mut fed_len), (&mut *hist, &mut hist_len)] {
+                    // A reply too long to keep makes the next turn start over.
+                    let n = bytes.len().min(buf.len() - *len);
+                    buf[*len..*len + n].copy_from_slice(&bytes[..n]);
+                    *len += n;
+                }
                 let _ = stream.push(bytes, &mut |s: &str| -> Result<(), ()> {
                     out.bytes(s.as_bytes());
                     Ok(())
@@ -352,12 +468,10 @@ pub fn chat<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
             Ok(())
         });
         drop(out);
+        let _ = spans.push(("assistant", reply_at, hist_len - reply_at));
         if let Some(s) = st.stopped {
             // The answer ends here; the conversation goes on (memory may come back).
             let _ = writeln!(Out::stderr(p), "\npinch: {s}");
-            if st.prompt_tokens == 0 && ctx.sess.n_past() == 0 {
-                first = true; // nothing was evaluated: the next turn opens the chat
-            }
         }
         if o.verbose {
             print_stats(p, &st);

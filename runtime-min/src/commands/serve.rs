@@ -4,7 +4,7 @@ use core::fmt::Write;
 
 use super::out::Out;
 use super::{AppError, Ctx};
-use crate::chat::ChatTemplate;
+use crate::chat::Source;
 use crate::guard::MemoryGuard;
 use crate::platform::Platform;
 use crate::server::gen::{self, Bufs, Setup};
@@ -63,16 +63,13 @@ pub fn serve<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> 
         logits: ctx.arena.slice::<f32>(a, ctx.tok.n_vocab() as usize)?,
     };
     let sf = o.serve;
-    // `--chat-template NAME` or `--chat-template-file FILE` (a Jinja file whose format
-    // is recognised), else the model's own template.
-    let tmpl_text: Option<&str> = match (sf.chat_template, sf.chat_template_file) {
-        (Some(t), _) => Some(t),
-        (None, Some(f)) => Some(super::run::read_text(ctx, f)?),
-        (None, None) => None,
-    };
-    let template = match tmpl_text {
-        Some(t) => Some(ChatTemplate::detect(t).map_err(AppError::Chat)?),
-        None => ChatTemplate::from_gguf(g).ok(),
+    // `--chat-template NAME|FILE|JINJA`, `--chat-template-file FILE`, else the model's
+    // own Jinja template, else the format llama.cpp detects, else ChatML.
+    let chosen = super::run::select_template(ctx)?;
+    let template = match chosen.source {
+        // No template at all: `role: content` lines, as before.
+        Source::Default if g.get_str("tokenizer.chat_template").is_none() => None,
+        _ => Some(chosen),
     };
     let setup = Setup {
         template,

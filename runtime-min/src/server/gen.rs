@@ -24,7 +24,7 @@ use super::json::{
     MAX_TOP,
 };
 use super::{msg, Io};
-use crate::chat::{ChatMessage, ChatTemplate};
+use crate::chat::{ChatMessage, Content as MsgContent, Template};
 use crate::commands::out::json_str;
 use crate::commands::run::SliceWriter;
 use crate::commands::Ctx;
@@ -105,9 +105,10 @@ fn render_plain(messages: &[ChatMessage<'_>], w: &mut dyn Write) -> core::fmt::R
 
 /// The server-wide settings a request is prepared with.
 #[derive(Clone, Copy)]
-pub struct Setup {
-    /// The chat template (`--chat-template`, or the model's).
-    pub template: Option<ChatTemplate>,
+pub struct Setup<'t> {
+    /// The chat template (`--chat-template`, or the model's: see `Template::select`);
+    /// `None` renders `role: content` lines.
+    pub template: Option<Template<'t>>,
     pub no_bos: bool,
     /// Every chat answer carries `__verbose` (`-v`).
     pub verbose: bool,
@@ -184,7 +185,7 @@ impl Enc<'_, '_> {
 
 fn prepare<P: Platform>(
     ctx: &Ctx<'_, '_, '_, P>,
-    setup: Setup,
+    setup: Setup<'_>,
     bufs: &mut Bufs<'_>,
     api: Api,
     body: &[u8],
@@ -259,13 +260,23 @@ fn prepare<P: Platform>(
             let (turns, tail) = match prefill {
                 true => (
                     &msgs[..msgs.len() - 1],
-                    msgs.last().map_or("", |m| m.content),
+                    match msgs.last().map(|m| m.content) {
+                        Some(MsgContent::Text(t)) => t,
+                        _ => "",
+                    },
                 ),
                 false => (&msgs[..], ""),
             };
             let gen_prompt = req.p.add_generation_prompt || prefill;
             let ok = match setup.template {
-                Some(t) => t.render(turns, gen_prompt, &mut w).is_ok(),
+                Some(t) => match t.render(turns, gen_prompt, &mut w.buf[..]) {
+                    Ok(n) => {
+                        w.len = n;
+                        true
+                    }
+                    Err(crate::chat::ChatError::Write) => false,
+                    Err(e) => return Err(refuse(400, &e)),
+                },
                 None => render_plain(turns, &mut w).is_ok(),
             } && w.write_str(tail).is_ok();
             if !ok {
@@ -277,6 +288,12 @@ fn prepare<P: Platform>(
             let n = w.len;
             let text =
                 core::str::from_utf8(&w.buf[..n]).map_err(|_| refuse(400, &"invalid UTF-8"))?;
+            // A template that writes BOS itself: the tokenizer adds it (llama.cpp strips
+            // the template's).
+            let text = match setup.template {
+                Some(t) if bos && tok.adds_bos() => t.strip_bos(text),
+                _ => text,
+            };
             shown = Some((text.as_ptr() as usize - base, text.len()));
             enc.text(text, bos, &mut at, scratch, tokens)?;
             let _ = prompts.push((0, at));
@@ -1296,7 +1313,7 @@ fn final_events(w: &mut dyn Write, b: &Body<'_, '_>, res: &Res, tail: &[u8]) -> 
 /// `/tokenize` (`content`, `add_special`, `with_pieces`) and `/detokenize` (`tokens`).
 fn tokens_endpoint<P: Platform>(
     tok: &Tokenizer<'_>,
-    setup: Setup,
+    setup: Setup<'_>,
     bufs: &mut Bufs<'_>,
     api: Api,
     body: &[u8],
@@ -1393,7 +1410,7 @@ fn tokens_endpoint<P: Platform>(
 /// server goes on with the next request.
 pub fn serve_one<P: Platform>(
     ctx: &mut Ctx<'_, '_, '_, P>,
-    setup: Setup,
+    setup: Setup<'_>,
     io: &mut Io<'_, '_, '_, P>,
     bufs: &mut Bufs<'_>,
     guard: &mut MemoryGuard,
