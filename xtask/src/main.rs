@@ -25,7 +25,8 @@ const USAGE: &str = "usage: cargo xtask <command>
   test [--keep-going]               the one test command (what CI runs)
   size                              build the tv binary and report its size
   run -- <pinch args>               build the host binary and run `pinch run` on the test model
-  bench [--vs-llama-cpp] [--qemu]   speed and memory targets (issue #4) on Gemma 3 270M";
+  bench [--vs-llama-cpp] [--qemu] [--moe]   speed and memory targets (issue #4) on Gemma 3 270M
+                                   (--moe: the x86 table on a scaled random MoE model)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
