@@ -345,9 +345,25 @@ fn write_kind(c: &Config, k: &LayerKind, out: &mut dyn Write) -> fmt::Result {
     match k.mixer {
         MixerKind::Attention => write!(
             out,
-            "attention {}/{} heads x {}, rope on {} dims",
-            c.n_head, k.n_head_kv, c.head_dim, c.n_rot
+            "attention {}/{} heads x {}, rope on {} dims{}",
+            c.n_head,
+            k.n_head_kv,
+            c.head_dim,
+            c.n_rot,
+            if c.gated_attn { ", output gate" } else { "" }
         )?,
+        MixerKind::GatedDeltaNet => match c.delta {
+            Some(d) => write!(
+                out,
+                "gated deltanet {} key / {} value heads x {}, conv {}",
+                d.dims.n_k_heads, d.dims.n_v_heads, d.dims.head_dim, d.conv_kernel
+            )?,
+            None => out.write_str("gated deltanet")?,
+        },
+        MixerKind::ShortConv => match c.shortconv {
+            Some(h) => write!(out, "short conv of {} taps", h.l_cache)?,
+            None => out.write_str("short conv")?,
+        },
     }
     out.write_str("; ")?;
     match (k.ffn, c.moe) {

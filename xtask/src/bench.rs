@@ -2,7 +2,7 @@
 //! on Gemma 3 270M Q4_K_M, each printed next to its target.
 //!
 //! - x86 table: `pinch bench` tg128 and pp512 at 1 and 2 threads; with `--vs-llama-cpp`
-//!   llama.cpp (llama-cpp-python 0.3.36 from PyPI, built once into `.cache/`) is timed
+//!   llama.cpp (llama-cpp-python 0.3.36 from PyPI, built once into `$HOME/.cache/pinch`) is timed
 //!   alternately with pinch on the same token ids, and medians and ratios are quoted.
 //! - memory: peak RSS of `pinch run -c 512 -n 128` (target <= 270 MiB).
 //! - long answers: tg32 at depth 1000 over tg32 at depth 0 (target >= 0.8).
@@ -42,7 +42,11 @@ pub fn main(args: &[String]) -> Result<()> {
     if args.iter().any(|a| a == "--stream") {
         return stream_table(&pinch, &model);
     }
-    let llama = if vs { Some(llama_cpp_site()?) } else { None };
+    let llama = if vs {
+        Some(crate::randshape::llama_cpp_site()?)
+    } else {
+        None
+    };
 
     println!("\n## x86: {title} (medians of {reps} alternating runs)\n");
     let mut no_extra = false;
@@ -194,7 +198,7 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 /// The number after `"key":` in a JSON line (enough for pinch's flat summaries).
-fn field(json: &str, key: &str) -> Option<f64> {
+pub(crate) fn field(json: &str, key: &str) -> Option<f64> {
     let at = json.find(&format!("\"{key}\":"))? + key.len() + 3;
     let rest = &json[at..];
     let end = rest.find([',', '}']).unwrap_or(rest.len());
@@ -257,23 +261,6 @@ fn peak_rss(pinch: &Path, model: &Path) -> Result<u64> {
         .ok_or_else(|| format!("no peak_rss in {line}"))
 }
 
-/// llama-cpp-python installed into `.cache/llama-cpp-python` (built from PyPI's sdist
-/// the first time: several minutes).
-fn llama_cpp_site() -> Result<PathBuf> {
-    let site = root().join(".cache/llama-cpp-python");
-    if !site.join("llama_cpp").is_dir() {
-        eprintln!(
-            "building llama-cpp-python 0.3.36 into {} (first use only)",
-            site.display()
-        );
-        run(Command::new("python3")
-            .args(["-m", "pip", "install", "--target"])
-            .arg(&site)
-            .arg("llama-cpp-python==0.3.36"))?;
-    }
-    Ok(site)
-}
-
 /// llama.cpp's tokens/s, and whether it had to run without its extra buffer types (its
 /// AMX path crashes where a VM reports AMX but does not grant it).
 fn llama_bench(site: &Path, model: &Path, t: usize, pp: usize, tg: usize) -> Result<(f64, bool)> {
@@ -304,15 +291,8 @@ fn moe_model() -> Result<PathBuf> {
     if q.is_file() {
         return Ok(q);
     }
-    let site = llama_cpp_site()?;
-    let gguf = root().join(".cache/py-gguf");
-    if !gguf.join("gguf").is_dir() {
-        run(Command::new("python3")
-            .args(["-m", "pip", "install", "--target"])
-            .arg(&gguf)
-            .arg("gguf==0.19.0"))?;
-    }
-    let path = std::env::join_paths([&gguf, &site]).map_err(|e| e.to_string())?;
+    let site = crate::randshape::llama_cpp_site()?;
+    let path = crate::randshape::python_path()?;
     run(Command::new("python3")
         .env("PYTHONPATH", path)
         .arg(root().join("tools/gen_moe_bench.py"))

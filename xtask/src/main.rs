@@ -8,10 +8,12 @@
 //! - [`size`]: `size` reports the device binary size.
 //! - [`run`]: `run -- <pinch args>` builds the host binary and runs it on the test model.
 //! - [`bench`]: `bench [--vs-llama-cpp] [--qemu]`, the speed and memory targets.
+//! - [`randshape`]: `randshape [--seed N] [--new K]`, random-shape models vs llama.cpp.
 //! - [`util`]: running commands, finding the workspace and the target directory.
 mod bench;
 mod device;
 mod fetch;
+mod randshape;
 mod run;
 mod size;
 mod test;
@@ -26,7 +28,8 @@ const USAGE: &str = "usage: cargo xtask <command>
   size                              build the tv binary and report its size
   run -- <pinch args>               build the host binary and run `pinch run` on the test model
   bench [--vs-llama-cpp] [--qemu] [--moe]   speed and memory targets (issue #4) on Gemma 3 270M
-                                   (--moe: the x86 table on a scaled random MoE model)";
+                                   (--moe: the x86 table on a scaled random MoE model)
+  randshape [--seed N ...] [--new K] random-shape models and pinch ppl vs llama.cpp";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -38,6 +41,7 @@ fn main() -> ExitCode {
         Some("size") => size::main(rest),
         Some("run") => run::main(rest),
         Some("bench") => bench::main(rest),
+        Some("randshape") => randshape::main(rest),
         Some("help" | "--help" | "-h") => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;

@@ -4,8 +4,10 @@
 //!
 //! ```text
 //! q,k,v = xn·Wq,Wk,Wv [+b] ; [qk-norm] ; rope ; cache k,v
-//! a = softmax(q·K / sqrt(d)) · V ; xn = a·Wo
+//! a = softmax(q·K / sqrt(d)) · V ; [a *= sigmoid(gate)] ; xn = a·Wo
 //! ```
+//!
+//! Gated attention (qwen35): `Wq` has two rows per q row, `[q_h | gate_h]` per head.
 use core::ops::Range;
 
 use pinch_kernels::attn;
@@ -40,6 +42,8 @@ pub struct Attention<'a> {
     /// row ranges, taken again when the block runs (the stream zone or the repack
     /// cache may have changed its bytes or layout since load).
     pub fused_qkv: Option<Tensor<'a>>,
+    /// `Wq` also projects an output gate per head (see the module doc).
+    pub gated: bool,
 }
 
 /// One attention layer's state: its keys and values for every position.
@@ -77,7 +81,12 @@ impl<'a> Attention<'a> {
         let [wq, wk, wv] = match &fused_qkv {
             Some(t) => split_qkv(t, qd, kvd)?,
             None => [
-                l.layer_matrix(n.get(q), c.n_embd, qd, streamed)?,
+                l.layer_matrix(
+                    n.get(q),
+                    c.n_embd,
+                    qd * (1 + c.gated_attn as usize),
+                    streamed,
+                )?,
                 l.layer_matrix(n.get(k), c.n_embd, kvd, streamed)?,
                 l.layer_matrix(n.get(v), c.n_embd, kvd, streamed)?,
             ],
@@ -95,6 +104,7 @@ impl<'a> Attention<'a> {
             k_norm: l.opt_vector(n.get("attn_k_norm.weight"), c.head_dim)?,
             n_head_kv,
             swa: c.is_swa(il),
+            gated: c.gated_attn,
         };
         if c.qk_norm && (at.q_norm.is_none() || at.k_norm.is_none()) {
             return Err(ModelError::MissingTensorNamed(
@@ -141,11 +151,12 @@ impl<'a> Attention<'a> {
             Some(t) => split_qkv(t, qd, kvd)?,
             None => [self.wq, self.wk, self.wv],
         };
+        let wq_rows = wq.rows;
         cx.mm.linear_many(
             &s.xn[..n * e],
             n,
             &mut [
-                (&wq, &mut s.q[..n * qd]),
+                (&wq, &mut s.q[..n * wq_rows]),
                 (&wk, &mut s.k[..n * kvd]),
                 (&wv, &mut s.v[..n * kvd]),
             ],
@@ -154,6 +165,9 @@ impl<'a> Attention<'a> {
             s.row,
         )?;
         cx.clock.lap(Op::QkvProj);
+        if self.gated {
+            split_q_gate(&mut s.q[..2 * n * qd], &mut s.mixer[..n * qd], hd);
+        }
         for t in 0..n {
             add_bias(&mut s.q[t * qd..(t + 1) * qd], self.bq);
             add_bias(&mut s.k[t * kvd..(t + 1) * kvd], self.bk);
@@ -204,6 +218,9 @@ impl<'a> Attention<'a> {
             &mut s.att[..n * qd],
             s.scores,
         );
+        if self.gated {
+            pinch_kernels::recurrent::mul_sigmoid(&mut s.att[..n * qd], &s.mixer[..n * qd]);
+        }
         cx.clock.lap(Op::Attention);
         cx.mm.linear(
             &self.wo,
@@ -229,6 +246,17 @@ fn split_qkv<'a>(t: &Tensor<'a>, qd: usize, kvd: usize) -> Result<[Tensor<'a>; 3
         t.row_range(qd, kvd)?,
         t.row_range(qd + kvd, kvd)?,
     ])
+}
+
+/// Rows of `[q_h | gate_h]` pairs (`hd` each) → q compacted in place at the front of
+/// `q` (token-major, `n_head * hd` per token) and the gates into `gate`.
+fn split_q_gate(q: &mut [f32], gate: &mut [f32], hd: usize) {
+    // Item i (token t, head h) reads at 2 i hd and writes q at i hd <= 2 i hd: going
+    // forward never overwrites an unread value.
+    for (i, g) in gate.chunks_exact_mut(hd).enumerate() {
+        g.copy_from_slice(&q[(2 * i + 1) * hd..(2 * i + 2) * hd]);
+        q.copy_within(2 * i * hd..(2 * i + 1) * hd, i * hd);
+    }
 }
 
 fn add_bias(x: &mut [f32], b: Option<&[f32]>) {

@@ -9,6 +9,7 @@ use core::fmt::Write;
 use pinch_kernels::ops::RopeKind;
 
 use crate::gguf::Gguf;
+use crate::model::hybrid::{self, DeltaNetHparams, Hybrid, ShortConvHparams};
 use crate::model::moe_route::MoeConfig;
 use crate::model::ModelError;
 
@@ -21,6 +22,10 @@ pub enum Arch {
     Gemma3,
     Qwen3Moe,
     BailingMoe2,
+    /// Qwen3.5: Gated DeltaNet layers and gated full attention (see `model::hybrid`).
+    Qwen35,
+    /// LFM2: short-conv layers and attention (see `model::hybrid`).
+    Lfm2,
 }
 
 impl Arch {
@@ -32,6 +37,8 @@ impl Arch {
             "gemma3" => Some(Arch::Gemma3),
             "qwen3moe" => Some(Arch::Qwen3Moe),
             "bailingmoe2" => Some(Arch::BailingMoe2),
+            "qwen35" => Some(Arch::Qwen35),
+            "lfm2" => Some(Arch::Lfm2),
             _ => None,
         }
     }
@@ -43,6 +50,8 @@ impl Arch {
             Arch::Gemma3 => "gemma3",
             Arch::Qwen3Moe => "qwen3moe",
             Arch::BailingMoe2 => "bailingmoe2",
+            Arch::Qwen35 => "qwen35",
+            Arch::Lfm2 => "lfm2",
         }
     }
 }
@@ -55,6 +64,10 @@ pub const MAX_LAYERS: usize = 128;
 pub enum MixerKind {
     #[default]
     Attention,
+    /// Gated DeltaNet (`model::deltanet`).
+    GatedDeltaNet,
+    /// Short convolution (`model::shortconv`).
+    ShortConv,
 }
 
 /// A layer's feed-forward block.
@@ -122,6 +135,17 @@ pub struct Config {
     pub layers: [LayerKind; MAX_LAYERS],
     /// The experts' hyper-parameters (MoE architectures).
     pub moe: Option<MoeConfig>,
+    /// Shapes of the Gated DeltaNet layers (qwen35).
+    pub delta: Option<DeltaNetHparams>,
+    /// Shape of the short-conv layers (lfm2).
+    pub shortconv: Option<ShortConvHparams>,
+    /// Attention output × sigmoid(gate), the gate rows interleaved with q's per head
+    /// (qwen35).
+    pub gated_attn: bool,
+    /// The norm before the FFN (`post_attention_norm.weight` in qwen35).
+    pub ffn_norm_name: &'static str,
+    /// The final norm (`token_embd_norm.weight` in lfm2).
+    pub output_norm_name: &'static str,
 }
 
 impl Config {
@@ -226,6 +250,28 @@ impl Config {
                 n_head_kv,
             };
         }
+        let hybrid = Hybrid::from_gguf(g, arch, n_layer, n_head, n_head_kv)?;
+        let mut n_head_kv = n_head_kv;
+        if let Some(h) = &hybrid {
+            for (k, &(mixer, kv)) in layers.iter_mut().zip(&h.layers) {
+                k.mixer = mixer;
+                k.n_head_kv = kv;
+            }
+            n_head_kv = h.layers.iter().map(|l| l.1).max().unwrap_or(0).max(1);
+        }
+        if arch == Arch::Qwen35 {
+            // IMROPE for text is NEOX rope unless a section uses the 4th (always 0) id.
+            if let Some(sec) = hybrid::rope_sections(g, p)? {
+                if !hybrid::imrope_text_pairs(sec, n_rot)[..n_rot / 2]
+                    .iter()
+                    .all(|&r| r)
+                {
+                    return Err(ModelError::BadShape(
+                        "rope.dimension_sections with a section at the extra position id",
+                    ));
+                }
+            }
+        }
         Ok(Config {
             arch,
             n_layer,
@@ -259,7 +305,12 @@ impl Config {
             },
             qk_norm: matches!(
                 arch,
-                Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe | Arch::BailingMoe2
+                Arch::Qwen3
+                    | Arch::Gemma3
+                    | Arch::Qwen3Moe
+                    | Arch::BailingMoe2
+                    | Arch::Qwen35
+                    | Arch::Lfm2
             ),
             post_norms: gemma,
             scale_q: gemma,
@@ -271,6 +322,19 @@ impl Config {
             qkv_bias: arch == Arch::Qwen2,
             layers,
             moe,
+            delta: hybrid.as_ref().and_then(|h| h.delta),
+            shortconv: hybrid.as_ref().and_then(|h| h.shortconv),
+            gated_attn: arch == Arch::Qwen35,
+            ffn_norm_name: if arch == Arch::Qwen35 {
+                "post_attention_norm.weight"
+            } else {
+                "ffn_norm.weight"
+            },
+            output_norm_name: if arch == Arch::Lfm2 {
+                "token_embd_norm.weight"
+            } else {
+                "output_norm.weight"
+            },
         })
     }
 }

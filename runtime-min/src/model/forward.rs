@@ -15,6 +15,7 @@ use pinch_kernels::CpuFeatures;
 
 use crate::arena::Arena;
 use crate::model::config::Config;
+use crate::model::hybrid::Checkpoint;
 use crate::model::kv::KvType;
 use crate::model::layer::{Clock, Cx, LayerState};
 use crate::model::matmul::MatMul;
@@ -63,6 +64,9 @@ pub struct SessionOptions {
     /// Skip exp and V for keys whose score is below max + ln(1e-4) (their weight is
     /// under 1e-4 of the best key's).
     pub attn_skip: bool,
+    /// Sliding-window layers keep only their window (a ring; same logits), not a row per
+    /// position of the context.
+    pub swa_ring: bool,
 }
 
 /// Where the time of `eval` goes, by kind of operation (nanoseconds, cumulative).
@@ -152,6 +156,9 @@ pub struct Session<'w, 'a> {
     /// On-demand input embedding rows, direct-mapped by id.
     embd_cache: &'a mut [u8],
     embd_tags: [u32; EMBD_CACHE_ROWS],
+    /// Recurrent models: the state before the last token of the latest prompt (see
+    /// [`Self::keep_checkpoint`]).
+    checkpoint: Option<Checkpoint<'a>>,
 }
 
 impl<'w, 'a> Session<'w, 'a> {
@@ -159,7 +166,7 @@ impl<'w, 'a> Session<'w, 'a> {
     /// plan).
     pub fn bytes_needed(cfg: &Config, o: &SessionOptions) -> usize {
         let state: usize = (0..cfg.n_layer)
-            .map(|il| LayerState::bytes_needed(cfg, il, o.kv, o.n_ctx))
+            .map(|il| LayerState::bytes_needed(cfg, il, o))
             .sum();
         Scratch::bytes_needed(cfg, o) + state
     }
@@ -181,7 +188,7 @@ impl<'w, 'a> Session<'w, 'a> {
         }
         let mut state = heapless::Vec::new();
         for il in 0..cfg.n_layer.min(MAX_LAYERS) {
-            let _ = state.push(LayerState::new(arena, &cfg, il, opts.kv, opts.n_ctx)?);
+            let _ = state.push(LayerState::new(arena, &cfg, il, &opts)?);
         }
         let head_rows = w.head_ids.map(|_| w.head_rows());
         let s = Scratch::new(arena, &cfg, &opts, head_rows)?;
@@ -217,6 +224,7 @@ impl<'w, 'a> Session<'w, 'a> {
             verify: None,
             embd_cache,
             embd_tags: [u32::MAX; EMBD_CACHE_ROWS],
+            checkpoint: None,
         })
     }
 
@@ -247,6 +255,9 @@ impl<'w, 'a> Session<'w, 'a> {
 
     /// Forget the conversation (the cache is overwritten from position 0).
     pub fn reset(&mut self) {
+        if let Some(c) = &mut self.checkpoint {
+            c.at = None;
+        }
         self.n_past = 0;
     }
 
@@ -257,9 +268,13 @@ impl<'w, 'a> Session<'w, 'a> {
 
     /// Keep the first `n` positions and forget the rest, so the next `eval` continues at
     /// position `n`. Attention layers keep their KV rows (rows past `n` are overwritten).
+    /// A recurrent layer's state holds only the latest position: such a model goes to
+    /// `n = n_past` (nothing to forget), `n = 0` (the state restarts) or the position of
+    /// its checkpoint ([`Self::keep_checkpoint`]), no other `n`.
     ///
     /// # Errors
-    /// `n` beyond the positions evaluated: [`ModelError::Truncate`].
+    /// `n` beyond the positions evaluated: [`ModelError::Truncate`]; a recurrent model
+    /// and `0 < n < n_past` other than its checkpoint: [`ModelError::TruncateRecurrent`].
     pub fn truncate(&mut self, n: usize) -> Result<(), ModelError> {
         if n > self.n_past {
             return Err(ModelError::Truncate {
@@ -267,7 +282,37 @@ impl<'w, 'a> Session<'w, 'a> {
                 n_past: self.n_past,
             });
         }
+        if n > 0 && n < self.n_past && self.state.iter().any(|s| s.is_recurrent()) {
+            let back = self
+                .checkpoint
+                .as_ref()
+                .is_some_and(|c| c.restore(&mut self.state, n));
+            if !back {
+                return Err(ModelError::TruncateRecurrent {
+                    to: n,
+                    n_past: self.n_past,
+                });
+            }
+        }
+        // A checkpoint past the new end no longer holds a prefix of what comes next.
+        if let Some(c) = &mut self.checkpoint {
+            if c.at.is_some_and(|at| at > n) {
+                c.at = None;
+            }
+        }
         self.n_past = n;
+        Ok(())
+    }
+
+    /// For a model with recurrent layers: keep a copy of their state (from `arena`,
+    /// [`Checkpoint::bytes_needed`] bytes) taken before the last token of every
+    /// multi-token `eval`, so that [`Self::truncate`] can return to that position (a
+    /// repeated prompt then re-runs only its last token). That last token is then
+    /// evaluated in a pass of its own. Nothing to do for other models.
+    pub fn keep_checkpoint(&mut self, arena: &mut Arena<'a>) -> Result<(), ModelError> {
+        if self.checkpoint.is_none() && self.state.iter().any(|s| s.is_recurrent()) {
+            self.checkpoint = Some(Checkpoint::new(arena, &self.cfg)?);
+        }
         Ok(())
     }
 
@@ -296,9 +341,15 @@ impl<'w, 'a> Session<'w, 'a> {
             }
         }
         let nb = self.opts.n_batch;
+        // With a checkpoint, a pass ends before the last token and the state is saved.
+        let cut = match &self.checkpoint {
+            Some(_) if tokens.len() >= 2 => tokens.len() - 1,
+            _ => tokens.len(),
+        };
         let mut start = 0;
         while start < tokens.len() {
-            let end = (start + nb).min(tokens.len());
+            let stop = if start < cut { cut } else { tokens.len() };
+            let end = (start + nb).min(stop);
             let chunk = &tokens[start..end];
             let last_chunk = end == tokens.len();
             let sel: Range<usize> = match which {
@@ -308,6 +359,11 @@ impl<'w, 'a> Session<'w, 'a> {
             };
             self.pass(p, chunk, sel, start, on_logits)?;
             self.n_past += chunk.len();
+            if end == cut && cut < tokens.len() {
+                if let Some(c) = &mut self.checkpoint {
+                    c.save(&self.state, self.n_past);
+                }
+            }
             start = end;
         }
         Ok(())

@@ -3,22 +3,27 @@
 //!
 //! The kinds come from the model file (see [`crate::model::config::LayerKind`]); each
 //! block lives in its own file with its weights, its `load` and its `run`:
-//! - token mixers ([`Mixer`]): [`Attention`] (full or sliding-window);
+//! - token mixers ([`Mixer`]): [`Attention`] (full or sliding-window, optionally gated),
+//!   [`DeltaNet`] (Gated DeltaNet), [`ShortConv`] (short convolution);
 //! - feed-forwards ([`Ffn`]): [`DenseFfn`], [`MoeFfn`] (routed experts).
 //!
 //! This file is the one place that knows which matrices a layer has: loading, streaming
 //! views ([`Layer::in_zone`]) and the repack cache all go through
-//! [`Layer::visit_matrices`]. Per-layer state (a KV plane for attention) is made by
+//! [`Layer::visit_matrices`]. Per-layer state (a KV plane for attention, a fixed-size
+//! [`RecurrentState`] for DeltaNet and short conv) is made by
 //! [`LayerState::new`] from the layer's kind, before any weight is read.
 use crate::arena::{Arena, ArenaError};
 use crate::model::attention::{Attention, KvState};
 use crate::model::config::{Config, FfnKind, MixerKind};
+use crate::model::deltanet::DeltaNet;
 use crate::model::ffn_dense::DenseFfn;
 use crate::model::ffn_moe::MoeFfn;
 use crate::model::forward::{Profile, SessionOptions};
-use crate::model::kv::{KvPlane, KvType};
+use crate::model::hybrid::{recurrent_floats, RecurrentState};
+use crate::model::kv::KvPlane;
 use crate::model::matmul::MatMul;
 use crate::model::scratch::Scratch;
+use crate::model::shortconv::ShortConv;
 use crate::model::weights::{Loader, Names, Tensor, Vector};
 use crate::model::{ModelError, Op};
 use crate::platform::Platform;
@@ -28,6 +33,8 @@ use crate::residency::Span;
 #[derive(Clone, Copy)]
 pub enum Mixer<'a> {
     Attention(Attention<'a>),
+    DeltaNet(DeltaNet<'a>),
+    ShortConv(ShortConv<'a>),
 }
 
 /// The feed-forward block of a layer.
@@ -76,9 +83,16 @@ impl<'a> Layer<'a> {
         let attn_norm = l.vector(n.get("attn_norm.weight"), c.n_embd)?;
         let mixer = match kind.mixer {
             MixerKind::Attention => Mixer::Attention(Attention::load(l, c, il, streamed)?),
+            MixerKind::GatedDeltaNet => Mixer::DeltaNet(DeltaNet::load(l, c, il, streamed)?),
+            MixerKind::ShortConv => Mixer::ShortConv(ShortConv::load(l, c, il, streamed)?),
         };
-        let post_mixer_norm = l.opt_vector(n.get("post_attention_norm.weight"), c.n_embd)?;
-        let ffn_norm = l.vector(n.get("ffn_norm.weight"), c.n_embd)?;
+        // qwen35 names its pre-FFN norm `post_attention_norm`: a post-mixer norm only
+        // where the config has post norms.
+        let post_mixer_norm = match c.post_norms {
+            true => l.opt_vector(n.get("post_attention_norm.weight"), c.n_embd)?,
+            false => None,
+        };
+        let ffn_norm = l.vector(n.get(c.ffn_norm_name), c.n_embd)?;
         let ffn = match kind.ffn {
             FfnKind::Dense => Ffn::Dense(DenseFfn::load(l, c, il, streamed)?),
             FfnKind::Moe => Ffn::Moe(MoeFfn::load(l, c, il, streamed)?),
@@ -105,6 +119,8 @@ impl<'a> Layer<'a> {
     pub fn visit_matrices(&mut self, f: &mut dyn FnMut(&'static str, &mut Tensor<'a>)) {
         match &mut self.mixer {
             Mixer::Attention(a) => a.visit_matrices(f),
+            Mixer::DeltaNet(d) => d.visit_matrices(f),
+            Mixer::ShortConv(sc) => sc.visit_matrices(f),
         }
         match &mut self.ffn {
             Ffn::Dense(d) => d.visit_matrices(f),
@@ -141,34 +157,63 @@ impl<'a> Layer<'a> {
 pub enum LayerState<'a> {
     /// An attention layer's keys and values.
     Kv(KvState<'a>),
+    /// A DeltaNet or short-conv layer's conv tail (and delta-rule matrices).
+    Recurrent(RecurrentState<'a>),
 }
 
 impl<'a> LayerState<'a> {
-    /// The state of layer `il` for a context of `n_ctx` positions.
+    /// The state of layer `il` for a session with `o` (context, batch, KV type,
+    /// whether sliding-window layers keep only their window).
     pub fn new(
         arena: &mut Arena<'a>,
         c: &Config,
         il: usize,
-        kv: KvType,
-        n_ctx: usize,
+        o: &SessionOptions,
     ) -> Result<LayerState<'a>, ArenaError> {
         let kind = c.layer(il);
         match kind.mixer {
             MixerKind::Attention => {
                 let dim = kind.n_head_kv * c.head_dim;
+                let plane = |arena: &mut Arena<'a>| match Self::kv_rows(c, il, o) {
+                    (_, 0) => KvPlane::new(arena, o.kv, o.n_ctx, dim),
+                    (_, ring) => KvPlane::new_ring(arena, o.kv, ring, dim),
+                };
                 Ok(LayerState::Kv(KvState {
-                    k: KvPlane::new(arena, kv, n_ctx, dim)?,
-                    v: KvPlane::new(arena, kv, n_ctx, dim)?,
+                    k: plane(arena)?,
+                    v: plane(arena)?,
                 }))
+            }
+            MixerKind::GatedDeltaNet | MixerKind::ShortConv => {
+                let (conv, matrix) = recurrent_floats(c, kind.mixer);
+                Ok(LayerState::Recurrent(RecurrentState::new(
+                    arena, conv, matrix,
+                )?))
             }
         }
     }
 
+    /// (rows, ring) of layer `il`'s KV planes (see [`KvPlane::rows_needed`]).
+    fn kv_rows(c: &Config, il: usize, o: &SessionOptions) -> (usize, usize) {
+        let window = if o.swa_ring && c.is_swa(il) {
+            c.n_swa
+        } else {
+            0
+        };
+        KvPlane::rows_needed(o.n_ctx, window, o.n_batch.max(1))
+    }
+
     /// Bytes [`Self::new`] takes (for the plan, before anything is allocated).
-    pub fn bytes_needed(c: &Config, il: usize, kv: KvType, n_ctx: usize) -> usize {
+    pub fn bytes_needed(c: &Config, il: usize, o: &SessionOptions) -> usize {
         let kind = c.layer(il);
         match kind.mixer {
-            MixerKind::Attention => 2 * n_ctx * kind.n_head_kv * c.head_dim * kv.bytes_per_value(),
+            MixerKind::Attention => {
+                let (rows, _) = Self::kv_rows(c, il, o);
+                2 * rows * kind.n_head_kv * c.head_dim * o.kv.bytes_per_value()
+            }
+            MixerKind::GatedDeltaNet | MixerKind::ShortConv => {
+                let (conv, matrix) = recurrent_floats(c, kind.mixer);
+                RecurrentState::bytes_needed(conv, matrix)
+            }
         }
     }
 
@@ -179,6 +224,30 @@ impl<'a> LayerState<'a> {
             LayerState::Kv(kv) => {
                 p.discard(kv.k.tail_bytes_mut(from)) + p.discard(kv.v.tail_bytes_mut(from))
             }
+            // Fixed size, all of it in use.
+            LayerState::Recurrent(_) => 0,
+        }
+    }
+
+    /// Whether the state can only move forward (a recurrent state cannot be cut back to
+    /// an earlier position; a KV plane can).
+    pub fn is_recurrent(&self) -> bool {
+        matches!(self, LayerState::Recurrent(_))
+    }
+
+    /// The recurrent state, if this is one.
+    pub fn recurrent(&self) -> Option<&RecurrentState<'a>> {
+        match self {
+            LayerState::Recurrent(r) => Some(r),
+            LayerState::Kv(_) => None,
+        }
+    }
+
+    /// The recurrent state, if this is one, to update.
+    pub fn recurrent_mut(&mut self) -> Option<&mut RecurrentState<'a>> {
+        match self {
+            LayerState::Recurrent(r) => Some(r),
+            LayerState::Kv(_) => None,
         }
     }
 }
@@ -221,6 +290,9 @@ impl Layer<'_> {
     ) -> Result<(), ModelError> {
         match (&self.mixer, state) {
             (Mixer::Attention(a), LayerState::Kv(kv)) => a.run(cx, kv, n, pos0),
+            (Mixer::DeltaNet(d), LayerState::Recurrent(st)) => d.run(cx, st, n, pos0),
+            (Mixer::ShortConv(sc), LayerState::Recurrent(st)) => sc.run(cx, st, n, pos0),
+            _ => Err(ModelError::BadShape("layer state does not match its mixer")),
         }
     }
 

@@ -261,9 +261,16 @@ pub fn par_chunks<P: Platform, T: Send>(
     });
 }
 
-type RowChunk<'o> = spin::Mutex<(Range<usize>, &'o mut [f32])>;
+/// Rows not yet handed out by [`par_rows`]: the next row and their outputs.
+type RowsLeft<'o> = spin::Mutex<(usize, &'o mut [f32])>;
 
-/// Split `rows` (with `n_tok` outputs each, row-major in `out`) across workers.
+/// Rows per chunk are kept a multiple of this, so interleaved kernels see whole groups.
+const ROW_GRAIN: usize = 8;
+
+/// Split `rows` (with `n_tok` outputs each, row-major in `out`) across workers with
+/// guided scheduling: each worker takes `remaining / (2 x workers)` rows at a time (a
+/// multiple of 8, at least 8), so a preempted or slower core leaves a short tail instead
+/// of half the matrix. Which rows a worker computes never changes their results.
 pub fn par_rows<P: Platform>(
     p: &P,
     threads: usize,
@@ -275,32 +282,29 @@ pub fn par_rows<P: Platform>(
     let nt = threads
         .min(p.workers())
         .clamp(1, MAX_WORKERS)
-        .min(rows.max(1));
+        .min(rows.div_ceil(ROW_GRAIN).max(1));
     if nt == 1 {
         f(0..rows, out);
         return;
     }
-    let mut parts: heapless::Vec<RowChunk<'_>, MAX_WORKERS> = heapless::Vec::new();
-    let mut rest = out;
-    let mut start = 0;
-    for i in 0..nt {
-        // Chunk edges on multiples of 8 rows so interleaved kernels see whole groups.
-        let end = if i + 1 == nt {
-            rows
-        } else {
-            (rows * (i + 1) / nt) / 8 * 8
+    let left: RowsLeft<'_> = spin::Mutex::new((0, &mut out[..rows * n_tok]));
+    p.parallel(nt, &|_| loop {
+        let (r, o) = {
+            let mut g = left.lock();
+            let (next, rest) = &mut *g;
+            let remaining = rows - *next;
+            if remaining == 0 {
+                break;
+            }
+            let take = (remaining / (2 * nt) / ROW_GRAIN * ROW_GRAIN)
+                .max(ROW_GRAIN)
+                .min(remaining);
+            let (o, tail) = core::mem::take(rest).split_at_mut(take * n_tok);
+            *rest = tail;
+            let r = *next..*next + take;
+            *next += take;
+            (r, o)
         };
-        let end = end.max(start);
-        let (a, b) = core::mem::take(&mut rest).split_at_mut((end - start) * n_tok);
-        let _ = parts.push(spin::Mutex::new((start..end, a)));
-        rest = b;
-        start = end;
-    }
-    p.parallel(nt, &|i| {
-        let mut g = parts[i].lock();
-        let (r, o) = &mut *g;
-        if r.start < r.end {
-            f(r.clone(), o);
-        }
+        f(r, o);
     });
 }

@@ -17,14 +17,17 @@
 //!   [`stream`]: weights read from the file alongside the pass.
 pub mod attention;
 pub mod config;
+pub mod deltanet;
 pub mod ffn_dense;
 pub mod ffn_moe;
 pub mod forward;
+pub mod hybrid;
 pub mod kv;
 pub mod layer;
 pub mod matmul;
 pub mod moe_route;
 pub mod scratch;
+pub mod shortconv;
 pub mod stream;
 pub mod weights;
 
@@ -84,6 +87,12 @@ pub enum ModelError {
         to: usize,
         n_past: usize,
     },
+    /// `Session::truncate` of a model with recurrent layers to a position between 0 and
+    /// the current one: their state holds only the latest position.
+    TruncateRecurrent {
+        to: usize,
+        n_past: usize,
+    },
 }
 
 impl From<ArenaError> for ModelError {
@@ -104,7 +113,7 @@ impl core::fmt::Display for ModelError {
             ModelError::MissingKey(k) => write!(f, "missing metadata key '{k}'"),
             ModelError::UnsupportedArch => write!(
                 f,
-                "unsupported architecture (pinch runs llama, qwen2, qwen3, gemma3, qwen3moe, bailingmoe2)"
+                "unsupported architecture (pinch runs llama, qwen2, qwen3, gemma3, qwen3moe, bailingmoe2, qwen35, lfm2)"
             ),
             ModelError::MissingTensor(n) => write!(f, "missing tensor '{n}'"),
             ModelError::MissingTensorNamed(n) => write!(f, "missing tensor '{n}'"),
@@ -146,6 +155,10 @@ impl core::fmt::Display for ModelError {
             ModelError::Truncate { to, n_past } => write!(
                 f,
                 "cannot return the session to position {to}: it holds {n_past} positions"
+            ),
+            ModelError::TruncateRecurrent { to, n_past } => write!(
+                f,
+                "cannot return the session to position {to} of {n_past}: the model's recurrent state holds only the latest position (start again from 0)"
             ),
             ModelError::NoReader => write!(
                 f,

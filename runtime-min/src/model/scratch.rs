@@ -34,13 +34,20 @@ pub struct Scratch<'a> {
     pub rope: &'a mut [f32],
     /// The MoE block's routing and expert buffers (MoE models only).
     pub moe: Option<MoeScratch<'a>>,
+    /// Work buffers of the recurrent mixers and the attention gate (see
+    /// [`crate::model::hybrid::mixer_scratch_floats`]); empty for other models.
+    pub mixer: &'a mut [f32],
 }
 
 impl<'a> Scratch<'a> {
     /// Bytes [`Self::new`] takes (for the budget plan).
     pub fn bytes_needed(cfg: &Config, o: &SessionOptions) -> usize {
         let (nb, g) = (o.n_batch.max(1), o.head_group.max(1));
-        let maxd = cfg.n_embd.max(cfg.q_dim()).max(cfg.n_ff);
+        let maxd = cfg
+            .n_embd
+            .max(cfg.q_dim())
+            .max(cfg.n_ff)
+            .max(crate::model::hybrid::widest_matrix(cfg));
         let floats = nb * (3 * cfg.n_embd + 2 * cfg.q_dim() + 2 * cfg.max_kv_dim() + 2 * cfg.n_ff)
             + o.threads.clamp(1, MAX_WORKERS) * o.n_ctx
             + (nb * maxd).max(cfg.n_vocab * g)
@@ -50,7 +57,13 @@ impl<'a> Scratch<'a> {
         let moe = cfg
             .moe
             .map_or(0, |m| MoeScratch::bytes_needed(&m, cfg.n_embd, nb));
-        floats * 4 + nb.max(g) * maxd * 4 + 64 * 20 + 4 * ops::GELU_TABLE_LEN + moe
+        let gated_q = if cfg.gated_attn { nb * cfg.q_dim() } else { 0 };
+        let mixer = crate::model::hybrid::mixer_scratch_floats(cfg, nb);
+        (floats + gated_q + mixer) * 4
+            + nb.max(g) * maxd * 4
+            + 64 * 21
+            + 4 * ops::GELU_TABLE_LEN
+            + moe
     }
 
     /// The buffers for `opts` (already clamped); `head_rows` is the pruned head's row
@@ -62,13 +75,18 @@ impl<'a> Scratch<'a> {
         head_rows: Option<usize>,
     ) -> Result<Scratch<'a>, ModelError> {
         let (nb, g) = (opts.n_batch, opts.head_group);
-        let maxd = cfg.n_embd.max(cfg.q_dim()).max(cfg.n_ff);
+        let maxd = cfg
+            .n_embd
+            .max(cfg.q_dim())
+            .max(cfg.n_ff)
+            .max(crate::model::hybrid::widest_matrix(cfg));
         let kvd = cfg.max_kv_dim();
         let a = "activations";
         let s = Scratch {
             x: arena.slice(a, nb * cfg.n_embd)?,
             xn: arena.slice(a, nb.max(g) * cfg.n_embd.max(cfg.q_dim()))?,
-            q: arena.slice(a, nb * cfg.q_dim())?,
+            // Gated attention projects q and its gate together (2 q_dim per token).
+            q: arena.slice(a, nb * cfg.q_dim() * (1 + cfg.gated_attn as usize))?,
             k: arena.slice(a, nb * kvd)?,
             v: arena.slice(a, nb * kvd)?,
             att: arena.slice(a, nb * cfg.q_dim())?,
@@ -94,6 +112,7 @@ impl<'a> Scratch<'a> {
                 Some(m) => Some(MoeScratch::new(arena, m, cfg.n_embd, nb)?),
                 None => None,
             },
+            mixer: arena.slice(a, crate::model::hybrid::mixer_scratch_floats(cfg, nb))?,
         };
         ops::gelu_table_fill(s.gelu);
         Ok(s)

@@ -345,7 +345,7 @@ impl<'p, 'g, 'a, P: Platform> Loader<'p, 'g, 'a, P> {
         plan: &ResidencyPlan,
     ) -> Result<Weights<'a>, ModelError> {
         let embd_info = self.checked("token_embd.weight", c.n_embd, Some(c.n_vocab))?;
-        let output_norm = self.vector("output_norm.weight", c.n_embd)?;
+        let output_norm = self.vector(c.output_norm_name, c.n_embd)?;
         // A recut file (`pinch recut`) stores only the kept rows and their ids.
         let stored = crate::head::ids_from_gguf(self.gguf, c.n_vocab, self.arena)?;
         if stored.is_some() && head.is_some() {
