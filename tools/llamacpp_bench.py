@@ -5,11 +5,25 @@ time after a 1-token warm-up; the same deterministic token ids pinch bench uses.
 
 usage: llamacpp_bench.py SITE_DIR MODEL THREADS PP TG
 prints one JSON line: {"pp_tps": ..., "tg_tps": ...}
+PINCH_LLAMA_NO_EXTRA_BUFTS=1: run without llama.cpp's extra buffer types (AMX, repack).
 """
-import json, sys, time
+import json, os, sys, time
 
 site, model, threads, pp, tg = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 sys.path.insert(0, site)
+import llama_cpp  # noqa: E402
+import llama_cpp.llama  # noqa: E402
+if os.environ.get("PINCH_LLAMA_NO_EXTRA_BUFTS"):
+    # Without llama.cpp's extra buffer types (AMX, CPU_REPACK): its AMX path crashes on
+    # VMs that report AMX but do not grant it (SIGSEGV/SIGILL in ggml_backend_amx_mul_mat).
+    _default = llama_cpp.llama_model_default_params
+
+    def _no_extra():
+        p = _default()
+        p.use_extra_bufts = False
+        return p
+
+    llama_cpp.llama.llama_cpp.llama_model_default_params = _no_extra
 from llama_cpp import Llama  # noqa: E402
 
 llm = Llama(model_path=model, n_ctx=max(pp, tg) + 8, n_batch=512, n_ubatch=512,

@@ -435,7 +435,11 @@ impl<'p, 's, P: Platform> Repacking<'p, 's, P> {
                 continue;
             }
             let rows = t.rows() as usize;
-            if rows < layout.group_rows() || t.dims[2] != 1 || t.dims[3] != 1 {
+            // A 3-D stack of experts is repacked as one matrix of all their rows when each
+            // expert is whole groups, so every expert's rows stay a byte range of it.
+            let stack_ok =
+                t.dims[2] == 1 || (t.dims[1] as usize).is_multiple_of(layout.group_rows());
+            if rows < layout.group_rows() || !stack_ok || t.dims[3] != 1 {
                 continue;
             }
             let row_bytes = t.bytes as usize / rows;

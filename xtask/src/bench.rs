@@ -9,13 +9,16 @@
 //! - `--qemu`: guest instructions per generated and per prompt token under
 //!   `qemu-aarch64 -cpu max` and `-cpu cortex-a53`, with the counter plugin in
 //!   `tools/qemu-insn` (difference of two lengths, as the llama.cpp anchors were made).
+//! - `--moe`: the x86 table on a scaled random MoE model instead (`tools/gen_moe_bench.py`:
+//!   bailingmoe2-shaped, 32 experts top-6, quantized to Q4_K_M by llama.cpp), cached in
+//!   `.cache/bench-moe/`.
 //! - `--stream`: weight streaming (issue #5) at budgets of 100 %, 60 % and 40 % of the
 //!   all-resident need: tokens/s, bytes read per token (the OS's count and the plan's),
 //!   the plan's ceiling at the storage speed `pinch bench --storage` measured, peak RSS.
 use crate::device::{self, Device};
 use crate::fetch;
 use crate::util::{output, root, run, Result};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// llama.cpp's figures on this machine (shared/anchors/perf-llamacpp.md, idle-VM run).
@@ -25,8 +28,16 @@ const LLAMA_PP512: [(usize, f64); 2] = [(1, 351.45), (2, 677.48)];
 pub fn main(args: &[String]) -> Result<()> {
     let vs = args.iter().any(|a| a == "--vs-llama-cpp");
     let qemu = args.iter().any(|a| a == "--qemu");
+    let moe = args.iter().any(|a| a == "--moe");
     let reps: usize = 3;
-    let model = fetch::ensure("gemma3-270m")?;
+    let (model, title) = if moe {
+        (
+            moe_model()?,
+            "random MoE (bailingmoe2-shaped, tools/gen_moe_bench.py) Q4_K_M",
+        )
+    } else {
+        (fetch::ensure("gemma3-270m")?, "Gemma 3 270M Q4_K_M")
+    };
     let pinch = device::build(Device::Host)?;
     if args.iter().any(|a| a == "--stream") {
         return stream_table(&pinch, &model);
@@ -37,7 +48,8 @@ pub fn main(args: &[String]) -> Result<()> {
         None
     };
 
-    println!("\n## x86: Gemma 3 270M Q4_K_M (medians of {reps} alternating runs)\n");
+    println!("\n## x86: {title} (medians of {reps} alternating runs)\n");
+    let mut no_extra = false;
     println!("| test | threads | pinch t/s | llama.cpp t/s | ratio | target |");
     println!("| --- | ---: | ---: | ---: | ---: | --- |");
     for t in [1usize, 2] {
@@ -46,7 +58,9 @@ pub fn main(args: &[String]) -> Result<()> {
             for _ in 0..reps {
                 ours.push(pinch_bench(&pinch, &model, t, pp, tg, 0)?);
                 if let Some(site) = &llama {
-                    theirs.push(llama_bench(site, &model, t, pp, tg)?);
+                    let (tps, plain) = llama_bench(site, &model, t, pp, tg)?;
+                    theirs.push(tps);
+                    no_extra |= plain;
                 }
             }
             let anchor = if tg > 0 { LLAMA_TG } else { LLAMA_PP512 };
@@ -67,6 +81,12 @@ pub fn main(args: &[String]) -> Result<()> {
                 us / them
             );
         }
+    }
+    if no_extra {
+        println!("\nllama.cpp ran without its extra buffer types (AMX, CPU_REPACK): with them it crashed on this machine.");
+    }
+    if moe {
+        return Ok(());
     }
 
     let rss = peak_rss(&pinch, &model)?;
@@ -241,16 +261,45 @@ fn peak_rss(pinch: &Path, model: &Path) -> Result<u64> {
         .ok_or_else(|| format!("no peak_rss in {line}"))
 }
 
-fn llama_bench(site: &Path, model: &Path, t: usize, pp: usize, tg: usize) -> Result<f64> {
-    let out = output(
-        Command::new("python3")
-            .arg(root().join("tools/llamacpp_bench.py"))
+/// llama.cpp's tokens/s, and whether it had to run without its extra buffer types (its
+/// AMX path crashes where a VM reports AMX but does not grant it).
+fn llama_bench(site: &Path, model: &Path, t: usize, pp: usize, tg: usize) -> Result<(f64, bool)> {
+    let go = |plain: bool| {
+        let mut c = Command::new("python3");
+        c.arg(root().join("tools/llamacpp_bench.py"))
             .arg(site)
             .arg(model)
-            .args([t.to_string(), pp.to_string(), tg.to_string()]),
-    )?;
+            .args([t.to_string(), pp.to_string(), tg.to_string()]);
+        if plain {
+            c.env("PINCH_LLAMA_NO_EXTRA_BUFTS", "1");
+        }
+        output(&mut c)
+    };
+    let (out, plain) = match go(false) {
+        Ok(o) => (o, false),
+        Err(_) => (go(true)?, true),
+    };
     let key = if tg > 0 { "tg_tps" } else { "pp_tps" };
-    field(out.trim(), key).ok_or_else(|| format!("no {key} in {out}"))
+    let tps = field(out.trim(), key).ok_or_else(|| format!("no {key} in {out}"))?;
+    Ok((tps, plain))
+}
+
+/// The scaled random MoE model, generated and quantized on first use.
+fn moe_model() -> Result<PathBuf> {
+    let dir = root().join(".cache/bench-moe");
+    let q = dir.join("bench-moe-Q4_K_M.gguf");
+    if q.is_file() {
+        return Ok(q);
+    }
+    let site = crate::randshape::llama_cpp_site()?;
+    let path = crate::randshape::python_path()?;
+    run(Command::new("python3")
+        .env("PYTHONPATH", path)
+        .arg(root().join("tools/gen_moe_bench.py"))
+        .arg(&dir)
+        .arg(&site))?;
+    let _ = std::fs::remove_file(dir.join("bench-moe-F16.gguf"));
+    Ok(q)
 }
 
 /// Instructions per token under qemu-aarch64 for both CPU models.

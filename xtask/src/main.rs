@@ -29,7 +29,8 @@ const USAGE: &str = "usage: cargo xtask <command>
   test [--keep-going]               the one test command (what CI runs)
   size                              build the tv binary and report its size
   run -- <pinch args>               build the host binary and run `pinch run` on the test model
-  bench [--vs-llama-cpp] [--qemu]   speed and memory targets (issue #4) on Gemma 3 270M
+  bench [--vs-llama-cpp] [--qemu] [--moe]   speed and memory targets (issue #4) on Gemma 3 270M
+                                   (--moe: the x86 table on a scaled random MoE model)
   randshape [--seed N ...] [--new K] random-shape models and pinch ppl vs llama.cpp
   compat [--files a,b] [-k EXPR]    llama.cpp's server tests against `pinch serve`";
 

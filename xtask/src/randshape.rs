@@ -139,7 +139,7 @@ fn pip_target(dir: &str, marker: &str, packages: &[&str]) -> Result<PathBuf> {
 }
 
 /// PYTHONPATH for the tools: llama-cpp-python, then numpy + gguf.
-fn python_path() -> Result<String> {
+pub(crate) fn python_path() -> Result<String> {
     let llama = llama_cpp_site()?;
     let gguf = pip_target("py-numpy-gguf", "gguf/__init__.py", &["numpy", "gguf"])?;
     Ok(format!("{}:{}", llama.display(), gguf.display()))

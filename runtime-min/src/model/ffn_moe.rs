@@ -12,7 +12,10 @@
 //! The experts are GGUF 3-D tensors `[cols, rows, n_expert]`: expert `e`'s rows are one
 //! contiguous byte range, so an expert is a 2-D [`Tensor`] view of it ([`expert`]).
 //! A batch of prompt tokens is grouped by expert: one matrix product per expert over the
-//! tokens that chose it, so every chosen expert's weights are read once per batch.
+//! tokens that chose it, so every chosen expert's weights are read once per batch. Each
+//! token's weighted expert outputs are then added in expert order; llama.cpp adds them
+//! in the router's rank order, which gives the same bits for two experts per token and
+//! may differ in the last bit for more.
 use crate::arena::Arena;
 use crate::model::config::Config;
 use crate::model::layer::Cx;
