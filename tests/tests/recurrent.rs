@@ -311,6 +311,54 @@ fn bad_recurrent_hyper_parameters_are_clear_errors() {
     assert!(matches!(config_error(&b), ModelError::BadShape(_)));
 }
 
+/// The error loading `bytes` gives (its config is fine).
+fn load_error(bytes: &[u8]) -> ModelError {
+    let plat = MemPlatform {
+        bytes,
+        cpu: host_cpu(),
+    };
+    let g = Gguf::parse(bytes, bytes.len() as u64).unwrap();
+    let cfg = Config::from_gguf(&g).unwrap();
+    let mut region = vec![0u64; (bytes.len() * 2 + (16 << 20)) / 8];
+    let mut arena = Arena::new(pinch_kernels::blocks::bytes_of_mut(&mut region[..]));
+    let r = Loader {
+        platform: &plat,
+        file: &(),
+        gguf: &g,
+        arena: &mut arena,
+    }
+    .load(&cfg);
+    match r {
+        Err(e) => e,
+        Ok(_) => panic!("loaded"),
+    }
+}
+
+#[test]
+fn conv_taps_that_disagree_with_the_metadata_name_the_tensor() {
+    let q = fixture("tiny-qwen35-F32.gguf");
+    let b = with_kv(&q, "qwen35.ssm.conv_kernel", Some(Value::U32(3)));
+    match load_error(&b) {
+        ModelError::TensorShape {
+            name,
+            expected,
+            found,
+        } => {
+            assert_eq!(name.as_str(), "blk.0.ssm_conv1d.weight");
+            assert_eq!((expected, found), ([3, 512], [4, 512]));
+        }
+        e => panic!("{e:?}"),
+    }
+    let l = fixture("tiny-lfm2-F32.gguf");
+    let b = with_kv(&l, "lfm2.shortconv.l_cache", Some(Value::U32(4)));
+    match load_error(&b) {
+        ModelError::TensorShape { name, .. } => {
+            assert_eq!(name.as_str(), "blk.0.shortconv.conv.weight")
+        }
+        e => panic!("{e:?}"),
+    }
+}
+
 #[test]
 fn per_layer_kinds_come_from_the_file() {
     use pinch_runtime_min::model::config::MixerKind::*;

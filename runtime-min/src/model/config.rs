@@ -231,7 +231,7 @@ impl Config {
                 n_head_kv,
             };
         }
-        let hybrid = Hybrid::from_gguf(g, arch, n_layer, n_head, n_head_kv)?;
+        let hybrid = Hybrid::from_gguf(g, arch, n_layer, n_head)?;
         let mut n_head_kv = n_head_kv;
         if let Some(h) = &hybrid {
             for (k, &(mixer, kv)) in layers.iter_mut().zip(&h.layers) {

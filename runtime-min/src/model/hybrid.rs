@@ -110,13 +110,13 @@ pub struct Hybrid {
 
 impl Hybrid {
     /// The hybrid facts of `arch` (`None` for an architecture with attention in every
-    /// layer); `n_head_kv` is the scalar `attention.head_count_kv` when there is one.
+    /// layer); attention layers take their KV heads from `attention.head_count_kv` (one
+    /// integer or one per layer).
     pub fn from_gguf(
         g: &Gguf,
         arch: Arch,
         n_layer: usize,
         n_head: usize,
-        n_head_kv: usize,
     ) -> Result<Option<Hybrid>, ModelError> {
         let p = arch.name();
         let mut layers = heapless::Vec::new();
@@ -124,11 +124,12 @@ impl Hybrid {
         let (delta, shortconv) = match arch {
             Arch::Qwen35 => {
                 let rec = qwen35_recurrent_layers(g, p, n_layer)?;
-                for r in rec {
+                let kv = head_count_kv_per_layer(g, p, n_layer, n_head)?;
+                for (r, kv) in rec.into_iter().zip(kv) {
                     let k = if r == 1 {
                         (MixerKind::GatedDeltaNet, 0)
                     } else {
-                        (MixerKind::Attention, n_head_kv)
+                        (MixerKind::Attention, kv)
                     };
                     layers.push(k).map_err(too_many)?;
                 }
