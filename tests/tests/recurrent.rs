@@ -6,7 +6,7 @@
 use pinch_runtime_min::arena::Arena;
 use pinch_runtime_min::gguf::{CountSink, Gguf, GgufWriter, Sink, SliceSink, Value};
 use pinch_runtime_min::model::{
-    Config, KvType, Loader, Logits, Math, ModelError, Session, SessionOptions,
+    Config, KvType, Loader, Logits, Math, ModelError, Session, SessionOptions, Weights,
 };
 use pinch_runtime_min::platform::MemPlatform;
 use pinch_runtime_min::residency;
@@ -44,6 +44,21 @@ fn with_session_opt(
     checkpoint: bool,
     f: impl FnOnce(&mut Session<'_, '_>, &MemPlatform<'_>),
 ) {
+    with_weights(bytes, |plat, cfg, arena, weights| {
+        let weights = weights.unwrap();
+        let mut sess = Session::new(cfg, &weights, arena, opts(4)).unwrap();
+        if checkpoint {
+            sess.keep_checkpoint(arena).unwrap();
+        }
+        f(&mut sess, plat);
+    })
+}
+
+/// `f(platform, config, arena, what loading the weights of `bytes` gave)`.
+fn with_weights(
+    bytes: &[u8],
+    f: impl for<'a> FnOnce(&MemPlatform<'_>, Config, &mut Arena<'a>, Result<Weights<'a>, ModelError>),
+) {
     let plat = MemPlatform {
         bytes,
         cpu: host_cpu(),
@@ -58,13 +73,8 @@ fn with_session_opt(
         gguf: &g,
         arena: &mut arena,
     }
-    .load(&cfg)
-    .unwrap();
-    let mut sess = Session::new(cfg, &weights, &mut arena, opts(4)).unwrap();
-    if checkpoint {
-        sess.keep_checkpoint(&mut arena).unwrap();
-    }
-    f(&mut sess, &plat);
+    .load(&cfg);
+    f(&plat, cfg, &mut arena, weights);
 }
 
 fn eval_last(sess: &mut Session<'_, '_>, p: &MemPlatform<'_>, toks: &[u32]) -> Vec<f32> {
@@ -313,25 +323,9 @@ fn bad_recurrent_hyper_parameters_are_clear_errors() {
 
 /// The error loading `bytes` gives (its config is fine).
 fn load_error(bytes: &[u8]) -> ModelError {
-    let plat = MemPlatform {
-        bytes,
-        cpu: host_cpu(),
-    };
-    let g = Gguf::parse(bytes, bytes.len() as u64).unwrap();
-    let cfg = Config::from_gguf(&g).unwrap();
-    let mut region = vec![0u64; (bytes.len() * 2 + (16 << 20)) / 8];
-    let mut arena = Arena::new(pinch_kernels::blocks::bytes_of_mut(&mut region[..]));
-    let r = Loader {
-        platform: &plat,
-        file: &(),
-        gguf: &g,
-        arena: &mut arena,
-    }
-    .load(&cfg);
-    match r {
-        Err(e) => e,
-        Ok(_) => panic!("loaded"),
-    }
+    let mut err = None;
+    with_weights(bytes, |_, _, _, w| err = w.err());
+    err.expect("the weights loaded")
 }
 
 #[test]
