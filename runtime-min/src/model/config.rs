@@ -1,5 +1,5 @@
 //! Model hyper-parameters read from GGUF metadata, and the per-architecture facts that
-//! make one forward pass serve llama, qwen2, qwen3 and gemma3.
+//! make one forward pass serve llama, qwen2, qwen3, gemma3, qwen35 and lfm2.
 //!
 //! Per-layer facts (which token mixer and feed-forward a layer has, its KV heads) are
 //! in [`LayerKind`], one per layer, read from the file before any weight is.
