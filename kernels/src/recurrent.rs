@@ -5,10 +5,12 @@
 //! As llama.cpp 0c1e570 computes them on the CPU (`ggml_compute_forward_ssm_conv_f32`,
 //! `ggml_compute_forward_gated_delta_net_f32`, `build_gdn_l2_norm`, `op_softplus`):
 //!
-//! - **causal conv**: `out[t][c] = sum_i in[t - (k-1) + i][c] * w[c][i]` for taps
+//! - **causal conv**: `out[t][c] = sum_i in[t - (k-1) + i][c] * w[i][c]` for taps
 //!   `i = 0..k`, where inputs before the first token of the call come from the carried
 //!   tail (the last `k - 1` inputs of earlier calls, zeros at the start). The sum runs in
-//!   tap order in f32 with fused multiply-adds, as GCC compiles ggml's loop.
+//!   tap order in f32 as ggml's loop does (GCC fuses its multiply-adds on the golden
+//!   host; a software `fmaf` costs ~18 ns on a CPU without FMA, so here they are plain:
+//!   a difference of an ulp per output).
 //! - **L2 norm** (`x / sqrt(sum(x²) + eps)`): ggml computes it as an RMSNorm with
 //!   `eps / n` followed by a scale of `1 / sqrt(n)`, so this does the same two steps.
 //! - **gated delta rule**, one token, per value head `h` (key head `h % n_k_heads`),
@@ -32,6 +34,7 @@
 //! vectorises on every target; ggml's AVX-512 `ggml_vec_dot_f32` uses 64 lanes with
 //! fused multiply-adds, a difference of a few ulp per dot, far inside the goldens'
 //! tolerance for recurrent models.
+use crate::matvec::KernelError;
 
 /// Shapes of one Gated DeltaNet layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,16 +66,38 @@ impl DeltaDims {
     }
 }
 
+/// Most taps [`conv_causal_inplace`] takes (llama.cpp's models use 3 and 4).
+pub const MAX_CONV_TAPS: usize = 16;
+
+/// Channels [`conv_causal_inplace`] takes together (its inner loops run over them).
+const CONV_BLOCK: usize = 64;
+
+/// The taps of a depthwise conv as GGUF stores them (per channel its `k` taps, oldest
+/// first: `w[c * k + i]`) → tap-major (`out[i * ch + c]`), the layout
+/// [`conv_causal_inplace`] reads.
+pub fn taps_tap_major(w: &[f32], ch: usize, k: usize, out: &mut [f32]) {
+    for (c, wc) in w.chunks_exact(k.max(1)).take(ch).enumerate() {
+        for (i, v) in wc.iter().enumerate() {
+            if let Some(o) = out.get_mut(i * ch + c) {
+                *o = *v;
+            }
+        }
+    }
+}
+
 /// Causal depthwise convolution of `n` tokens of `ch` channels, in place.
 ///
-/// `x` holds the inputs token-major (`x[t * ch + c]`) and receives the outputs. `w` is
-/// the kernel as GGUF stores it: per channel its `k` taps, oldest first (`w[c * k + i]`).
-/// `tail` is the carried state, channel-major (`tail[c * (k - 1) + j]`, oldest first,
-/// llama.cpp's layout) and holds the last `k - 1` inputs when the call returns.
+/// `x` holds the inputs token-major (`x[t * ch + c]`) and receives the outputs. `w`
+/// holds the taps tap-major (`w[i * ch + c]`, tap 0 the oldest; see
+/// [`taps_tap_major`]). `tail` is the carried state: the previous `k - 1` inputs,
+/// token-major (`tail[j * ch + c]`, oldest first); it holds the last `k - 1` inputs
+/// when the call returns. The loops run over blocks of channels, so every step is a
+/// pass over contiguous rows (vectorised), the sum of each output in tap order.
 ///
-/// # Preconditions
-/// `k >= 1`, `x.len() >= n * ch`, `w.len() >= ch * k`, `tail.len() >= ch * (k - 1)`;
-/// shorter slices compute fewer channels or tokens (no panic).
+/// # Errors
+/// `k` is 0 or above [`MAX_CONV_TAPS`], or a slice is shorter than the shapes say
+/// (`x`: `n * ch`, `w`: `k * ch`, `tail`: `(k - 1) * ch`): [`KernelError::BadLength`],
+/// and nothing is computed.
 pub fn conv_causal_inplace(
     x: &mut [f32],
     n: usize,
@@ -80,31 +105,61 @@ pub fn conv_causal_inplace(
     w: &[f32],
     k: usize,
     tail: &mut [f32],
-) {
-    if k == 0 || ch == 0 {
-        return;
+) -> Result<(), KernelError> {
+    let bad = |what, expected, found| {
+        Err(KernelError::BadLength {
+            what,
+            expected,
+            found,
+        })
+    };
+    if k == 0 || k > MAX_CONV_TAPS {
+        return bad("conv taps (1..=16)", MAX_CONV_TAPS, k);
     }
     let m = k - 1;
-    let n = n.min(x.len() / ch);
-    let chans = ch.min(w.len() / k);
-    let chans = tail.len().checked_div(m).map_or(chans, |c| chans.min(c));
-    for c in 0..chans {
-        let wc = &w[c * k..(c + 1) * k];
-        let tc = &mut tail[c * m..(c + 1) * m];
-        for t in 0..n {
-            let input = x[t * ch + c];
-            let mut sum = 0.0f32;
-            for (s, wi) in tc.iter().zip(wc) {
-                sum = libm::fmaf(*s, *wi, sum);
+    if x.len() < n * ch {
+        return bad("conv input", n * ch, x.len());
+    }
+    if w.len() < ch * k {
+        return bad("conv taps", ch * k, w.len());
+    }
+    if tail.len() < ch * m {
+        return bad("conv state", ch * m, tail.len());
+    }
+    let mut sum = [0.0f32; CONV_BLOCK];
+    for t in 0..n {
+        let row = &mut x[t * ch..(t + 1) * ch];
+        let mut c0 = 0;
+        while c0 < ch {
+            let b = CONV_BLOCK.min(ch - c0);
+            let cs = c0..c0 + b;
+            let s = &mut sum[..b];
+            s.fill(0.0);
+            for i in 0..m {
+                let (ti, wi) = (&tail[i * ch..][cs.clone()], &w[i * ch..][cs.clone()]);
+                for ((s, a), b) in s.iter_mut().zip(ti).zip(wi) {
+                    *s += a * b;
+                }
             }
-            sum = libm::fmaf(input, wc[m], sum);
-            if m > 0 {
-                tc.copy_within(1.., 0);
-                tc[m - 1] = input;
+            let input = &mut row[cs.clone()];
+            for ((s, a), b) in s.iter_mut().zip(input.iter()).zip(&w[m * ch..][cs.clone()]) {
+                *s += a * b;
             }
-            x[t * ch + c] = sum;
+            // Slide the window: drop the oldest input, append this token's.
+            for i in 0..m {
+                let (older, newer) = tail.split_at_mut((i + 1) * ch);
+                let src = if i + 1 < m {
+                    &newer[cs.clone()]
+                } else {
+                    &*input
+                };
+                older[i * ch..][cs.clone()].copy_from_slice(src);
+            }
+            input.copy_from_slice(s);
+            c0 += b;
         }
     }
+    Ok(())
 }
 
 /// `x / sqrt(sum(x²) + eps)` in place, as ggml's `rms_norm(x, eps / n) / sqrt(n)`:
@@ -315,7 +370,15 @@ mod tests {
     #[test]
     fn conv_in_calls_of_any_size_equals_the_formula() {
         let mut rng = Rng(3);
-        for (k, ch) in [(1usize, 5usize), (2, 1), (3, 7), (4, 33), (5, 2)] {
+        for (k, ch) in [
+            (1usize, 5usize),
+            (2, 1),
+            (3, 7),
+            (4, 33),
+            (5, 2),
+            (4, 150),
+            (3, 64),
+        ] {
             let total = 11;
             let hist: Vec<Vec<f32>> = (0..total)
                 .map(|_| {
@@ -327,12 +390,14 @@ mod tests {
             let mut w = vec![0f32; ch * k];
             rng.fill_f32(&mut w, 1.0);
             let want = conv_naive(&hist, &w, k, ch);
+            let mut wt = vec![0f32; ch * k];
+            taps_tap_major(&w, ch, k, &mut wt);
             // Calls of 1, 3, 2, 5 tokens: the tail carries across each boundary.
             let mut tail = vec![0f32; ch * (k - 1)];
             let mut t0 = 0;
             for n in [1usize, 3, 2, 5] {
                 let mut x: Vec<f32> = hist[t0..t0 + n].concat();
-                conv_causal_inplace(&mut x, n, ch, &w, k, &mut tail);
+                conv_causal_inplace(&mut x, n, ch, &wt, k, &mut tail).unwrap();
                 for t in 0..n {
                     for c in 0..ch {
                         let (a, b) = (x[t * ch + c], want[t0 + t][c]);
@@ -345,13 +410,41 @@ mod tests {
                 }
                 t0 += n;
             }
-            // The tail is the last k-1 inputs, channel-major.
+            // The tail is the last k-1 inputs, token-major.
             for c in 0..ch {
                 for j in 0..k - 1 {
-                    assert_eq!(tail[c * (k - 1) + j], hist[total - (k - 1) + j][c]);
+                    assert_eq!(tail[j * ch + c], hist[total - (k - 1) + j][c]);
                 }
             }
         }
+    }
+
+    #[test]
+    fn conv_refuses_bad_taps_and_short_slices() {
+        let (mut x, mut tail) = ([1.0f32; 8], [0.0f32; 8]);
+        let w = [0.5f32; 8];
+        for k in [0usize, MAX_CONV_TAPS + 1] {
+            let r = conv_causal_inplace(&mut x, 2, 4, &w, k, &mut tail);
+            assert!(matches!(r, Err(KernelError::BadLength { .. })), "k {k}");
+        }
+        // 4 channels of 3 taps need 12 weights and 8 tail values.
+        let r = conv_causal_inplace(&mut x, 2, 4, &w, 3, &mut tail);
+        assert!(matches!(
+            r,
+            Err(KernelError::BadLength {
+                what: "conv taps",
+                ..
+            })
+        ));
+        let r = conv_causal_inplace(&mut x, 3, 4, &[0.5; 12], 3, &mut tail);
+        assert!(matches!(
+            r,
+            Err(KernelError::BadLength {
+                what: "conv input",
+                ..
+            })
+        ));
+        assert_eq!(x, [1.0; 8], "nothing computed on error");
     }
 
     #[test]
@@ -364,11 +457,11 @@ mod tests {
         rng.fill_f32(&mut w, 1.0);
         let mut batch = x.clone();
         let mut tail_b = vec![0f32; ch * (k - 1)];
-        conv_causal_inplace(&mut batch, n, ch, &w, k, &mut tail_b);
+        conv_causal_inplace(&mut batch, n, ch, &w, k, &mut tail_b).unwrap();
         let mut tail_s = vec![0f32; ch * (k - 1)];
         for t in 0..n {
             let row = &mut x[t * ch..(t + 1) * ch];
-            conv_causal_inplace(row, 1, ch, &w, k, &mut tail_s);
+            conv_causal_inplace(row, 1, ch, &w, k, &mut tail_s).unwrap();
         }
         assert!(batch
             .iter()

@@ -6,7 +6,7 @@
 use pinch_runtime_min::arena::Arena;
 use pinch_runtime_min::gguf::{CountSink, Gguf, GgufWriter, Sink, SliceSink, Value};
 use pinch_runtime_min::model::{
-    Config, KvType, Loader, Logits, Math, ModelError, Session, SessionOptions,
+    Config, KvType, Loader, Logits, Math, ModelError, Session, SessionOptions, Weights,
 };
 use pinch_runtime_min::platform::MemPlatform;
 use pinch_runtime_min::residency;
@@ -45,6 +45,21 @@ fn with_session_opt(
     checkpoint: bool,
     f: impl FnOnce(&mut Session<'_, '_>, &MemPlatform<'_>),
 ) {
+    with_weights(bytes, |plat, cfg, arena, weights| {
+        let weights = weights.unwrap();
+        let mut sess = Session::new(cfg, &weights, arena, opts(4)).unwrap();
+        if checkpoint {
+            sess.keep_checkpoint(arena).unwrap();
+        }
+        f(&mut sess, plat);
+    })
+}
+
+/// `f(platform, config, arena, what loading the weights of `bytes` gave)`.
+fn with_weights(
+    bytes: &[u8],
+    f: impl for<'a> FnOnce(&MemPlatform<'_>, Config, &mut Arena<'a>, Result<Weights<'a>, ModelError>),
+) {
     let plat = MemPlatform {
         bytes,
         cpu: host_cpu(),
@@ -59,13 +74,8 @@ fn with_session_opt(
         gguf: &g,
         arena: &mut arena,
     }
-    .load(&cfg)
-    .unwrap();
-    let mut sess = Session::new(cfg, &weights, &mut arena, opts(4)).unwrap();
-    if checkpoint {
-        sess.keep_checkpoint(&mut arena).unwrap();
-    }
-    f(&mut sess, &plat);
+    .load(&cfg);
+    f(&plat, cfg, &mut arena, weights);
 }
 
 fn eval_last(sess: &mut Session<'_, '_>, p: &MemPlatform<'_>, toks: &[u32]) -> Vec<f32> {
@@ -310,6 +320,38 @@ fn bad_recurrent_hyper_parameters_are_clear_errors() {
     // A scalar head_count_kv that does not divide head_count.
     let b = with_kv(&l, "lfm2.attention.head_count_kv", Some(Value::U32(3)));
     assert!(matches!(config_error(&b), ModelError::BadShape(_)));
+}
+
+/// The error loading `bytes` gives (its config is fine).
+fn load_error(bytes: &[u8]) -> ModelError {
+    let mut err = None;
+    with_weights(bytes, |_, _, _, w| err = w.err());
+    err.expect("the weights loaded")
+}
+
+#[test]
+fn conv_taps_that_disagree_with_the_metadata_name_the_tensor() {
+    let q = fixture("tiny-qwen35-F32.gguf");
+    let b = with_kv(&q, "qwen35.ssm.conv_kernel", Some(Value::U32(3)));
+    match load_error(&b) {
+        ModelError::TensorShape {
+            name,
+            expected,
+            found,
+        } => {
+            assert_eq!(name.as_str(), "blk.0.ssm_conv1d.weight");
+            assert_eq!((expected, found), ([3, 512], [4, 512]));
+        }
+        e => panic!("{e:?}"),
+    }
+    let l = fixture("tiny-lfm2-F32.gguf");
+    let b = with_kv(&l, "lfm2.shortconv.l_cache", Some(Value::U32(4)));
+    match load_error(&b) {
+        ModelError::TensorShape { name, .. } => {
+            assert_eq!(name.as_str(), "blk.0.shortconv.conv.weight")
+        }
+        e => panic!("{e:?}"),
+    }
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! Model hyper-parameters read from GGUF metadata, and the per-architecture facts that
-//! make one forward pass serve llama, qwen2, qwen3, gemma3 and the MoE qwen3moe and
-//! bailingmoe2.
+//! make one forward pass serve llama, qwen2, qwen3, gemma3, the MoE qwen3moe and
+//! bailingmoe2, and the hybrid qwen35 and lfm2.
 //!
 //! Per-layer facts (which token mixer and feed-forward a layer has, its KV heads) are
 //! in [`LayerKind`], one per layer, read from the file before any weight is.
@@ -253,7 +253,7 @@ impl Config {
                 n_head_kv,
             };
         }
-        let hybrid = Hybrid::from_gguf(g, arch, n_layer, n_head, n_head_kv)?;
+        let hybrid = Hybrid::from_gguf(g, arch, n_layer, n_head)?;
         let mut n_head_kv = n_head_kv;
         if let Some(h) = &hybrid {
             for (k, &(mixer, kv)) in layers.iter_mut().zip(&h.layers) {

@@ -102,7 +102,7 @@ impl<'a> DeltaNet<'a> {
     /// Scratch floats a pass of `nb` tokens needs (see [`Self::run`]).
     pub fn scratch_floats(hp: &DeltaNetHparams, nb: usize) -> usize {
         let d = hp.dims;
-        nb * (d.conv_dim() + 2 * d.v_dim() + 2 * d.n_v_heads) + d.conv_dim() * hp.conv_kernel
+        nb * (d.conv_dim() + 2 * d.v_dim() + 2 * d.n_v_heads) + 2 * d.conv_dim() * hp.conv_kernel
     }
 
     /// `cx.s.xn` (the normed input of `n` tokens at positions `pos0..`) → `cx.s.xn`,
@@ -124,7 +124,7 @@ impl<'a> DeltaNet<'a> {
         let (beta, rest) = rest.split_at_mut(n * nv);
         let (g, rest) = rest.split_at_mut(n * nv);
         let (o, rest) = rest.split_at_mut(n * vd);
-        let wconv = &mut rest[..cd * k];
+        let wconv = &mut rest[..2 * cd * k];
         cx.mm.linear_many(
             &s.xn[..n * e],
             n,

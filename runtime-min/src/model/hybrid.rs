@@ -20,7 +20,7 @@ use crate::model::weights::MAX_LAYERS;
 use crate::model::ModelError;
 
 /// Most taps of a causal conv (llama.cpp's models use 3 and 4).
-pub const MAX_CONV_KERNEL: usize = 16;
+pub const MAX_CONV_KERNEL: usize = pinch_kernels::recurrent::MAX_CONV_TAPS;
 
 /// Per-layer KV head counts (0 = a layer without attention).
 pub type PerLayer = heapless::Vec<usize, MAX_LAYERS>;
@@ -110,13 +110,13 @@ pub struct Hybrid {
 
 impl Hybrid {
     /// The hybrid facts of `arch` (`None` for an architecture with attention in every
-    /// layer); `n_head_kv` is the scalar `attention.head_count_kv` when there is one.
+    /// layer); attention layers take their KV heads from `attention.head_count_kv` (one
+    /// integer or one per layer).
     pub fn from_gguf(
         g: &Gguf,
         arch: Arch,
         n_layer: usize,
         n_head: usize,
-        n_head_kv: usize,
     ) -> Result<Option<Hybrid>, ModelError> {
         let p = arch.name();
         let mut layers = heapless::Vec::new();
@@ -124,11 +124,12 @@ impl Hybrid {
         let (delta, shortconv) = match arch {
             Arch::Qwen35 => {
                 let rec = qwen35_recurrent_layers(g, p, n_layer)?;
-                for r in rec {
+                let kv = head_count_kv_per_layer(g, p, n_layer, n_head)?;
+                for (r, kv) in rec.into_iter().zip(kv) {
                     let k = if r == 1 {
                         (MixerKind::GatedDeltaNet, 0)
                     } else {
-                        (MixerKind::Attention, n_head_kv)
+                        (MixerKind::Attention, kv)
                     };
                     layers.push(k).map_err(too_many)?;
                 }
@@ -274,7 +275,7 @@ pub fn imrope_text_pairs(sections: [u32; 4], n_rot: usize) -> [bool; 128] {
 }
 
 /// A recurrent layer's state, fixed in size whatever the context length: the conv tail
-/// (the last `k - 1` conv inputs, channel-major) and, for Gated DeltaNet, one `d × d`
+/// (the last `k - 1` conv inputs, token-major) and, for Gated DeltaNet, one `d × d`
 /// matrix per value head (empty for short-conv layers).
 pub struct RecurrentState<'a> {
     pub conv: &'a mut [f32],
@@ -303,8 +304,9 @@ impl<'a> RecurrentState<'a> {
     }
 
     /// The causal conv of `n` tokens of `ch` channels in `x` (in place) with the taps of
-    /// `conv` (decoded into `taps`), advancing the conv tail. A pass at position 0 first
-    /// clears the whole state: the conv is every recurrent mixer's first step.
+    /// `conv` (decoded into `taps`, `2 * ch * k` floats), advancing the conv tail. A pass
+    /// at position 0 first clears the whole state: the conv is every recurrent mixer's
+    /// first step.
     pub fn conv_inplace(
         &mut self,
         conv: &crate::model::weights::Tensor,
@@ -317,8 +319,11 @@ impl<'a> RecurrentState<'a> {
         if pos0 == 0 {
             self.clear();
         }
-        pinch_kernels::matvec::dequantize_row(conv.ty, conv.data, taps)?;
-        pinch_kernels::recurrent::conv_causal_inplace(x, n, ch, taps, conv.cols, self.conv);
+        let k = conv.cols;
+        let (stored, tap_major) = taps.split_at_mut(ch * k);
+        pinch_kernels::matvec::dequantize_row(conv.ty, conv.data, stored)?;
+        pinch_kernels::recurrent::taps_tap_major(stored, ch, k, tap_major);
+        pinch_kernels::recurrent::conv_causal_inplace(x, n, ch, tap_major, k, self.conv)?;
         Ok(())
     }
 

@@ -7,11 +7,14 @@
 //! activations (the oracle), [`Math::Fast`] quantizes activations like llama.cpp and uses
 //! the SIMD kernels.
 //!
-//! - [`config`]: hyper-parameters and per-layer kinds from the GGUF metadata;
+//! - [`config`]: hyper-parameters and per-layer kinds from the GGUF metadata; [`hybrid`]:
+//!   those of the recurrent architectures (qwen35, lfm2), the recurrent state and its
+//!   checkpoint;
 //! - [`weights`]: the loader and the model's tensors; [`layer`]: a layer's blocks, their
 //!   matrices (for streaming and repacking) and per-layer state;
-//! - blocks: [`attention`] (token mixer), [`ffn_dense`] and [`ffn_moe`] (feed-forwards;
-//!   [`moe_route`]: which experts a token runs);
+//! - blocks: token mixers [`attention`] (optionally gated), [`deltanet`] (Gated
+//!   DeltaNet), [`shortconv`] (short convolution); feed-forwards [`ffn_dense`] and
+//!   [`ffn_moe`] ([`moe_route`]: which experts a token runs);
 //! - [`forward`]: the session (position, state, scratch) and the pass; [`matmul`]: matrix
 //!   products over the workers; [`scratch`]: the shared activations; [`kv`]: a KV plane;
 //!   [`stream`]: weights read from the file alongside the pass.
@@ -88,7 +91,8 @@ pub enum ModelError {
         n_past: usize,
     },
     /// `Session::truncate` of a model with recurrent layers to a position between 0 and
-    /// the current one: their state holds only the latest position.
+    /// the current one: their state holds only the latest position (and the checkpoint,
+    /// if kept, another one).
     TruncateRecurrent {
         to: usize,
         n_past: usize,

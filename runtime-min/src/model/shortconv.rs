@@ -68,7 +68,7 @@ impl<'a> ShortConv<'a> {
 
     /// Scratch floats a pass of `nb` tokens needs (see [`Self::run`]).
     pub fn scratch_floats(hp: &ShortConvHparams, n_embd: usize, nb: usize) -> usize {
-        nb * 4 * n_embd + n_embd * hp.l_cache
+        nb * 4 * n_embd + 2 * n_embd * hp.l_cache
     }
 
     /// `cx.s.xn` (the normed input of `n` tokens at positions `pos0..`) → `cx.s.xn`,
@@ -85,7 +85,7 @@ impl<'a> ShortConv<'a> {
         let s = &mut *cx.s;
         let (bcx, rest) = s.mixer.split_at_mut(n * 3 * e);
         let (y, rest) = rest.split_at_mut(n * e);
-        let wconv = &mut rest[..e * k];
+        let wconv = &mut rest[..2 * e * k];
         cx.mm
             .linear(&self.w_in, &s.xn[..n * e], n, bcx, s.act_q, s.mm_tmp, s.row)?;
         cx.clock.lap(Op::QkvProj);
