@@ -19,6 +19,8 @@ pub enum Command {
     Recut,
     /// Replay a MoE routing trace through expert pools (`crate::pager::sim`).
     MoeSim,
+    /// Generate long answers and score them for loops (`commands::loops`).
+    Loops,
     Help,
 }
 
@@ -94,6 +96,12 @@ pub struct Opts<'s> {
     pub no_repack: bool,
     /// head-select / recut: write the result to this file (`-o`; `None` or `-`: stdout).
     pub output: Option<&'s str>,
+    /// loops: plain prompts, no chat template (`--plain`, for base models).
+    pub plain: bool,
+    /// head selection: language weights over the corpus files (`--head-lang en=3,code`).
+    pub head_lang: Option<&'s str>,
+    /// head-select: rank by the model's own predictions over the corpus too (`--soft`).
+    pub soft: bool,
     /// serve, llama-server's flags: `--alias`, `--api-key`, `--parallel`,
     /// `--chat-template NAME`, `--chat-template-file FILE`, `--no-webui`, `--no-slots`,
     /// `--no-metrics`, `--cors-origins localhost`.
@@ -153,6 +161,7 @@ commands:
   serve     HTTP server (OpenAI and llama-server APIs, web page): pinch serve -m M --port 8080
   head-select  rows of a pruned LM head:  pinch head-select -m M --corpus DIR --rows N -o head.ids
   recut     GGUF with a pruned head:      pinch recut -m M --head head.ids -o M2.gguf
+  loops     long answers scored for loops: pinch loops -m M [-n 600] [--plain] [--repeat-penalty 1.15]
   moe-sim   replay a MoE routing trace:   pinch moe-sim TRACE --pool N --policy lfu|lru
 
 flags (llama.cpp names):
@@ -207,6 +216,11 @@ flags (llama.cpp names):
   --head-rows N           pruned LM head of N rows chosen from --corpus at load time
   --corpus LIST           comma-separated text files, or directories with a files.txt
                           list (default tests/data/corpus)
+  --head-lang LIST        head selection: weight the corpus files by language, named by
+                          file (en.txt: en): en,code or en=3,code=1 (others weigh 0)
+  --soft                  head-select: add the model's predicted probabilities over the
+                          corpus to the counts (runs the model; ranks far better)
+  --plain                 loops: prompts as plain text, no chat template (base models)
   -o, --output FILE       head-select, recut: write FILE (atomically) instead of stdout
   --pool N                moe-sim: expert slots per MoE layer
   --policy lfu|lru        moe-sim: eviction (decayed use frequency, or least recent)
@@ -274,7 +288,7 @@ impl<'s> Opts<'s> {
             model: None,
             prompt: None,
             file: None,
-            n_predict: 128,
+            n_predict: if command == Command::Loops { 600 } else { 128 },
             threads: 0,
             n_ctx: 0,
             n_batch: 64,
@@ -314,6 +328,9 @@ impl<'s> Opts<'s> {
             repack_cache: None,
             no_repack: false,
             output: None,
+            plain: false,
+            head_lang: None,
+            soft: false,
             serve: ServeFlags::default(),
         }
     }
@@ -334,6 +351,7 @@ impl<'s> Opts<'s> {
             "head-select" => Command::HeadSelect,
             "recut" => Command::Recut,
             "moe-sim" => Command::MoeSim,
+            "loops" => Command::Loops,
             "help" | "-h" | "--help" => Command::Help,
             other => return Err(CliError::UnknownCommand(other)),
         };
@@ -443,6 +461,9 @@ impl<'s> Opts<'s> {
                 "--head" => o.head = Some(val()?),
                 "--head-rows" | "--rows" => o.head_rows = num!(),
                 "--corpus" => o.corpus = val()?,
+                "--head-lang" => o.head_lang = Some(val()?),
+                "--plain" => o.plain = true,
+                "--soft" => o.soft = true,
                 "--guard" => {
                     let v = val()?;
                     o.guard = Some(parse_size(v).ok_or(CliError::BadValue { flag, value: v })?);

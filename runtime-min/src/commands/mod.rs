@@ -2,6 +2,7 @@
 //! platform. The OS crate parses nothing itself: it hands the arguments to [`main`].
 pub mod bench;
 pub mod head_select;
+pub mod loops;
 pub mod moe_sim;
 pub mod out;
 pub mod ppl;
@@ -115,7 +116,7 @@ pub fn main<P: Platform>(p: &P, args: &[&str], region: &mut [u8]) -> i32 {
             let _ = Out::stdout(p).write_str(USAGE);
             Ok(())
         }
-        Command::HeadSelect => head_select::head_select(p, &o, region),
+        Command::HeadSelect if !o.soft => head_select::head_select(p, &o, region),
         Command::Recut => recut::recut(p, &o, region),
         Command::MoeSim => moe_sim::moe_sim(p, &o, region),
         Command::Bench if o.storage.is_some() => bench::storage(p, &o, region),
@@ -126,11 +127,9 @@ pub fn main<P: Platform>(p: &P, args: &[&str], region: &mut [u8]) -> i32 {
             Command::Tokenize => tokenize::tokenize(ctx),
             Command::Bench => bench::bench(ctx),
             Command::Serve => serve::serve(ctx),
-            Command::Inspect
-            | Command::Help
-            | Command::HeadSelect
-            | Command::Recut
-            | Command::MoeSim => Ok(()),
+            Command::Loops => loops::loops(ctx),
+            Command::HeadSelect => head_select::head_select_soft(ctx),
+            Command::Inspect | Command::Help | Command::Recut | Command::MoeSim => Ok(()),
         }),
     };
     match res {

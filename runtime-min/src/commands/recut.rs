@@ -92,7 +92,7 @@ pub fn recut<P: Platform>(p: &P, o: &Opts, region: &mut [u8]) -> Result<(), AppE
     let nv = tok.n_vocab() as usize;
     let ids = match (o.head, o.head_rows) {
         (Some(h), _) => read_ids(p, &mut arena, h, nv)?,
-        (None, n) if n > 0 => select_from_corpus(p, &tok, &mut arena, o.corpus, n)?,
+        (None, n) if n > 0 => select_from_corpus(p, &tok, &mut arena, o.corpus, o.head_lang, n)?,
         _ => {
             return Err(AppError::Usage(
                 "give the head with --head FILE or --head-rows N",
