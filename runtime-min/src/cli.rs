@@ -52,6 +52,9 @@ pub struct Opts<'s> {
     /// Attention skips keys whose weight is below 1e-4 of the best. `None`: the
     /// command's default (on, except for `ppl`, which measures the exact model).
     pub attn_skip: Option<bool>,
+    /// `--swa-full`: sliding-window layers keep a row per position of the context
+    /// (llama.cpp's flag), not only their window.
+    pub swa_full: bool,
     /// Print where the time went (per kind of operation) at the end.
     pub profile: bool,
     /// serve: address, port (0: any free port) and how many requests may wait.
@@ -136,6 +139,8 @@ flags (llama.cpp names):
   --verify-stream         compare every streamed tensor with the file
   --storage FILE          bench: sequential read speed of FILE (direct and buffered)
   --cache-type-k f16|f32  KV cache type (default f16)
+  --swa-full              sliding-window layers keep the whole context in the KV
+                          cache (default: only their window, a ring; same logits)
   --reference             f32 oracle arithmetic (slow; for checking)
   --attn-skip, --no-attn-skip
                           skip keys whose attention weight is < 1e-4 of the best
@@ -236,6 +241,7 @@ impl<'s> Opts<'s> {
             bench_depth: 0,
             verbose: false,
             attn_skip: None,
+            swa_full: false,
             profile: false,
             host: "127.0.0.1",
             port: 8080,
@@ -330,6 +336,7 @@ impl<'s> Opts<'s> {
                 "-sys" | "--system" => o.system = Some(val()?),
                 "--reference" => o.math = Math::Reference,
                 "--no-attn-skip" => o.attn_skip = Some(false),
+                "--swa-full" => o.swa_full = true,
                 "--attn-skip" => o.attn_skip = Some(true),
                 "--profile" => o.profile = true,
                 "--ignore-eos" => o.ignore_eos = true,

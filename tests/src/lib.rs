@@ -74,6 +74,24 @@ pub fn run_logits_streamed(
     run_on(&plat, gguf_bytes, tokens, spec, weight_budget, false).map(|(r, _)| r)
 }
 
+/// [`run_logits`] with sliding-window layers keeping a KV row for every position
+/// (`--swa-full`) instead of a ring of their window.
+pub fn run_logits_swa_full(
+    gguf_bytes: &[u8],
+    tokens: &[u32],
+    spec: RunSpec,
+) -> Result<Vec<Vec<f32>>, ModelError> {
+    let plat = MemPlatform {
+        bytes: gguf_bytes,
+        cpu: host_cpu(),
+    };
+    let full = Options {
+        swa_ring: false,
+        ..Options::default()
+    };
+    run_with(&plat, gguf_bytes, tokens, spec, full).map(|((_, rows, _), _)| rows)
+}
+
 /// [`run_logits`] with the matrices repacked at load as `pinch run` does
 /// (`Layout::preferred` for this CPU); also returns how many tensors were repacked.
 pub fn run_logits_repacked(
@@ -102,6 +120,24 @@ pub fn run_logits_threaded(
     run_on(&plat, gguf_bytes, tokens, spec, weight_budget, false).map(|(r, _)| r)
 }
 
+/// How [`run_with`] loads and runs beyond the [`RunSpec`].
+#[derive(Clone, Copy)]
+struct Options {
+    weight_budget: Option<u64>,
+    repack: bool,
+    swa_ring: bool,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            weight_budget: None,
+            repack: false,
+            swa_ring: true,
+        }
+    }
+}
+
 /// The run behind the helpers above, with the weights read through the repacking
 /// platform when `repack` (and the number of tensors it repacked).
 fn run_on<P: Platform<File = ()>>(
@@ -112,6 +148,26 @@ fn run_on<P: Platform<File = ()>>(
     weight_budget: Option<u64>,
     repack: bool,
 ) -> Result<(StreamedRun, usize), ModelError> {
+    let o = Options {
+        weight_budget,
+        repack,
+        ..Options::default()
+    };
+    run_with(plat, gguf_bytes, tokens, spec, o)
+}
+
+fn run_with<P: Platform<File = ()>>(
+    plat: &P,
+    gguf_bytes: &[u8],
+    tokens: &[u32],
+    spec: RunSpec,
+    o: Options,
+) -> Result<(StreamedRun, usize), ModelError> {
+    let Options {
+        weight_budget,
+        repack,
+        swa_ring,
+    } = o;
     let g = Gguf::parse(gguf_bytes, gguf_bytes.len() as u64)
         .map_err(|_| ModelError::BadShape("gguf parse"))?;
     let cfg = Config::from_gguf(&g)?;
@@ -140,6 +196,7 @@ fn run_on<P: Platform<File = ()>>(
         threads: spec.threads,
         head_group: 4,
         attn_skip: spec.attn_skip,
+        swa_ring,
         cpu: plat.cpu(),
     };
     let read = |off: u64, buf: &mut [u8], d: bool| plat.read_at(&(), off, buf, d);

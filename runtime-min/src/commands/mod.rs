@@ -190,6 +190,7 @@ pub fn session_options<P: Platform>(p: &P, o: &Opts, cfg: &Config) -> SessionOpt
         threads,
         head_group: 1,
         attn_skip: o.attn_skip.unwrap_or(o.command != Command::Ppl),
+        swa_ring: !o.swa_full,
         cpu: p.cpu(),
     }
 }

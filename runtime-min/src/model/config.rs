@@ -1,5 +1,8 @@
 //! Model hyper-parameters read from GGUF metadata, and the per-architecture facts that
 //! make one forward pass serve llama, qwen2, qwen3 and gemma3.
+//!
+//! Per-layer facts (which token mixer and feed-forward a layer has, its KV heads) are
+//! in [`LayerKind`], one per layer, read from the file before any weight is.
 use core::fmt::Write;
 
 use pinch_kernels::ops::RopeKind;
@@ -34,6 +37,32 @@ impl Arch {
             Arch::Gemma3 => "gemma3",
         }
     }
+}
+
+/// Most layers pinch loads (a fixed table keeps runtime-min allocation-free).
+pub const MAX_LAYERS: usize = 128;
+
+/// A layer's token mixer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum MixerKind {
+    #[default]
+    Attention,
+}
+
+/// A layer's feed-forward block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum FfnKind {
+    #[default]
+    Dense,
+}
+
+/// What layer `il` is made of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct LayerKind {
+    pub mixer: MixerKind,
+    pub ffn: FfnKind,
+    /// KV heads of an attention layer (0 for other mixers).
+    pub n_head_kv: usize,
 }
 
 /// The FFN's gate activation.
@@ -77,6 +106,10 @@ pub struct Config {
     /// the scale is applied to KQ.
     pub scale_q: bool,
     pub ffn_act: FfnAct,
+    /// q, k and v have biases (qwen2).
+    pub qkv_bias: bool,
+    /// Per-layer kinds: `layers[..n_layer]`.
+    pub layers: [LayerKind; MAX_LAYERS],
 }
 
 impl Config {
@@ -89,6 +122,18 @@ impl Config {
     }
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
+    }
+    /// What layer `il` is made of.
+    pub fn layer(&self, il: usize) -> LayerKind {
+        self.layers[il.min(MAX_LAYERS - 1)]
+    }
+    /// The widest K (or V) row of any attention layer.
+    pub fn max_kv_dim(&self) -> usize {
+        self.layers[..self.n_layer.min(MAX_LAYERS)]
+            .iter()
+            .map(|k| k.n_head_kv * self.head_dim)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Read the config of `g`; errors name the missing or bad key.
@@ -105,6 +150,11 @@ impl Config {
             g.get_u64(&key)
         };
         let n_layer = u("block_count").ok_or(ModelError::MissingKey("block_count"))? as usize;
+        if n_layer > MAX_LAYERS {
+            return Err(ModelError::BadShape(
+                "more layers than pinch supports (128)",
+            ));
+        }
         let n_embd =
             u("embedding_length").ok_or(ModelError::MissingKey("embedding_length"))? as usize;
         let n_ff =
@@ -149,6 +199,14 @@ impl Config {
             return Err(ModelError::BadShape("rope.dimension_count"));
         }
         let gemma = arch == Arch::Gemma3;
+        let mut layers = [LayerKind::default(); MAX_LAYERS];
+        for k in layers.iter_mut().take(n_layer) {
+            *k = LayerKind {
+                mixer: MixerKind::Attention,
+                ffn: FfnKind::Dense,
+                n_head_kv,
+            };
+        }
         Ok(Config {
             arch,
             n_layer,
@@ -188,6 +246,8 @@ impl Config {
             } else {
                 FfnAct::Silu
             },
+            qkv_bias: arch == Arch::Qwen2,
+            layers,
         })
     }
 }

@@ -1,19 +1,34 @@
-//! Dense transformer models: config, weights and the forward pass.
+//! Models: config, weights, the blocks a layer is made of, and the forward pass.
 //!
-//! One forward pass ([`forward`]) serves llama, qwen2, qwen3 and gemma3; the
-//! differences are data in [`config::Config`]. Two arithmetic modes share it:
-//! [`Math::Reference`] dequantizes weights to f32 and never quantizes activations (the
-//! oracle), [`Math::Fast`] quantizes activations like llama.cpp and uses the SIMD kernels.
+//! One forward pass ([`forward`]) serves every architecture: a layer is its blocks
+//! ([`layer`]: a token mixer and a feed-forward, each kind in its own file), and the
+//! per-architecture differences are data in [`config::Config`]. Two arithmetic modes
+//! share it: [`Math::Reference`] dequantizes weights to f32 and never quantizes
+//! activations (the oracle), [`Math::Fast`] quantizes activations like llama.cpp and uses
+//! the SIMD kernels.
+//!
+//! - [`config`]: hyper-parameters and per-layer kinds from the GGUF metadata;
+//! - [`weights`]: the loader and the model's tensors; [`layer`]: a layer's blocks, their
+//!   matrices (for streaming and repacking) and per-layer state;
+//! - blocks: [`attention`] (token mixer), [`ffn_dense`] (feed-forward);
+//! - [`forward`]: the session (position, state, scratch) and the pass; [`matmul`]: matrix
+//!   products over the workers; [`scratch`]: the shared activations; [`kv`]: a KV plane;
+//!   [`stream`]: weights read from the file alongside the pass.
+pub mod attention;
 pub mod config;
+pub mod ffn_dense;
 pub mod forward;
 pub mod kv;
+pub mod layer;
+pub mod matmul;
+pub mod scratch;
 pub mod stream;
 pub mod weights;
 
 use pinch_kernels::GgmlType;
 
 pub use config::{Arch, Config};
-pub use forward::{Logits, Math, Session, SessionOptions};
+pub use forward::{Logits, Math, Op, Session, SessionOptions};
 pub use kv::KvType;
 pub use weights::{Loader, Tensor, Weights};
 
