@@ -411,10 +411,13 @@ fn malformed_metadata_is_an_error_not_a_panic() {
         );
     }
     let mut arena = Arena::new(&mut region);
-    assert_eq!(
-        Tokenizer::from_source(&source(&toks, 4, "bert"), &mut arena).err(),
-        Some(TokenizerError::UnsupportedModel)
-    );
+    match Tokenizer::from_source(&source(&toks, 4, "bert"), &mut arena).err() {
+        Some(e @ TokenizerError::UnsupportedModel { name }) => {
+            assert_eq!(name.as_str(), "bert");
+            assert!(e.to_string().contains("'bert'"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
     // Scores of the wrong type, too few types, BPE without merges, unknown pre-tokenizer.
     let mut s = source(&toks, 4, "llama");
     s.scores = Some(ArrayView {
@@ -457,10 +460,23 @@ fn malformed_metadata_is_an_error_not_a_panic() {
     });
     s.pre = Some("no-such-pre");
     let mut arena = Arena::new(&mut region);
-    assert_eq!(
-        Tokenizer::from_source(&s, &mut arena).err(),
-        Some(TokenizerError::UnsupportedPreTokenizer)
-    );
+    match Tokenizer::from_source(&s, &mut arena).err() {
+        Some(e @ TokenizerError::UnsupportedPreTokenizer { name }) => {
+            // The error names the value and lists what is supported.
+            assert_eq!(name.as_str(), "no-such-pre");
+            let msg = e.to_string();
+            for want in [
+                "'no-such-pre'",
+                " smollm",
+                " llama-bpe",
+                " deepseek-v3",
+                " kimi-k2",
+            ] {
+                assert!(msg.contains(want), "{want} missing from: {msg}");
+            }
+        }
+        other => panic!("{other:?}"),
+    }
     // An arena too small is reported, naming the account.
     let mut tiny = [0u8; 256];
     let mut arena = Arena::new(&mut tiny);

@@ -22,13 +22,14 @@
 mod bpe;
 mod heap;
 mod pretok;
+mod rx;
 mod spm;
 mod stream;
 mod table;
 mod unicode;
 mod unicode_tables;
 
-pub use pretok::PreTokenizer;
+pub use pretok::{PreInfo, PreTokenizer, NAMES as PRE_TOKENIZER_NAMES};
 pub use stream::Utf8Stream;
 
 use crate::arena::{Arena, ArenaError};
@@ -73,9 +74,9 @@ pub enum TokenizerError {
     /// An array's bytes end before element `index` does.
     Malformed { key: &'static str, index: u64 },
     /// `tokenizer.ggml.model` is not `llama` or `gpt2`.
-    UnsupportedModel,
+    UnsupportedModel { name: Name },
     /// `tokenizer.ggml.pre` names a pre-tokenizer this crate does not implement.
-    UnsupportedPreTokenizer,
+    UnsupportedPreTokenizer { name: Name },
     /// A size does not fit the `u32` tables.
     TooLarge { what: &'static str },
     /// The arena could not hold the tables.
@@ -105,17 +106,21 @@ impl core::fmt::Display for TokenizerError {
             E::Malformed { key, index } => {
                 write!(f, "tokenizer: '{key}' is malformed at element {index}")
             }
-            E::UnsupportedModel => {
+            E::UnsupportedModel { name } => write!(
+                f,
+                "tokenizer: tokenizer.ggml.model is '{name}', which pinch does not support \
+                 (supported: llama = SentencePiece, gpt2 = byte-level BPE)"
+            ),
+            E::UnsupportedPreTokenizer { name } => {
                 write!(
                     f,
-                    "tokenizer: tokenizer.ggml.model is not 'llama' or 'gpt2'"
-                )
-            }
-            E::UnsupportedPreTokenizer => {
-                write!(
-                    f,
-                    "tokenizer: tokenizer.ggml.pre names an unsupported pre-tokenizer"
-                )
+                    "tokenizer: tokenizer.ggml.pre is '{name}', which pinch does not support \
+                     (supported:"
+                )?;
+                for (n, _) in pretok::NAMES {
+                    write!(f, " {n}")?;
+                }
+                write!(f, ")")
             }
             E::TooLarge { what } => write!(f, "tokenizer: {what} is too large"),
             E::Arena(e) => write!(f, "tokenizer: {e}"),
@@ -139,6 +144,44 @@ impl core::fmt::Display for TokenizerError {
 }
 
 impl core::error::Error for TokenizerError {}
+
+/// A metadata value quoted in an error: its first 48 bytes (an error holds no borrow).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Name {
+    bytes: [u8; 48],
+    len: u8,
+}
+
+impl Name {
+    pub fn new(s: &str) -> Name {
+        let mut bytes = [0u8; 48];
+        let mut n = s.len().min(48);
+        while !s.is_char_boundary(n) {
+            n -= 1;
+        }
+        bytes[..n].copy_from_slice(&s.as_bytes()[..n]);
+        Name {
+            bytes,
+            len: n as u8,
+        }
+    }
+    pub fn as_str(&self) -> &str {
+        // `new` cuts at a character boundary, so this never fails.
+        core::str::from_utf8(&self.bytes[..self.len as usize]).unwrap_or("")
+    }
+}
+
+impl core::fmt::Debug for Name {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{:?}", self.as_str())
+    }
+}
+
+impl core::fmt::Display for Name {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 impl From<ArenaError> for TokenizerError {
     fn from(e: ArenaError) -> Self {
@@ -206,6 +249,8 @@ pub struct Tokenizer<'a> {
     pub(crate) byte_enc: [([u8; 2], u8); 256],
     pub(crate) merges: MergeTable<'a>,
     pub(crate) ignore_merges: bool,
+    /// llama.cpp's `clean_spaces`: detokenizing drops spaces before `?!.,` and some `'`.
+    clean_spaces: bool,
     add_space_prefix: bool,
     add_bos: bool,
     add_eos: bool,
@@ -421,17 +466,16 @@ impl<'a> Tokenizer<'a> {
         let kind = match src.model {
             "llama" => VocabKind::Spm,
             "gpt2" => VocabKind::Bpe,
-            _ => return Err(TokenizerError::UnsupportedModel),
+            m => return Err(TokenizerError::UnsupportedModel { name: Name::new(m) }),
         };
-        let pre = match kind {
-            VocabKind::Spm => PreTokenizer::Default,
-            VocabKind::Bpe => match src.pre {
-                None => PreTokenizer::Default,
-                Some(p) => {
-                    PreTokenizer::from_name(p).ok_or(TokenizerError::UnsupportedPreTokenizer)?
-                }
-            },
-        };
+        let info = match (kind, src.pre) {
+            (VocabKind::Spm, _) | (VocabKind::Bpe, None) => PreTokenizer::from_name("default"),
+            (VocabKind::Bpe, Some(p)) => PreTokenizer::from_name(p),
+        }
+        .ok_or(TokenizerError::UnsupportedPreTokenizer {
+            name: Name::new(src.pre.unwrap_or("")),
+        })?;
+        let pre = info.pre;
         let n = usize::try_from(src.tokens.len)
             .ok()
             .filter(|&n| n < (u32::MAX / 2) as usize)
@@ -509,6 +553,7 @@ impl<'a> Tokenizer<'a> {
         let in_range = |id: u32| (id < n as u32).then_some(id);
         let (mut bos, mut eos, mut unk) = match kind {
             VocabKind::Spm => (in_range(1), in_range(2), in_range(0)),
+            VocabKind::Bpe if info.no_default_bos => (None, in_range(11), None),
             VocabKind::Bpe => (in_range(11), in_range(11), None),
         };
         let pick = |cur: Option<u32>, meta: Option<u32>| meta.and_then(in_range).or(cur);
@@ -519,7 +564,7 @@ impl<'a> Tokenizer<'a> {
         let mut eom = src.eom.and_then(in_range);
         let (mut add_bos, add_space_prefix) = match kind {
             VocabKind::Spm => (true, true),
-            VocabKind::Bpe => (pre == PreTokenizer::Llama3, false),
+            VocabKind::Bpe => (info.add_bos, false),
         };
         let add_space_prefix = src.add_space_prefix.unwrap_or(add_space_prefix);
         add_bos = src.add_bos.unwrap_or(add_bos);
@@ -739,7 +784,8 @@ impl<'a> Tokenizer<'a> {
             byte_tok,
             byte_enc,
             merges,
-            ignore_merges: kind == VocabKind::Bpe && pre == PreTokenizer::Llama3,
+            ignore_merges: kind == VocabKind::Bpe && info.ignore_merges,
+            clean_spaces: kind == VocabKind::Bpe && info.clean_spaces,
             add_space_prefix,
             add_bos,
             add_eos,
@@ -834,6 +880,46 @@ impl<'a> Tokenizer<'a> {
         }
         self.token_bytes(id)
     }
+    /// llama.cpp's `llama_detokenize`: the pieces of `ids` ([`Self::token_to_piece`] with
+    /// `special = unparse_special`) joined, without the BOS/EOS the vocab adds when
+    /// `remove_special`, without the first piece's leading space when the vocab prepends
+    /// one, and with llama.cpp's `clean_spaces` clean-up for the vocabs that ask for it.
+    ///
+    /// Returns the length of the text; it is written to `out` only when `out` holds it
+    /// (call with an empty slice to size the buffer).
+    pub fn detokenize(
+        &self,
+        ids: &[u32],
+        remove_special: bool,
+        unparse_special: bool,
+        out: &mut [u8],
+    ) -> usize {
+        let mut ids = ids;
+        let mut strip = self.add_space_prefix;
+        if remove_special && self.add_bos && self.bos.is_some_and(|b| ids.first() == Some(&b)) {
+            strip = false;
+            ids = &ids[1..];
+        }
+        if remove_special && self.add_eos && self.eos.is_some_and(|e| ids.last() == Some(&e)) {
+            ids = &ids[..ids.len() - 1];
+        }
+        let mut total = 0;
+        for &id in ids {
+            let mut piece = self.token_to_piece(id, unparse_special);
+            if core::mem::take(&mut strip) {
+                piece = piece.strip_prefix(b" ").unwrap_or(piece);
+            }
+            if let Some(dst) = out.get_mut(total..total + piece.len()) {
+                dst.copy_from_slice(piece);
+            }
+            total += piece.len();
+        }
+        if total > out.len() || !self.clean_spaces {
+            return total;
+        }
+        clean_spaces(&mut out[..total])
+    }
+
     /// Id of the token whose text is exactly `text`.
     pub fn token_id(&self, text: &[u8]) -> Option<u32> {
         let key_of = |id: u32| self.token_text(id);
@@ -1131,6 +1217,56 @@ fn decode_piece(kind: VocabKind, a: u8, text: &[u8], out: &mut [u8]) -> usize {
         }
     }
     n
+}
+
+/// llama.cpp's three `clean_spaces` passes over detokenized text, in place (same
+/// in-place reads and writes, so the same result): drop the space before `?!.,`, the
+/// spaces around a lone `'`, and the space before `'s`, `'m`, `'re`, `'ve`. Returns the
+/// new length.
+fn clean_spaces(t: &mut [u8]) -> usize {
+    let n1 = t.len();
+    let mut total = usize::from(n1 > 0);
+    for i in 1..n1 {
+        let x = t[i];
+        if t[i - 1] == b' ' && matches!(x, b'?' | b'!' | b'.' | b',') {
+            total -= 1;
+        }
+        t[total] = x;
+        total += 1;
+    }
+    let n2 = total;
+    total = usize::from(n2 > 0);
+    let mut i = 1;
+    while i < n2 {
+        let x = t[i];
+        if x == b'\'' && i + 1 < n2 && t[i - 1] == b' ' && t[i + 1] == b' ' {
+            total -= 1;
+            i += 1;
+            t[i] = 0;
+        }
+        t[total] = x;
+        total += 1;
+        i += 1;
+    }
+    let n3 = total;
+    total = usize::from(n3 > 0);
+    for i in 1..n3 {
+        let x = t[i];
+        if t[i - 1] == b' ' && x == b'\'' && i + 1 < n3 {
+            let x1 = t[i + 1];
+            if matches!(x1, b's' | b'm') {
+                total -= 1;
+            } else if !matches!(x1, b't' | b'd') && i + 2 < n3 {
+                let x2 = t[i + 2];
+                if (x1 == b'r' || x1 == b'v') && x2 == b'e' {
+                    total -= 1;
+                }
+            }
+        }
+        t[total] = x;
+        total += 1;
+    }
+    total
 }
 
 /// The byte of a `<0xXX>` token.

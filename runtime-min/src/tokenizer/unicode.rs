@@ -8,6 +8,7 @@ pub(crate) const NUMBER: u8 = 0x02;
 pub(crate) const SPACE: u8 = 0x04;
 pub(crate) const MARK: u8 = 0x08;
 pub(crate) const PUNCT: u8 = 0x10;
+pub(crate) const SYMBOL: u8 = 0x20;
 /// Set for every code point inside the text, so "no flags" means "outside the piece".
 pub(crate) const ANY: u8 = 0x80;
 
@@ -16,6 +17,14 @@ const T_NUMBER: u8 = 0x02;
 const T_LETTER: u8 = 0x04;
 const T_MARK: u8 = 0x10;
 const T_PUNCT: u8 = 0x20;
+const T_SYMBOL: u8 = 0x40;
+
+/// Han (CJK ideograph) code points, as llama.cpp's `unicode_cpt_is_han` lists them.
+pub(crate) fn is_han(cp: u32) -> bool {
+    matches!(cp, 0x4E00..=0x9FFF | 0x3400..=0x4DBF | 0x20000..=0x2A6DF | 0x2A700..=0x2B73F
+        | 0x2B740..=0x2B81F | 0x2B820..=0x2CEAF | 0x2CEB0..=0x2EBEF | 0xF900..=0xFAFF
+        | 0x2F800..=0x2FA1F)
+}
 
 /// llama.cpp's White_Space set (unicode_set_whitespace).
 fn is_white_space(cp: u32) -> bool {
@@ -42,6 +51,9 @@ pub(crate) fn flags(cp: u32) -> u8 {
     }
     if t & T_PUNCT != 0 {
         f |= PUNCT;
+    }
+    if t & T_SYMBOL != 0 {
+        f |= SYMBOL;
     }
     if is_white_space(cp) {
         f |= SPACE;
