@@ -8,12 +8,16 @@
 //! - [`size`]: `size` reports the device binary size.
 //! - [`run`]: `run -- <pinch args>` builds the host binary and runs it on the test model.
 //! - [`bench`]: `bench [--vs-llama-cpp] [--qemu]`, the speed and memory targets.
+//! - [`fuzz`]: `fuzz [--seconds N] [TARGET ...]`, the libFuzzer targets in `fuzz/`.
+//! - [`soak`]: `soak --minutes N`, hours of mixed traffic against `pinch serve`.
 //! - [`util`]: running commands, finding the workspace and the target directory.
 mod bench;
 mod device;
 mod fetch;
+mod fuzz;
 mod run;
 mod size;
+mod soak;
 mod test;
 mod util;
 
@@ -25,7 +29,9 @@ const USAGE: &str = "usage: cargo xtask <command>
   test [--keep-going]               the one test command (what CI runs)
   size                              build the tv binary and report its size
   run -- <pinch args>               build the host binary and run `pinch run` on the test model
-  bench [--vs-llama-cpp] [--qemu]   speed and memory targets (issue #4) on Gemma 3 270M";
+  bench [--vs-llama-cpp] [--qemu]   speed and memory targets (issue #4) on Gemma 3 270M
+  fuzz [--seconds N] [TARGET ...]   run the fuzz targets (nightly + libFuzzer), N s each
+  soak --minutes N [--model PATH]   20 clients of good and hostile traffic against `pinch serve`";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -37,6 +43,8 @@ fn main() -> ExitCode {
         Some("size") => size::main(rest),
         Some("run") => run::main(rest),
         Some("bench") => bench::main(rest),
+        Some("fuzz") => fuzz::main(rest),
+        Some("soak") => soak::main(rest),
         Some("help" | "--help" | "-h") => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;

@@ -35,6 +35,7 @@ const STEPS: &[Step] = &[
     ("browser test (headless chromium)", test_browser),
     ("build no_std (aarch64-unknown-none)", build_no_std),
     ("build --device tv", build_tv),
+    ("fuzz (5 s a target)", fuzz_short),
 ];
 
 pub fn main(args: &[String]) -> Result<()> {
@@ -295,5 +296,12 @@ fn build_no_std() -> Result<Outcome> {
 
 fn build_tv() -> Result<Outcome> {
     device::build(Device::Tv)?;
+    Ok(Outcome::Done)
+}
+
+/// Every fuzz target for a few seconds (the long runs are `cargo xtask fuzz` by hand).
+fn fuzz_short() -> Result<Outcome> {
+    let runs = crate::fuzz::run_all(&crate::fuzz::TARGETS, 5, None)?;
+    crate::fuzz::check(&runs)?;
     Ok(Outcome::Done)
 }
