@@ -42,7 +42,7 @@ fn fnv(parts: &[&[u8]]) -> u64 {
     h
 }
 
-fuzz_target!(|data: &[u8]| {
+fuzz_target!(init: { model(); }, |data: &[u8]| {
     if data.len() < 9 {
         return;
     }

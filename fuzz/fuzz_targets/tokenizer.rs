@@ -35,7 +35,7 @@ fn strict() -> bool {
     *S.get_or_init(|| std::env::var_os("PINCH_FUZZ_STRICT").is_some_and(|v| v == "1"))
 }
 
-fuzz_target!(|data: &[u8]| {
+fuzz_target!(init: { pinch_fuzz::tokenizers(); }, |data: &[u8]| {
     let [sel, short, text @ ..] = data else {
         return;
     };
