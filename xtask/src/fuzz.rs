@@ -154,7 +154,18 @@ fn host() -> Result<String> {
 fn build() -> Result<PathBuf> {
     ensure_nightly()?;
     let host = host()?;
-    let mut cmd = nightly_cargo(&["build", "--release", "--bins", "--target", &host]);
+    // Its own target directory whatever CARGO_TARGET_DIR says (the flags differ).
+    let dir = fuzz_dir().join("target");
+    let dir = dir.to_string_lossy();
+    let mut cmd = nightly_cargo(&[
+        "build",
+        "--release",
+        "--bins",
+        "--target",
+        &host,
+        "--target-dir",
+        &dir,
+    ]);
     cmd.env("RUSTFLAGS", RUSTFLAGS);
     crate::util::run(&mut cmd)?;
     Ok(fuzz_dir().join("target").join(host).join("release"))

@@ -6,6 +6,8 @@
 //! meets an illegal instruction. `PINCH_SKIP_MODEL_TESTS=1` skips the model download for
 //! quick local runs (CI must not set it). The platform's unit tests (`pinch-linux --lib`)
 //! join the qemu runs too: its feature detection and O_DIRECT flag are per-architecture.
+//! The last step runs every fuzz target (`fuzz/`, nightly) for 5 s; long fuzz runs and the
+//! soak test are `cargo xtask fuzz` / `cargo xtask soak`, by hand.
 use crate::device::{self, Device, IOS, LINUX_ARM};
 use crate::fetch;
 use crate::util::{cargo, have, output, run, run_tests, Counts, Result};
