@@ -15,6 +15,8 @@
 //! - [`matvec`]: row-range matrix-vector and matrix-matrix products, dispatched by
 //!   [`GgmlType`] and a run-time [`CpuFeatures`] value, ready to be split across workers.
 //! - [`ops`]: norms, rope, softmax, activations.
+//! - [`recurrent`]: causal short convolutions and the gated delta rule over a carried
+//!   state (LFM2, Qwen3.5).
 //! - [`repack`]: row-interleaved weight layouts and the products over them.
 //!
 //! CPU features are values handed in by the platform, never assumed at build time, so a
@@ -31,6 +33,7 @@ pub mod ggml_type;
 pub mod matvec;
 pub mod ops;
 pub mod quant;
+pub mod recurrent;
 pub mod repack;
 
 pub use cpu::CpuFeatures;

@@ -287,3 +287,48 @@ fn gemma_perplexity_and_bits_per_byte_match_llama_cpp() {
         );
     }
 }
+
+/// `pinch ppl` follows llama-perplexity's protocol on the tiny fixtures: BOS replaces a
+/// chunk's first token only when the vocab adds BOS (llama), not for qwen3
+/// (`add_bos_token` false); values from tests/data/tiny/ppl.json (llama.cpp's logits,
+/// F32 KV), matched by the f32 oracle with an F32 cache within 1e-5 (measured 1e-8).
+#[test]
+fn ppl_of_tiny_models_matches_llama_perplexity_with_and_without_bos() {
+    let want: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("tests/data/tiny/ppl.json")).unwrap(),
+    )
+    .unwrap();
+    let n = want["bytes"].as_u64().unwrap() as usize;
+    let text = std::fs::read(repo().join("tests/data/eval/wiki-excerpt.txt")).unwrap();
+    let file = std::env::temp_dir().join(format!("pinch-ppl-{}.txt", std::process::id()));
+    std::fs::write(&file, &text[..n]).unwrap();
+    for (model, w) in want["results"].as_object().unwrap() {
+        let o = pinch(&[
+            "ppl",
+            "-m",
+            &tiny(model),
+            "-f",
+            file.to_str().unwrap(),
+            "-c",
+            &want["n_ctx"].to_string(),
+            "--reference",
+            "-ctk",
+            "f32",
+            "--no-attn-skip",
+            "-t",
+            "1",
+            "--json",
+        ]);
+        assert!(o.status.success(), "{model}: {}", stderr(&o));
+        let j = json_line(&o);
+        let (ppl, want_ppl) = (j["ppl"].as_f64().unwrap(), w["ppl"].as_f64().unwrap());
+        eprintln!("{model}: ppl {ppl:.6}, llama-perplexity's protocol {want_ppl:.6}");
+        assert!(
+            (ppl / want_ppl - 1.0).abs() < 1e-5,
+            "{model}: ppl {ppl} vs {want_ppl}"
+        );
+        assert_eq!(j["n_chunks"], w["n_chunks"], "{model}");
+        assert_eq!(j["tokens"], w["n_tokens"], "{model}");
+    }
+    let _ = std::fs::remove_file(&file);
+}

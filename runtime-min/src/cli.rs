@@ -17,6 +17,8 @@ pub enum Command {
     HeadSelect,
     /// Write a GGUF whose `output.weight` holds only a head's rows.
     Recut,
+    /// Replay a MoE routing trace through expert pools (`crate::pager::sim`).
+    MoeSim,
     Help,
 }
 
@@ -52,6 +54,15 @@ pub struct Opts<'s> {
     /// Attention skips keys whose weight is below 1e-4 of the best. `None`: the
     /// command's default (on, except for `ppl`, which measures the exact model).
     pub attn_skip: Option<bool>,
+    /// `--swa-full`: sliding-window layers keep a row per position of the context
+    /// (llama.cpp's flag), not only their window.
+    pub swa_full: bool,
+    /// moe-sim: expert slots per MoE layer (`--pool`).
+    pub moe_pool: usize,
+    /// moe-sim: the pool's eviction policy (`--policy lfu|lru`).
+    pub moe_policy: crate::pager::Policy,
+    /// moe-sim: bytes of one expert (its three matrices), for bytes per token.
+    pub expert_bytes: Option<u64>,
     /// Print where the time went (per kind of operation) at the end.
     pub profile: bool,
     /// serve: address, port (0: any free port) and how many requests may wait.
@@ -117,6 +128,7 @@ commands:
   serve     HTTP server (OpenAI and llama-server APIs, web page): pinch serve -m M --port 8080
   head-select  rows of a pruned LM head:  pinch head-select -m M --corpus DIR --rows N -o head.ids
   recut     GGUF with a pruned head:      pinch recut -m M --head head.ids -o M2.gguf
+  moe-sim   replay a MoE routing trace:   pinch moe-sim TRACE --pool N --policy lfu|lru
 
 flags (llama.cpp names):
   -m, --model FILE        GGUF model
@@ -136,6 +148,8 @@ flags (llama.cpp names):
   --verify-stream         compare every streamed tensor with the file
   --storage FILE          bench: sequential read speed of FILE (direct and buffered)
   --cache-type-k f16|f32  KV cache type (default f16)
+  --swa-full              sliding-window layers keep the whole context in the KV
+                          cache (default: only their window, a ring; same logits)
   --reference             f32 oracle arithmetic (slow; for checking)
   --attn-skip, --no-attn-skip
                           skip keys whose attention weight is < 1e-4 of the best
@@ -153,6 +167,9 @@ flags (llama.cpp names):
   --corpus LIST           comma-separated text files, or directories with a files.txt
                           list (default tests/data/corpus)
   -o, --output FILE       head-select, recut: write FILE (atomically) instead of stdout
+  --pool N                moe-sim: expert slots per MoE layer
+  --policy lfu|lru        moe-sim: eviction (decayed use frequency, or least recent)
+  --expert-bytes SIZE     moe-sim: bytes of one expert, for bytes read per token
   --repack-cache DIR      Q8_0 matrices are repacked at load (row-interleaved, the faster
                           kernel layout); keep them in DIR/<model>.pinch-repack: the first
                           run writes it, later runs read it; rebuilt when the model changes
@@ -236,6 +253,10 @@ impl<'s> Opts<'s> {
             bench_depth: 0,
             verbose: false,
             attn_skip: None,
+            swa_full: false,
+            moe_pool: 0,
+            moe_policy: crate::pager::Policy::LFU,
+            expert_bytes: None,
             profile: false,
             host: "127.0.0.1",
             port: 8080,
@@ -268,6 +289,7 @@ impl<'s> Opts<'s> {
             "serve" | "server" => Command::Serve,
             "head-select" => Command::HeadSelect,
             "recut" => Command::Recut,
+            "moe-sim" => Command::MoeSim,
             "help" | "-h" | "--help" => Command::Help,
             other => return Err(CliError::UnknownCommand(other)),
         };
@@ -330,6 +352,18 @@ impl<'s> Opts<'s> {
                 "-sys" | "--system" => o.system = Some(val()?),
                 "--reference" => o.math = Math::Reference,
                 "--no-attn-skip" => o.attn_skip = Some(false),
+                "--swa-full" => o.swa_full = true,
+                "--pool" => o.moe_pool = num!(),
+                "--policy" => {
+                    let v = val()?;
+                    o.moe_policy = crate::pager::Policy::from_name(v)
+                        .ok_or(CliError::BadValue { flag, value: v })?;
+                }
+                "--expert-bytes" => {
+                    let v = val()?;
+                    o.expert_bytes =
+                        Some(parse_size(v).ok_or(CliError::BadValue { flag, value: v })?);
+                }
                 "--attn-skip" => o.attn_skip = Some(true),
                 "--profile" => o.profile = true,
                 "--ignore-eos" => o.ignore_eos = true,
@@ -364,6 +398,13 @@ impl<'s> Opts<'s> {
                         && command == Command::Inspect =>
                 {
                     o.model = Some(other)
+                }
+                other
+                    if !other.starts_with('-')
+                        && o.file.is_none()
+                        && command == Command::MoeSim =>
+                {
+                    o.file = Some(other)
                 }
                 other => return Err(CliError::UnknownFlag(other)),
             }

@@ -219,6 +219,7 @@ pub fn prune<'a>(
         rows: ids.len(),
         data,
         layout: pinch_kernels::repack::Layout::Plain,
+        file: crate::residency::Span::default(),
     })
 }
 

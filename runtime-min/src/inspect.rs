@@ -8,6 +8,8 @@ use core::fmt::{self, Write};
 use pinch_kernels::{arch::has_fast_kernel, CpuFeatures, GgmlType};
 
 use crate::gguf::{Gguf, TensorInfo, Value, ValueType};
+use crate::model::config::{Config, FfnKind, LayerKind, MixerKind};
+use crate::model::moe_route::Gating;
 
 /// Where a tensor's bytes are counted in the summary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -234,6 +236,8 @@ pub fn inspect(g: &Gguf<'_>, feat: &CpuFeatures, out: &mut dyn Write) -> fmt::Re
         writeln!(out, "  quantization version: {q}")?;
     }
 
+    write_layers(g, out)?;
+
     writeln!(out, "tensors:")?;
     writeln!(
         out,
@@ -309,6 +313,88 @@ pub fn inspect(g: &Gguf<'_>, feat: &CpuFeatures, out: &mut dyn Write) -> fmt::Re
         writeln!(out, "  none")?;
     }
     Ok(())
+}
+
+/// The layer kinds pinch would run, runs of equal layers on one line each (or why it
+/// would not run the file).
+fn write_layers(g: &Gguf<'_>, out: &mut dyn Write) -> fmt::Result {
+    let c = match Config::from_gguf(g) {
+        Ok(c) => c,
+        Err(e) => return writeln!(out, "layers: pinch cannot run this file: {e}"),
+    };
+    writeln!(out, "layers:")?;
+    let mut il = 0;
+    while il < c.n_layer {
+        let k = c.layer(il);
+        let end = (il..c.n_layer)
+            .find(|&j| c.layer(j) != k)
+            .unwrap_or(c.n_layer);
+        if end - il > 1 {
+            write!(out, "  {}-{}: ", il, end - 1)?;
+        } else {
+            write!(out, "  {il}: ")?;
+        }
+        write_kind(&c, &k, out)?;
+        il = end;
+    }
+    Ok(())
+}
+
+/// One layer kind: its token mixer and its feed-forward.
+fn write_kind(c: &Config, k: &LayerKind, out: &mut dyn Write) -> fmt::Result {
+    match k.mixer {
+        MixerKind::Attention => write!(
+            out,
+            "attention {}/{} heads x {}, rope on {} dims{}",
+            c.n_head,
+            k.n_head_kv,
+            c.head_dim,
+            c.n_rot,
+            if c.gated_attn { ", output gate" } else { "" }
+        )?,
+        MixerKind::GatedDeltaNet => match c.delta {
+            Some(d) => write!(
+                out,
+                "gated deltanet {} key / {} value heads x {}, conv {}",
+                d.dims.n_k_heads, d.dims.n_v_heads, d.dims.head_dim, d.conv_kernel
+            )?,
+            None => out.write_str("gated deltanet")?,
+        },
+        MixerKind::ShortConv => match c.shortconv {
+            Some(h) => write!(out, "short conv of {} taps", h.l_cache)?,
+            None => out.write_str("short conv")?,
+        },
+    }
+    out.write_str("; ")?;
+    match (k.ffn, c.moe) {
+        (FfnKind::Moe, Some(m)) => {
+            write!(
+                out,
+                "{} experts x {}, top {}, {} router",
+                m.n_expert,
+                m.n_ff_exp,
+                m.n_used,
+                match m.gating {
+                    Gating::Softmax => "softmax",
+                    Gating::Sigmoid => "sigmoid",
+                }
+            )?;
+            if m.n_group > 1 {
+                write!(out, ", best {} of {} groups", m.n_group_used, m.n_group)?;
+            }
+            if m.norm_weights {
+                out.write_str(", weights renormalised")?;
+            }
+            if m.weights_scale != 1.0 {
+                write!(out, " x {}", m.weights_scale)?;
+            }
+            if m.n_ff_shexp > 0 {
+                write!(out, ", shared expert {}", m.n_ff_shexp)?;
+            }
+            out.write_str("\n")
+        }
+        _ => writeln!(out, "dense ffn {}", c.n_ff),
+    }
 }
 
 /// A small stack buffer for one formatted shape (at most 4 × 20 digits + separators).

@@ -776,31 +776,6 @@ impl<P: Platform> Platform for Repacking<'_, '_, P> {
     }
 }
 
-/// The matrices of a dense layer in `LayerWeights` order, with their GGUF suffixes.
-const LAYER_NAMES: [&str; 7] = [
-    "attn_q.weight",
-    "attn_k.weight",
-    "attn_v.weight",
-    "attn_output.weight",
-    "ffn_gate.weight",
-    "ffn_up.weight",
-    "ffn_down.weight",
-];
-
-fn layer_tensors<'l, 'a>(
-    lw: &'l mut crate::model::weights::LayerWeights<'a>,
-) -> [&'l mut Tensor<'a>; 7] {
-    [
-        &mut lw.wq,
-        &mut lw.wk,
-        &mut lw.wv,
-        &mut lw.wo,
-        &mut lw.w_gate,
-        &mut lw.w_up,
-        &mut lw.w_down,
-    ]
-}
-
 fn slot<'t>(name: &str, t: &Tensor<'t>) -> Slot<'t> {
     Slot {
         name: name_buf(name),
@@ -833,13 +808,11 @@ pub fn apply<P: Platform>(
         if lw.stream.is_some() {
             continue;
         }
-        for (suffix, t) in LAYER_NAMES.iter().zip(layer_tensors(lw)) {
+        lw.visit_matrices(&mut |suffix, t| {
             name.clear();
             let _ = write!(name, "blk.{il}.{suffix}");
-            if slots.push(slot(&name, t)).is_err() {
-                break;
-            }
-        }
+            let _ = slots.push(slot(&name, t));
+        });
     }
     let sum = rp.finish(g, &mut slots, arena);
     if sum.unmatched > 0 {
@@ -857,9 +830,7 @@ pub fn apply<P: Platform>(
         if lw.stream.is_some() {
             continue;
         }
-        for t in layer_tensors(lw) {
-            t.layout = layouts.next().unwrap_or_default();
-        }
+        lw.visit_matrices(&mut |_, t| t.layout = layouts.next().unwrap_or_default());
     }
     Ok(sum)
 }

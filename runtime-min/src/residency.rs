@@ -27,17 +27,6 @@ pub const EMBD_CACHE_ROWS: usize = 64;
 /// The arena's per-allocation alignment slack.
 const SLACK: u64 = 64;
 
-/// The matrices of one transformer block, in the order the forward pass uses them.
-pub const LAYER_MATRICES: [&str; 7] = [
-    "attn_q.weight",
-    "attn_k.weight",
-    "attn_v.weight",
-    "attn_output.weight",
-    "ffn_gate.weight",
-    "ffn_up.weight",
-    "ffn_down.weight",
-];
-
 /// A byte range of the model file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Span {
@@ -135,18 +124,26 @@ pub struct NoPlan {
     pub min_bytes: u64,
 }
 
+/// The matrices of layer `il`: every tensor named `blk.{il}.*` with more than one row.
+/// Its 1-D tensors (norm gains, biases) are always resident (dequantized at load); the
+/// blocks load every matrix through `Loader::layer_matrix`, so this is what a streamed
+/// layer's read must fetch, whatever the layer's kinds.
+fn layer_matrices<'g>(g: &'g Gguf<'g>, il: usize) -> impl Iterator<Item = TensorInfo<'g>> + 'g {
+    let mut prefix: heapless::String<24> = heapless::String::new();
+    let _ = core::fmt::write(&mut prefix, format_args!("blk.{il}."));
+    g.tensors()
+        .filter(move |t| t.name.starts_with(prefix.as_str()) && t.dims[1] > 1)
+}
+
 /// The file span of layer `il`'s matrices (one read fetches all of them).
 pub fn layer_span(g: &Gguf, il: usize) -> Option<Span> {
     let mut lo = u64::MAX;
     let mut hi = 0u64;
-    for m in LAYER_MATRICES {
-        let mut name: heapless::String<64> = heapless::String::new();
-        let _ = core::fmt::write(&mut name, format_args!("blk.{il}.{m}"));
-        let t = g.tensor(&name)?;
+    for t in layer_matrices(g, il) {
         lo = lo.min(t.offset);
         hi = hi.max(t.offset + t.bytes);
     }
-    Some(Span {
+    (hi > lo).then(|| Span {
         offset: lo,
         len: hi - lo,
     })
@@ -154,15 +151,7 @@ pub fn layer_span(g: &Gguf, il: usize) -> Option<Span> {
 
 /// Resident bytes of layer `il`'s matrices as the loader lays them out.
 fn layer_matrix_bytes(g: &Gguf, il: usize) -> u64 {
-    let mut sum = 0;
-    for m in LAYER_MATRICES {
-        let mut name: heapless::String<64> = heapless::String::new();
-        let _ = core::fmt::write(&mut name, format_args!("blk.{il}.{m}"));
-        if let Some(t) = g.tensor(&name) {
-            sum += t.bytes + SLACK;
-        }
-    }
-    sum
+    layer_matrices(g, il).map(|t| t.bytes + SLACK).sum()
 }
 
 /// The tensor that holds the LM head rows in the file (output, or the tied embedding).

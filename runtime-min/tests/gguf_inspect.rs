@@ -4,7 +4,7 @@ mod gguf_util;
 
 use gguf_util::*;
 use pinch_kernels::CpuFeatures;
-use pinch_runtime_min::gguf::Gguf;
+use pinch_runtime_min::gguf::{Gguf, GgufWriter, Value};
 use pinch_runtime_min::inspect::inspect;
 
 fn run(g: &Gguf) -> String {
@@ -114,6 +114,36 @@ fn inspect_moe_counts_experts_separately() {
     assert!(g.tensors().any(|t| t.name.contains("_shexp")));
     assert!(
         out.contains(&format!("  experts: {experts} bytes")),
+        "{out}"
+    );
+}
+
+#[test]
+fn inspect_describes_the_layer_kinds() {
+    let (name, len) = HEADERS[0];
+    let h = data(name);
+    let g = Gguf::parse(&h, len).unwrap();
+    let out = run(&g);
+    assert!(
+        out.contains("layers:\n  0-1: attention 4/2 heads x 64, rope on 64 dims; 4 experts x 128, top 2, softmax router, weights renormalised\n"),
+        "{out}"
+    );
+    let (name, len) = HEADERS[1];
+    let h = data(name);
+    let g = Gguf::parse(&h, len).unwrap();
+    let out = run(&g);
+    assert!(
+        out.contains("layers:\n  0: attention 4/2 heads x 64, rope on 32 dims; dense ffn 256\n  1: attention 4/2 heads x 64, rope on 32 dims; 4 experts x 128, top 2, sigmoid router, best 1 of 2 groups, weights renormalised x 2.5, shared expert 128\n"),
+        "{out}"
+    );
+    // A file pinch cannot run says why instead of listing layers.
+    let mut w = GgufWriter::new(VecSink::default(), 0, 1).unwrap();
+    w.kv("general.architecture", Value::Str("gptneox")).unwrap();
+    let f = w.finish().unwrap().0;
+    let g = Gguf::parse(&f, f.len() as u64).unwrap();
+    let out = run(&g);
+    assert!(
+        out.contains("layers: pinch cannot run this file: unsupported architecture"),
         "{out}"
     );
 }

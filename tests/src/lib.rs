@@ -76,6 +76,24 @@ pub fn run_logits_streamed(
     run_on(&plat, gguf_bytes, tokens, spec, weight_budget, false).map(|(r, _)| r)
 }
 
+/// [`run_logits`] with sliding-window layers keeping a KV row for every position
+/// (`--swa-full`) instead of a ring of their window.
+pub fn run_logits_swa_full(
+    gguf_bytes: &[u8],
+    tokens: &[u32],
+    spec: RunSpec,
+) -> Result<Vec<Vec<f32>>, ModelError> {
+    let plat = MemPlatform {
+        bytes: gguf_bytes,
+        cpu: host_cpu(),
+    };
+    let full = Options {
+        swa_ring: false,
+        ..Options::default()
+    };
+    run_with(&plat, gguf_bytes, tokens, spec, full).map(|((_, rows, _), _)| rows)
+}
+
 /// [`run_logits`] with the matrices repacked at load as `pinch run` does
 /// (`Layout::preferred` for this CPU); also returns how many tensors were repacked.
 pub fn run_logits_repacked(
@@ -104,6 +122,24 @@ pub fn run_logits_threaded(
     run_on(&plat, gguf_bytes, tokens, spec, weight_budget, false).map(|(r, _)| r)
 }
 
+/// How [`run_with`] loads and runs beyond the [`RunSpec`].
+#[derive(Clone, Copy)]
+struct Options {
+    weight_budget: Option<u64>,
+    repack: bool,
+    swa_ring: bool,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            weight_budget: None,
+            repack: false,
+            swa_ring: true,
+        }
+    }
+}
+
 /// The run behind the helpers above, with the weights read through the repacking
 /// platform when `repack` (and the number of tensors it repacked).
 fn run_on<P: Platform<File = ()>>(
@@ -114,6 +150,26 @@ fn run_on<P: Platform<File = ()>>(
     weight_budget: Option<u64>,
     repack: bool,
 ) -> Result<(StreamedRun, usize), ModelError> {
+    let o = Options {
+        weight_budget,
+        repack,
+        ..Options::default()
+    };
+    run_with(plat, gguf_bytes, tokens, spec, o)
+}
+
+fn run_with<P: Platform<File = ()>>(
+    plat: &P,
+    gguf_bytes: &[u8],
+    tokens: &[u32],
+    spec: RunSpec,
+    o: Options,
+) -> Result<(StreamedRun, usize), ModelError> {
+    let Options {
+        weight_budget,
+        repack,
+        swa_ring,
+    } = o;
     let g = Gguf::parse(gguf_bytes, gguf_bytes.len() as u64)
         .map_err(|_| ModelError::BadShape("gguf parse"))?;
     let cfg = Config::from_gguf(&g)?;
@@ -134,16 +190,7 @@ fn run_on<P: Platform<File = ()>>(
         loader.load_planned(&cfg, None, &plan)?
     };
     let repacked = repack_cache::apply(&rp, &g, &mut weights, &mut arena)?.repacked;
-    let opts = SessionOptions {
-        n_ctx: 256,
-        n_batch: spec.batch.max(1),
-        kv: spec.kv,
-        math: spec.math,
-        threads: spec.threads,
-        head_group: 4,
-        attn_skip: spec.attn_skip,
-        cpu: plat.cpu(),
-    };
+    let opts = session_options(&spec, swa_ring, plat.cpu());
     let read = |off: u64, buf: &mut [u8], d: bool| plat.read_at(&(), off, buf, d);
     let mut sess = Session::new(cfg, &weights, &mut arena, opts)?;
     sess.set_reader(&read);
@@ -408,5 +455,51 @@ impl Platform for ThreadedMem<'_> {
     }
     fn yield_now(&self) {
         std::thread::yield_now();
+    }
+}
+
+/// Run `f` with a session over `gguf_bytes` (all weights resident, plain layout, context
+/// 256, batch `spec.batch`) and the in-memory platform it reads from.
+pub fn with_session<R>(
+    gguf_bytes: &[u8],
+    spec: RunSpec,
+    f: impl FnOnce(&mut Session<'_, '_>, &MemPlatform<'_>) -> R,
+) -> Result<R, ModelError> {
+    let plat = MemPlatform {
+        bytes: gguf_bytes,
+        cpu: host_cpu(),
+    };
+    let g = Gguf::parse(gguf_bytes, gguf_bytes.len() as u64)
+        .map_err(|_| ModelError::BadShape("gguf parse"))?;
+    let cfg = Config::from_gguf(&g)?;
+    let mut region = vec![0u64; (gguf_bytes.len() * 2 + (64 << 20)) / 8];
+    let region = pinch_kernels::blocks::bytes_of_mut(&mut region[..]);
+    let mut arena = Arena::new(region);
+    let weights = Loader {
+        platform: &plat,
+        file: &(),
+        gguf: &g,
+        arena: &mut arena,
+    }
+    .load(&cfg)?;
+    let opts = session_options(&spec, true, plat.cpu());
+    let read = |off: u64, buf: &mut [u8], d: bool| plat.read_at(&(), off, buf, d);
+    let mut sess = Session::new(cfg, &weights, &mut arena, opts)?;
+    sess.set_reader(&read);
+    Ok(f(&mut sess, &plat))
+}
+
+/// The session options of the helpers above: context 256, head groups of 4.
+fn session_options(spec: &RunSpec, swa_ring: bool, cpu: CpuFeatures) -> SessionOptions {
+    SessionOptions {
+        n_ctx: 256,
+        n_batch: spec.batch.max(1),
+        kv: spec.kv,
+        math: spec.math,
+        threads: spec.threads,
+        head_group: 4,
+        attn_skip: spec.attn_skip,
+        swa_ring,
+        cpu,
     }
 }

@@ -222,3 +222,22 @@ fn gemma_half_the_layers_streamed_gives_the_resident_logits() {
     let expected: u64 = toks.chunks(4).map(|c| pass_bytes(&g, &plan, c.len())).sum();
     assert_eq!(stats.bytes, expected);
 }
+
+/// A MoE model's streamed layers carry their experts: the 3-D expert tensors and the
+/// router are part of the layer's span, and the logits stay bit-identical.
+#[test]
+fn moe_layers_stream_with_their_experts() {
+    let src = std::fs::read(data_dir().join("tiny").join("tiny-qwen3moe-Q4_K_M.gguf")).unwrap();
+    let big = scale_layers(&src, 8);
+    let g = Gguf::parse(&big, big.len() as u64).unwrap();
+    let cfg = Config::from_gguf(&g).unwrap();
+    let span = residency::layer_span(&g, 3).unwrap();
+    let experts = g.tensor("blk.3.ffn_down_exps.weight").unwrap();
+    assert!(
+        span.offset <= experts.offset && experts.offset + experts.bytes <= span.offset + span.len
+    );
+    let all = residency::plan(&g, &cfg, None, None).unwrap();
+    let plan = residency::plan(&g, &cfg, Some(all.bytes() / 2), None).unwrap();
+    assert!(plan.streamed_layers() >= 2, "{plan:?}");
+    check_model("scaled tiny-qwen3moe x8", &big, 6, 3, &[0.0, 0.5]);
+}

@@ -2,7 +2,7 @@
 //! on Gemma 3 270M Q4_K_M, each printed next to its target.
 //!
 //! - x86 table: `pinch bench` tg128 and pp512 at 1 and 2 threads; with `--vs-llama-cpp`
-//!   llama.cpp (llama-cpp-python 0.3.36 from PyPI, built once into `.cache/`) is timed
+//!   llama.cpp (llama-cpp-python 0.3.36 from PyPI, built once into `$HOME/.cache/pinch`) is timed
 //!   alternately with pinch on the same token ids, and medians and ratios are quoted.
 //! - memory: peak RSS of `pinch run -c 512 -n 128` (target <= 270 MiB).
 //! - long answers: tg32 at depth 1000 over tg32 at depth 0 (target >= 0.8).
@@ -15,7 +15,7 @@
 use crate::device::{self, Device};
 use crate::fetch;
 use crate::util::{output, root, run, Result};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 /// llama.cpp's figures on this machine (shared/anchors/perf-llamacpp.md, idle-VM run).
@@ -31,7 +31,11 @@ pub fn main(args: &[String]) -> Result<()> {
     if args.iter().any(|a| a == "--stream") {
         return stream_table(&pinch, &model);
     }
-    let llama = if vs { Some(llama_cpp_site()?) } else { None };
+    let llama = if vs {
+        Some(crate::randshape::llama_cpp_site()?)
+    } else {
+        None
+    };
 
     println!("\n## x86: Gemma 3 270M Q4_K_M (medians of {reps} alternating runs)\n");
     println!("| test | threads | pinch t/s | llama.cpp t/s | ratio | target |");
@@ -174,7 +178,7 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 /// The number after `"key":` in a JSON line (enough for pinch's flat summaries).
-fn field(json: &str, key: &str) -> Option<f64> {
+pub(crate) fn field(json: &str, key: &str) -> Option<f64> {
     let at = json.find(&format!("\"{key}\":"))? + key.len() + 3;
     let rest = &json[at..];
     let end = rest.find([',', '}']).unwrap_or(rest.len());
@@ -235,23 +239,6 @@ fn peak_rss(pinch: &Path, model: &Path) -> Result<u64> {
     field(line, "peak_rss")
         .map(|v| v as u64)
         .ok_or_else(|| format!("no peak_rss in {line}"))
-}
-
-/// llama-cpp-python installed into `.cache/llama-cpp-python` (built from PyPI's sdist
-/// the first time: several minutes).
-fn llama_cpp_site() -> Result<PathBuf> {
-    let site = root().join(".cache/llama-cpp-python");
-    if !site.join("llama_cpp").is_dir() {
-        eprintln!(
-            "building llama-cpp-python 0.3.36 into {} (first use only)",
-            site.display()
-        );
-        run(Command::new("python3")
-            .args(["-m", "pip", "install", "--target"])
-            .arg(&site)
-            .arg("llama-cpp-python==0.3.36"))?;
-    }
-    Ok(site)
 }
 
 fn llama_bench(site: &Path, model: &Path, t: usize, pp: usize, tg: usize) -> Result<f64> {

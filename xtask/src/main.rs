@@ -10,11 +10,13 @@
 //! - [`bench`]: `bench [--vs-llama-cpp] [--qemu]`, the speed and memory targets.
 //! - [`fuzz`]: `fuzz [--seconds N] [TARGET ...]`, the libFuzzer targets in `fuzz/`.
 //! - [`soak`]: `soak --minutes N`, hours of mixed traffic against `pinch serve`.
+//! - [`randshape`]: `randshape [--seed N] [--new K]`, random-shape models vs llama.cpp.
 //! - [`util`]: running commands, finding the workspace and the target directory.
 mod bench;
 mod device;
 mod fetch;
 mod fuzz;
+mod randshape;
 mod run;
 mod size;
 mod soak;
@@ -31,7 +33,8 @@ const USAGE: &str = "usage: cargo xtask <command>
   run -- <pinch args>               build the host binary and run `pinch run` on the test model
   bench [--vs-llama-cpp] [--qemu]   speed and memory targets (issue #4) on Gemma 3 270M
   fuzz [--seconds N] [TARGET ...]   run the fuzz targets (nightly + libFuzzer), N s each
-  soak --minutes N [--model PATH]   20 clients of good and hostile traffic against `pinch serve`";
+  soak --minutes N [--model PATH]   20 clients of good and hostile traffic against `pinch serve`
+  randshape [--seed N ...] [--new K] random-shape models and pinch ppl vs llama.cpp";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -45,6 +48,7 @@ fn main() -> ExitCode {
         Some("bench") => bench::main(rest),
         Some("fuzz") => fuzz::main(rest),
         Some("soak") => soak::main(rest),
+        Some("randshape") => randshape::main(rest),
         Some("help" | "--help" | "-h") => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;

@@ -29,6 +29,7 @@ const STEPS: &[Step] = &[
     ("clippy (aarch64)", clippy_aarch64),
     ("fetch-model", fetch_model),
     ("test (host)", test_host),
+    ("random shapes + ppl vs llama.cpp", random_shapes),
     ("test (aarch64, qemu max)", || test_aarch64("max")),
     ("test (aarch64, qemu cortex-a53)", || {
         test_aarch64("cortex-a53")
@@ -184,6 +185,11 @@ fn fetch_model() -> Result<Outcome> {
 
 fn test_host() -> Result<Outcome> {
     run_tests(&mut cargo(["test", "--workspace"])).map(Outcome::Tested)
+}
+
+/// Random-shape models (fixed seeds plus 4 new ones) and `pinch ppl` against llama.cpp.
+fn random_shapes() -> Result<Outcome> {
+    crate::randshape::check(&[], 4).map(Outcome::Tested)
 }
 
 /// The slow checks, on a release build: Gemma 3 270M's perplexity and bits per byte

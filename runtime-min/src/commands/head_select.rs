@@ -28,7 +28,7 @@ impl From<HeadError> for AppError {
 }
 
 /// The whole file `path`, read into the arena.
-fn read_file<'a, P: Platform>(
+pub(crate) fn read_file<'a, P: Platform>(
     p: &P,
     arena: &mut Arena<'a>,
     path: &str,

@@ -2,6 +2,7 @@
 //! platform. The OS crate parses nothing itself: it hands the arguments to [`main`].
 pub mod bench;
 pub mod head_select;
+pub mod moe_sim;
 pub mod out;
 pub mod ppl;
 pub mod recut;
@@ -41,6 +42,9 @@ pub enum AppError {
     Head(crate::head::HeadError),
     /// The memory guard stopped the generation.
     Stopped(crate::guard::GuardStop),
+    /// A MoE trace file or its replay was refused.
+    Trace(crate::pager::TraceError),
+    Pool(crate::pager::PoolError),
     /// Writing an output file (`-o`) failed.
     Output(heapless::String<80>, PlatformError),
 }
@@ -75,6 +79,8 @@ impl core::fmt::Display for AppError {
             AppError::Usage(s) => write!(f, "{s}"),
             AppError::Chat(e) => write!(f, "{e}"),
             AppError::Head(e) => write!(f, "{e}"),
+            AppError::Trace(e) => write!(f, "{e}"),
+            AppError::Pool(e) => write!(f, "{e}"),
             AppError::Stopped(e) => write!(f, "{e}"),
             AppError::Output(file, e) => write!(f, "{file}: {e}"),
             AppError::PromptTooLong { tokens, n_ctx } => write!(
@@ -96,7 +102,7 @@ pub fn main<P: Platform>(p: &P, args: &[&str], region: &mut [u8]) -> i32 {
             return 2;
         }
     };
-    let path = o.model.or(o.storage).unwrap_or("");
+    let path = o.model.or(o.storage).or(o.file).unwrap_or("");
     let res = match o.command {
         Command::Help => {
             let _ = Out::stdout(p).write_str(USAGE);
@@ -104,6 +110,7 @@ pub fn main<P: Platform>(p: &P, args: &[&str], region: &mut [u8]) -> i32 {
         }
         Command::HeadSelect => head_select::head_select(p, &o, region),
         Command::Recut => recut::recut(p, &o, region),
+        Command::MoeSim => moe_sim::moe_sim(p, &o, region),
         Command::Bench if o.storage.is_some() => bench::storage(p, &o, region),
         _ => with_model(p, &o, region, &mut |ctx| match ctx.o.command {
             Command::Run => run::run(ctx),
@@ -112,7 +119,11 @@ pub fn main<P: Platform>(p: &P, args: &[&str], region: &mut [u8]) -> i32 {
             Command::Tokenize => tokenize::tokenize(ctx),
             Command::Bench => bench::bench(ctx),
             Command::Serve => serve::serve(ctx),
-            Command::Inspect | Command::Help | Command::HeadSelect | Command::Recut => Ok(()),
+            Command::Inspect
+            | Command::Help
+            | Command::HeadSelect
+            | Command::Recut
+            | Command::MoeSim => Ok(()),
         }),
     };
     match res {
@@ -190,6 +201,7 @@ pub fn session_options<P: Platform>(p: &P, o: &Opts, cfg: &Config) -> SessionOpt
         threads,
         head_group: 1,
         attn_skip: o.attn_skip.unwrap_or(o.command != Command::Ppl),
+        swa_ring: !o.swa_full,
         cpu: p.cpu(),
     }
 }

@@ -1,8 +1,10 @@
 //! `pinch ppl`: perplexity with llama-perplexity's protocol (so figures compare) and
 //! bits per byte with every token scored once.
 //!
-//! Perplexity: the whole file is tokenized with BOS; chunk i is tokens
-//! `[n_ctx*i, n_ctx*(i+1))` with its first token replaced by BOS, decoded from an empty
+//! Perplexity: the whole file is tokenized with the vocab's special tokens (BOS only
+//! when `tokenizer.ggml.add_bos_token` says so); chunk i is tokens
+//! `[n_ctx*i, n_ctx*(i+1))` with its first token replaced by BOS only when the vocab
+//! adds BOS (Qwen's does not: the chunk keeps its own first token), decoded from an empty
 //! cache; the logits at positions n_ctx/2 .. n_ctx-2 predict the next token; PPL =
 //! exp(mean NLL). Bits per byte: T = tokens without BOS is cut into pieces of n_ctx-1;
 //! each piece is decoded as [BOS] + piece in a fresh context and every token of T is
@@ -30,6 +32,16 @@ pub fn nll(logits: &[f32], target: u32) -> f64 {
     libm::log(sum) - (logits[target as usize] - max) as f64
 }
 
+/// Chunk `c` of llama-perplexity's protocol into `window`: tokens
+/// `[n_ctx*c, n_ctx*(c+1))` of `all`, the first replaced by `bos` when given (the
+/// caller gives it only when the vocab adds BOS, as llama-perplexity does).
+pub fn chunk_into(all: &[u32], c: usize, n_ctx: usize, bos: Option<u32>, window: &mut [u32]) {
+    window[..n_ctx].copy_from_slice(&all[c * n_ctx..(c + 1) * n_ctx]);
+    if let Some(b) = bos {
+        window[0] = b;
+    }
+}
+
 pub fn ppl<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
     let o = ctx.o;
     let p = ctx.p;
@@ -46,6 +58,7 @@ pub fn ppl<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
     let n = encode_into(ctx.tok, text, true, false, scratch, all, cap)?;
     let all = &all[..n];
     let bos = ctx.tok.bos();
+    let chunk_bos = if ctx.tok.adds_bos() { bos } else { None };
     let window = ctx.arena.slice::<u32>("tokens", n_ctx)?;
     let mut err = Out::stderr(p);
     let t0 = p.now_ns();
@@ -61,10 +74,7 @@ pub fn ppl<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
     let (mut nll_sum, mut count) = (0.0f64, 0usize);
     let _ = writeln!(err, "perplexity: {n} tokens, {n_chunks} chunks of {n_ctx}");
     for c in 0..n_chunks {
-        window[..n_ctx].copy_from_slice(&all[c * n_ctx..(c + 1) * n_ctx]);
-        if let Some(b) = bos {
-            window[0] = b;
-        }
+        chunk_into(all, c, n_ctx, chunk_bos, window);
         ctx.sess.reset();
         let w = &window[..n_ctx];
         ctx.sess.eval(p, w, Logits::All, &mut |j, l| {
@@ -141,4 +151,22 @@ pub fn ppl<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
         let _ = writeln!(out, "PPL {ppl:.4}  bits/byte {bpb:.6}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_starts_with_bos_only_when_given() {
+        let all: [u32; 8] = [1, 10, 11, 12, 13, 14, 15, 16];
+        let mut w = [0u32; 4];
+        chunk_into(&all, 1, 4, Some(1), &mut w);
+        assert_eq!(w, [1, 14, 15, 16]);
+        // a vocab without add_bos keeps the chunk's own first token
+        chunk_into(&all, 1, 4, None, &mut w);
+        assert_eq!(w, [13, 14, 15, 16]);
+        chunk_into(&all, 0, 4, None, &mut w);
+        assert_eq!(w, [1, 10, 11, 12]);
+    }
 }

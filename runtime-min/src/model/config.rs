@@ -1,10 +1,16 @@
 //! Model hyper-parameters read from GGUF metadata, and the per-architecture facts that
-//! make one forward pass serve llama, qwen2, qwen3 and gemma3.
+//! make one forward pass serve llama, qwen2, qwen3, gemma3 and the MoE qwen3moe and
+//! bailingmoe2.
+//!
+//! Per-layer facts (which token mixer and feed-forward a layer has, its KV heads) are
+//! in [`LayerKind`], one per layer, read from the file before any weight is.
 use core::fmt::Write;
 
 use pinch_kernels::ops::RopeKind;
 
 use crate::gguf::Gguf;
+use crate::model::moe_route::MoeConfig;
+use crate::model::hybrid::{self, DeltaNetHparams, Hybrid, ShortConvHparams};
 use crate::model::ModelError;
 
 /// The architectures this forward pass implements.
@@ -14,6 +20,12 @@ pub enum Arch {
     Qwen2,
     Qwen3,
     Gemma3,
+    Qwen3Moe,
+    BailingMoe2,
+    /// Qwen3.5: Gated DeltaNet layers and gated full attention (see `model::hybrid`).
+    Qwen35,
+    /// LFM2: short-conv layers and attention (see `model::hybrid`).
+    Lfm2,
 }
 
 impl Arch {
@@ -23,6 +35,10 @@ impl Arch {
             "qwen2" => Some(Arch::Qwen2),
             "qwen3" => Some(Arch::Qwen3),
             "gemma3" => Some(Arch::Gemma3),
+            "qwen3moe" => Some(Arch::Qwen3Moe),
+            "bailingmoe2" => Some(Arch::BailingMoe2),
+            "qwen35" => Some(Arch::Qwen35),
+            "lfm2" => Some(Arch::Lfm2),
             _ => None,
         }
     }
@@ -32,8 +48,44 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Gemma3 => "gemma3",
+            Arch::Qwen3Moe => "qwen3moe",
+            Arch::BailingMoe2 => "bailingmoe2",
+            Arch::Qwen35 => "qwen35",
+            Arch::Lfm2 => "lfm2",
         }
     }
+}
+
+/// Most layers pinch loads (a fixed table keeps runtime-min allocation-free).
+pub const MAX_LAYERS: usize = 128;
+
+/// A layer's token mixer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum MixerKind {
+    #[default]
+    Attention,
+    /// Gated DeltaNet (`model::deltanet`).
+    GatedDeltaNet,
+    /// Short convolution (`model::shortconv`).
+    ShortConv,
+}
+
+/// A layer's feed-forward block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum FfnKind {
+    #[default]
+    Dense,
+    /// Routed experts (and a shared expert), see [`crate::model::ffn_moe`].
+    Moe,
+}
+
+/// What layer `il` is made of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct LayerKind {
+    pub mixer: MixerKind,
+    pub ffn: FfnKind,
+    /// KV heads of an attention layer (0 for other mixers).
+    pub n_head_kv: usize,
 }
 
 /// The FFN's gate activation.
@@ -77,6 +129,23 @@ pub struct Config {
     /// the scale is applied to KQ.
     pub scale_q: bool,
     pub ffn_act: FfnAct,
+    /// q, k and v have biases (qwen2).
+    pub qkv_bias: bool,
+    /// Per-layer kinds: `layers[..n_layer]`.
+    pub layers: [LayerKind; MAX_LAYERS],
+    /// The experts' hyper-parameters (MoE architectures).
+    pub moe: Option<MoeConfig>,
+    /// Shapes of the Gated DeltaNet layers (qwen35).
+    pub delta: Option<DeltaNetHparams>,
+    /// Shape of the short-conv layers (lfm2).
+    pub shortconv: Option<ShortConvHparams>,
+    /// Attention output × sigmoid(gate), the gate rows interleaved with q's per head
+    /// (qwen35).
+    pub gated_attn: bool,
+    /// The norm before the FFN (`post_attention_norm.weight` in qwen35).
+    pub ffn_norm_name: &'static str,
+    /// The final norm (`token_embd_norm.weight` in lfm2).
+    pub output_norm_name: &'static str,
 }
 
 impl Config {
@@ -89,6 +158,18 @@ impl Config {
     }
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
+    }
+    /// What layer `il` is made of.
+    pub fn layer(&self, il: usize) -> LayerKind {
+        self.layers[il.min(MAX_LAYERS - 1)]
+    }
+    /// The widest K (or V) row of any attention layer.
+    pub fn max_kv_dim(&self) -> usize {
+        self.layers[..self.n_layer.min(MAX_LAYERS)]
+            .iter()
+            .map(|k| k.n_head_kv * self.head_dim)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Read the config of `g`; errors name the missing or bad key.
@@ -105,6 +186,14 @@ impl Config {
             g.get_u64(&key)
         };
         let n_layer = u("block_count").ok_or(ModelError::MissingKey("block_count"))? as usize;
+        // Multi-token-prediction layers at the end of the file are not run (llama.cpp
+        // loads them and skips them).
+        let n_layer = n_layer.saturating_sub(u("nextn_predict_layers").unwrap_or(0) as usize);
+        if n_layer > MAX_LAYERS {
+            return Err(ModelError::BadShape(
+                "more layers than pinch supports (128)",
+            ));
+        }
         let n_embd =
             u("embedding_length").ok_or(ModelError::MissingKey("embedding_length"))? as usize;
         let n_ff =
@@ -149,6 +238,40 @@ impl Config {
             return Err(ModelError::BadShape("rope.dimension_count"));
         }
         let gemma = arch == Arch::Gemma3;
+        let moe = MoeConfig::from_gguf(g, p, n_ff)?;
+        let mut layers = [LayerKind::default(); MAX_LAYERS];
+        for (il, k) in layers.iter_mut().take(n_layer).enumerate() {
+            *k = LayerKind {
+                mixer: MixerKind::Attention,
+                ffn: match moe {
+                    Some(m) if m.is_moe_layer(il) => FfnKind::Moe,
+                    _ => FfnKind::Dense,
+                },
+                n_head_kv,
+            };
+        }
+        let hybrid = Hybrid::from_gguf(g, arch, n_layer, n_head, n_head_kv)?;
+        let mut n_head_kv = n_head_kv;
+        if let Some(h) = &hybrid {
+            for (k, &(mixer, kv)) in layers.iter_mut().zip(&h.layers) {
+                k.mixer = mixer;
+                k.n_head_kv = kv;
+            }
+            n_head_kv = h.layers.iter().map(|l| l.1).max().unwrap_or(0).max(1);
+        }
+        if arch == Arch::Qwen35 {
+            // IMROPE for text is NEOX rope unless a section uses the 4th (always 0) id.
+            if let Some(sec) = hybrid::rope_sections(g, p)? {
+                if !hybrid::imrope_text_pairs(sec, n_rot)[..n_rot / 2]
+                    .iter()
+                    .all(|&r| r)
+                {
+                    return Err(ModelError::BadShape(
+                        "rope.dimension_sections with a section at the extra position id",
+                    ));
+                }
+            }
+        }
         Ok(Config {
             arch,
             n_layer,
@@ -180,13 +303,37 @@ impl Config {
             } else {
                 None
             },
-            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
+            qk_norm: matches!(
+                arch,
+                Arch::Qwen3
+                    | Arch::Gemma3
+                    | Arch::Qwen3Moe
+                    | Arch::BailingMoe2
+                    | Arch::Qwen35
+                    | Arch::Lfm2
+            ),
             post_norms: gemma,
             scale_q: gemma,
             ffn_act: if gemma {
                 FfnAct::GeluTanh
             } else {
                 FfnAct::Silu
+            },
+            qkv_bias: arch == Arch::Qwen2,
+            layers,
+            moe,
+            delta: hybrid.as_ref().and_then(|h| h.delta),
+            shortconv: hybrid.as_ref().and_then(|h| h.shortconv),
+            gated_attn: arch == Arch::Qwen35,
+            ffn_norm_name: if arch == Arch::Qwen35 {
+                "post_attention_norm.weight"
+            } else {
+                "ffn_norm.weight"
+            },
+            output_norm_name: if arch == Arch::Lfm2 {
+                "token_embd_norm.weight"
+            } else {
+                "output_norm.weight"
             },
         })
     }

@@ -9,17 +9,19 @@
 //! ```
 use core::ops::Range;
 
-use pinch_kernels::attn;
-use pinch_kernels::matvec::{dequantize_row, quantize_activation, KernelError};
-use pinch_kernels::ops::{self, rms_norm, rope_angles, rope_apply};
-use pinch_kernels::repack::matmul_rows as repack_rows;
-use pinch_kernels::{ActFormat, CpuFeatures};
+use pinch_kernels::matvec::dequantize_row;
+use pinch_kernels::ops::{self, rms_norm, rope_angles};
+use pinch_kernels::CpuFeatures;
 
 use crate::arena::Arena;
-use crate::model::config::{Config, FfnAct};
-use crate::model::kv::{KvCache, KvPlane, KvType};
+use crate::model::config::Config;
+use crate::model::hybrid::Checkpoint;
+use crate::model::kv::KvType;
+use crate::model::layer::{Clock, Cx, LayerState};
+use crate::model::matmul::MatMul;
+use crate::model::scratch::Scratch;
 use crate::model::stream::{Exchange, ReadFn, Schedule, Source, StreamStats, Zones};
-use crate::model::weights::{Tensor, Weights};
+use crate::model::weights::{Tensor, Weights, MAX_LAYERS};
 use crate::model::ModelError;
 use crate::platform::Platform;
 use crate::residency::{EMBD_CACHE_ROWS, IO_ALIGN, STREAM_ZONES};
@@ -62,6 +64,9 @@ pub struct SessionOptions {
     /// Skip exp and V for keys whose score is below max + ln(1e-4) (their weight is
     /// under 1e-4 of the best key's).
     pub attn_skip: bool,
+    /// Sliding-window layers keep only their window (a ring; same logits), not a row per
+    /// position of the context.
+    pub swa_ring: bool,
 }
 
 /// Where the time of `eval` goes, by kind of operation (nanoseconds, cumulative).
@@ -121,7 +126,7 @@ impl Op {
 
 impl Profile {
     #[inline]
-    fn add(&mut self, op: Op, t0: u64, t1: u64) {
+    pub(crate) fn add(&mut self, op: Op, t0: u64, t1: u64) {
         self.ns[op as usize] += t1.saturating_sub(t0);
     }
     pub fn total(&self) -> u64 {
@@ -129,11 +134,12 @@ impl Profile {
     }
 }
 
-/// A model plus its KV cache and scratch: everything one conversation needs.
+/// A model plus its per-layer state and scratch: everything one conversation needs.
 pub struct Session<'w, 'a> {
     pub cfg: Config,
     w: &'w Weights<'a>,
-    kv: KvCache<'a>,
+    /// Per layer: what it keeps from token to token (an attention layer's KV plane).
+    state: heapless::Vec<LayerState<'a>, MAX_LAYERS>,
     pub opts: SessionOptions,
     /// Positions already in the cache: changed only by `eval`, `reset` and `truncate`.
     n_past: usize,
@@ -150,43 +156,19 @@ pub struct Session<'w, 'a> {
     /// On-demand input embedding rows, direct-mapped by id.
     embd_cache: &'a mut [u8],
     embd_tags: [u32; EMBD_CACHE_ROWS],
-}
-
-struct Scratch<'a> {
-    x: &'a mut [f32],
-    xn: &'a mut [f32],
-    q: &'a mut [f32],
-    k: &'a mut [f32],
-    v: &'a mut [f32],
-    att: &'a mut [f32],
-    gate: &'a mut [f32],
-    up: &'a mut [f32],
-    scores: &'a mut [f32],
-    act_q: &'a mut [u8],
-    mm_tmp: &'a mut [f32],
-    row: &'a mut [f32],
-    logits: &'a mut [f32],
-    /// Pruned-head logits before they are spread over the vocabulary (empty: full head).
-    head_logits: &'a mut [f32],
-    /// ggml's f16 GELU table (GELU models only; empty otherwise).
-    gelu: &'a mut [f32],
-    /// Rope (sin, cos) pairs per batch token: global base, then sliding-window base.
-    rope: &'a mut [f32],
+    /// Recurrent models: the state before the last token of the latest prompt (see
+    /// [`Self::keep_checkpoint`]).
+    checkpoint: Option<Checkpoint<'a>>,
 }
 
 impl<'w, 'a> Session<'w, 'a> {
-    /// Bytes of scratch and KV a session with `o` needs (for the budget plan).
+    /// Bytes of scratch and per-layer state a session with `o` needs (for the budget
+    /// plan).
     pub fn bytes_needed(cfg: &Config, o: &SessionOptions) -> usize {
-        let (nb, g) = (o.n_batch.max(1), o.head_group.max(1));
-        let maxd = cfg.n_embd.max(cfg.q_dim()).max(cfg.n_ff);
-        let floats = nb * (3 * cfg.n_embd + 2 * cfg.q_dim() + 2 * cfg.kv_dim() + 2 * cfg.n_ff)
-            + o.threads.clamp(1, MAX_WORKERS) * o.n_ctx
-            + (nb * maxd).max(cfg.n_vocab * g)
-            + maxd
-            + cfg.n_vocab * g
-            + nb * 2 * cfg.n_rot;
-        let kv = KvCache::bytes_needed(o.kv, cfg.n_layer, o.n_ctx, cfg.kv_dim());
-        floats * 4 + nb.max(g) * maxd * 4 + kv + 64 * 20 + 4 * ops::GELU_TABLE_LEN
+        let state: usize = (0..cfg.n_layer)
+            .map(|il| LayerState::bytes_needed(cfg, il, o))
+            .sum();
+        Scratch::bytes_needed(cfg, o) + state
     }
 
     pub fn new(
@@ -204,44 +186,12 @@ impl<'w, 'a> Session<'w, 'a> {
                 "head_dim above 256 (attention scratch)",
             ));
         }
-        let (nb, g) = (opts.n_batch, opts.head_group);
-        let maxd = cfg.n_embd.max(cfg.q_dim()).max(cfg.n_ff);
-        let kv = KvCache::new(arena, opts.kv, cfg.n_layer, opts.n_ctx, cfg.kv_dim())?;
-        let a = "activations";
-        let s = Scratch {
-            x: arena.slice(a, nb * cfg.n_embd)?,
-            xn: arena.slice(a, nb.max(g) * cfg.n_embd.max(cfg.q_dim()))?,
-            q: arena.slice(a, nb * cfg.q_dim())?,
-            k: arena.slice(a, nb * cfg.kv_dim())?,
-            v: arena.slice(a, nb * cfg.kv_dim())?,
-            att: arena.slice(a, nb * cfg.q_dim())?,
-            gate: arena.slice(a, nb * cfg.n_ff)?,
-            up: arena.slice(a, nb * cfg.n_ff)?,
-            scores: arena.slice(a, opts.threads * opts.n_ctx)?,
-            // f32 activations are the widest format (4 bytes per value).
-            act_q: arena.bytes(a, nb.max(g) * maxd * 4)?,
-            mm_tmp: arena.slice(a, (nb * maxd).max(cfg.n_vocab * g))?,
-            row: arena.slice(a, maxd)?,
-            logits: arena.slice("logits", cfg.n_vocab * g)?,
-            head_logits: arena.slice(
-                "logits",
-                if w.head_ids.is_some() {
-                    w.head_rows() * g
-                } else {
-                    0
-                },
-            )?,
-            gelu: arena.slice(
-                "activations",
-                if cfg.ffn_act == FfnAct::GeluTanh {
-                    ops::GELU_TABLE_LEN
-                } else {
-                    0
-                },
-            )?,
-            rope: arena.slice("activations", nb * 2 * cfg.n_rot)?,
-        };
-        ops::gelu_table_fill(s.gelu);
+        let mut state = heapless::Vec::new();
+        for il in 0..cfg.n_layer.min(MAX_LAYERS) {
+            let _ = state.push(LayerState::new(arena, &cfg, il, &opts)?);
+        }
+        let head_rows = w.head_ids.map(|_| w.head_rows());
+        let s = Scratch::new(arena, &cfg, &opts, head_rows)?;
         let mut zones = Zones::new();
         if w.plan.streams() {
             for _ in 0..STREAM_ZONES {
@@ -263,7 +213,7 @@ impl<'w, 'a> Session<'w, 'a> {
         Ok(Session {
             cfg,
             w,
-            kv,
+            state,
             opts,
             n_past: 0,
             profile: Profile::default(),
@@ -274,6 +224,7 @@ impl<'w, 'a> Session<'w, 'a> {
             verify: None,
             embd_cache,
             embd_tags: [u32::MAX; EMBD_CACHE_ROWS],
+            checkpoint: None,
         })
     }
 
@@ -294,11 +245,7 @@ impl<'w, 'a> Session<'w, 'a> {
     /// calls this before it stops a generation.
     pub fn give_back<P: Platform>(&mut self, p: &P) -> u64 {
         let n = self.n_past;
-        let mut freed = 0;
-        for plane in self.kv.k.iter_mut().chain(self.kv.v.iter_mut()) {
-            freed += p.discard(plane.tail_bytes_mut(n));
-        }
-        freed
+        self.state.iter_mut().map(|st| st.give_back(p, n)).sum()
     }
 
     /// The loaded weights.
@@ -308,6 +255,9 @@ impl<'w, 'a> Session<'w, 'a> {
 
     /// Forget the conversation (the cache is overwritten from position 0).
     pub fn reset(&mut self) {
+        if let Some(c) = &mut self.checkpoint {
+            c.at = None;
+        }
         self.n_past = 0;
     }
 
@@ -318,9 +268,13 @@ impl<'w, 'a> Session<'w, 'a> {
 
     /// Keep the first `n` positions and forget the rest, so the next `eval` continues at
     /// position `n`. Attention layers keep their KV rows (rows past `n` are overwritten).
+    /// A recurrent layer's state holds only the latest position: such a model goes to
+    /// `n = n_past` (nothing to forget), `n = 0` (the state restarts) or the position of
+    /// its checkpoint ([`Self::keep_checkpoint`]), no other `n`.
     ///
     /// # Errors
-    /// `n` beyond the positions evaluated: [`ModelError::Truncate`].
+    /// `n` beyond the positions evaluated: [`ModelError::Truncate`]; a recurrent model
+    /// and `0 < n < n_past` other than its checkpoint: [`ModelError::TruncateRecurrent`].
     pub fn truncate(&mut self, n: usize) -> Result<(), ModelError> {
         if n > self.n_past {
             return Err(ModelError::Truncate {
@@ -328,7 +282,37 @@ impl<'w, 'a> Session<'w, 'a> {
                 n_past: self.n_past,
             });
         }
+        if n > 0 && n < self.n_past && self.state.iter().any(|s| s.is_recurrent()) {
+            let back = self
+                .checkpoint
+                .as_ref()
+                .is_some_and(|c| c.restore(&mut self.state, n));
+            if !back {
+                return Err(ModelError::TruncateRecurrent {
+                    to: n,
+                    n_past: self.n_past,
+                });
+            }
+        }
+        // A checkpoint past the new end no longer holds a prefix of what comes next.
+        if let Some(c) = &mut self.checkpoint {
+            if c.at.is_some_and(|at| at > n) {
+                c.at = None;
+            }
+        }
         self.n_past = n;
+        Ok(())
+    }
+
+    /// For a model with recurrent layers: keep a copy of their state (from `arena`,
+    /// [`Checkpoint::bytes_needed`] bytes) taken before the last token of every
+    /// multi-token `eval`, so that [`Self::truncate`] can return to that position (a
+    /// repeated prompt then re-runs only its last token). That last token is then
+    /// evaluated in a pass of its own. Nothing to do for other models.
+    pub fn keep_checkpoint(&mut self, arena: &mut Arena<'a>) -> Result<(), ModelError> {
+        if self.checkpoint.is_none() && self.state.iter().any(|s| s.is_recurrent()) {
+            self.checkpoint = Some(Checkpoint::new(arena, &self.cfg)?);
+        }
         Ok(())
     }
 
@@ -357,9 +341,15 @@ impl<'w, 'a> Session<'w, 'a> {
             }
         }
         let nb = self.opts.n_batch;
+        // With a checkpoint, a pass ends before the last token and the state is saved.
+        let cut = match &self.checkpoint {
+            Some(_) if tokens.len() >= 2 => tokens.len() - 1,
+            _ => tokens.len(),
+        };
         let mut start = 0;
         while start < tokens.len() {
-            let end = (start + nb).min(tokens.len());
+            let stop = if start < cut { cut } else { tokens.len() };
+            let end = (start + nb).min(stop);
             let chunk = &tokens[start..end];
             let last_chunk = end == tokens.len();
             let sel: Range<usize> = match which {
@@ -369,6 +359,11 @@ impl<'w, 'a> Session<'w, 'a> {
             };
             self.pass(p, chunk, sel, start, on_logits)?;
             self.n_past += chunk.len();
+            if end == cut && cut < tokens.len() {
+                if let Some(c) = &mut self.checkpoint {
+                    c.save(&self.state, self.n_past);
+                }
+            }
             start = end;
         }
         Ok(())
@@ -489,7 +484,12 @@ impl<'w, 'a> Session<'w, 'a> {
         Ok(())
     }
 
-    /// All transformer blocks for one batch; leaves the residual stream in `s.x`.
+    /// All layers for one batch; leaves the residual stream in `s.x`.
+    ///
+    /// ```text
+    /// per layer: xn = norm(x); xn = mixer(xn) [; xn = norm(xn)]; x += xn
+    ///            xn = norm(x); xn = ffn(xn)   [; xn = norm(xn)]; x += xn
+    /// ```
     fn layers<P: Platform>(
         &mut self,
         p: &P,
@@ -499,14 +499,8 @@ impl<'w, 'a> Session<'w, 'a> {
         let c = self.cfg;
         let n = tokens.len();
         let pos0 = self.n_past;
-        let (e, qd, kvd, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.head_dim);
-        let mm = MatMul {
-            p,
-            math: self.opts.math,
-            threads: self.opts.threads,
-            cpu: self.opts.cpu,
-        };
-        let mut t0 = p.now_ns();
+        let e = c.n_embd;
+        let t0 = p.now_ns();
 
         // Input embeddings.
         for (t, &id) in tokens.iter().enumerate() {
@@ -524,164 +518,67 @@ impl<'w, 'a> Session<'w, 'a> {
         let nr = c.n_rot;
         for t in 0..n {
             let at = 2 * t * nr;
-            let (g, w) = self.s.rope[at..at + 2 * nr].split_at_mut(nr);
-            rope_angles(pos0 + t, nr, c.rope_base, c.rope_freq_scale, g);
-            rope_angles(pos0 + t, nr, c.rope_base_swa, 1.0, w);
+            let (rope_global, rope_local) = self.s.rope[at..at + 2 * nr].split_at_mut(nr);
+            rope_angles(pos0 + t, nr, c.rope_base, c.rope_freq_scale, rope_global);
+            rope_angles(pos0 + t, nr, c.rope_base_swa, 1.0, rope_local);
         }
 
-        let s = &mut self.s;
-        let prof = &mut self.profile;
-        let mut lap = |op: Op, prof: &mut Profile| {
-            let t1 = p.now_ns();
-            prof.add(op, t0, t1);
-            t0 = t1;
+        let mut cx = Cx {
+            p,
+            mm: MatMul {
+                p,
+                math: self.opts.math,
+                threads: self.opts.threads,
+                cpu: self.opts.cpu,
+            },
+            cfg: &c,
+            opts: &self.opts,
+            s: &mut self.s,
+            clock: Clock {
+                p,
+                t0,
+                prof: &mut self.profile,
+            },
         };
-        lap(Op::Embed, prof);
+        cx.clock.lap(Op::Embed);
         let w = self.w;
-        for il in 0..w.layers.len() {
+        for (il, state) in self.state.iter_mut().enumerate() {
             let stored = &w.layers[il];
             let mut zone = None;
             if stored.stream.is_some() {
                 zone = Some(src.fetch()?.0);
-                lap(Op::StreamWait, prof);
+                cx.clock.lap(Op::StreamWait);
             }
-            let lw = &match &zone {
+            let layer = &match &zone {
                 Some(z) => stored.in_zone(z)?,
                 None => *stored,
             };
-            // Attention block.
+            // Token mixer.
+            let s = &mut *cx.s;
             ops::rms_norm_rows(
                 &s.x[..n * e],
-                lw.attn_norm,
+                layer.attn_norm,
                 c.rms_eps,
                 &mut s.xn[..n * e],
                 e,
             );
-            lap(Op::NormsAndAdds, prof);
-            let xn = &s.xn[..n * e];
-            mm.linear_many(
-                xn,
-                n,
-                &mut [
-                    (&lw.wq, &mut s.q[..n * qd]),
-                    (&lw.wk, &mut s.k[..n * kvd]),
-                    (&lw.wv, &mut s.v[..n * kvd]),
-                ],
-                s.act_q,
-                s.mm_tmp,
-                s.row,
-            )?;
-            lap(Op::QkvProj, prof);
-            for t in 0..n {
-                add_bias(&mut s.q[t * qd..(t + 1) * qd], lw.bq);
-                add_bias(&mut s.k[t * kvd..(t + 1) * kvd], lw.bk);
-                add_bias(&mut s.v[t * kvd..(t + 1) * kvd], lw.bv);
-            }
-            let swa = c.is_swa(il);
-            let q_scale = 1.0 / libm::sqrtf(hd as f32);
-            let nr = c.n_rot;
-            // Per-head norms of all tokens first (side by side), then rope.
-            if let Some(g) = lw.q_norm {
-                ops::rms_norm_rows_inplace(&mut s.q[..n * qd], g, c.rms_eps, hd);
-            }
-            if let Some(g) = lw.k_norm {
-                ops::rms_norm_rows_inplace(&mut s.k[..n * kvd], g, c.rms_eps, hd);
-            }
-            for t in 0..n {
-                let pos = pos0 + t;
-                let table = (2 * t + swa as usize) * nr;
-                let angles = &s.rope[table..table + nr];
-                for h in s.q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
-                    rope_apply(h, angles, c.rope_kind);
-                    if c.scale_q {
-                        ops::scale_inplace(h, q_scale);
-                    }
-                }
-                for h in s.k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
-                    rope_apply(h, angles, c.rope_kind);
-                }
-                self.kv.k[il].write(pos, &s.k[t * kvd..(t + 1) * kvd]);
-                self.kv.v[il].write(pos, &s.v[t * kvd..(t + 1) * kvd]);
-            }
-            let kq_scale = if c.scale_q { 1.0 } else { q_scale };
-            let at = Attend {
-                cfg: &c,
-                k: &self.kv.k[il],
-                v: &self.kv.v[il],
-                pos0,
-                swa,
-                kq_scale,
-                skip: self.opts.attn_skip,
-                cpu: self.opts.cpu,
-            };
-            lap(Op::RopeAndCache, prof);
-            at.run(
-                p,
-                self.opts.threads,
-                &s.q[..n * qd],
-                &mut s.att[..n * qd],
-                s.scores,
-            );
-            lap(Op::Attention, prof);
-            mm.linear(
-                &lw.wo,
-                &s.att[..n * qd],
-                n,
-                &mut s.xn[..n * e],
-                s.act_q,
-                s.mm_tmp,
-                s.row,
-            )?;
-            lap(Op::OutProj, prof);
-            if let Some(g) = lw.post_attn_norm {
-                ops::rms_norm_rows_inplace(&mut s.xn[..n * e], g, c.rms_eps, e);
-            }
-            ops::add_inplace(&mut s.x[..n * e], &s.xn[..n * e]);
+            cx.clock.lap(Op::NormsAndAdds);
+            layer.run_mixer(&mut cx, state, n, pos0)?;
+            residual_add(cx.s, layer.post_mixer_norm, c.rms_eps, n * e, e);
 
-            // Feed-forward block.
-            ops::rms_norm_rows(&s.x[..n * e], lw.ffn_norm, c.rms_eps, &mut s.xn[..n * e], e);
-            lap(Op::NormsAndAdds, prof);
-            let xn = &s.xn[..n * e];
-            let f = c.n_ff;
-            mm.linear_many(
-                xn,
-                n,
-                &mut [
-                    (&lw.w_gate, &mut s.gate[..n * f]),
-                    (&lw.w_up, &mut s.up[..n * f]),
-                ],
-                s.act_q,
-                s.mm_tmp,
-                s.row,
-            )?;
-            lap(Op::FfnGateUp, prof);
-            // Elementwise, so split across the workers by tokens (one token's 2048
-            // values are not worth waking them for).
-            let (up, gelu, cpu) = (&s.up[..n * f], &*s.gelu, self.opts.cpu);
-            let act = |ts: Range<usize>, g: &mut [f32]| {
-                let u = &up[ts.start * f..ts.end * f];
-                match c.ffn_act {
-                    FfnAct::Silu => ops::swiglu(g, u),
-                    FfnAct::GeluTanh => ops::geglu_with_table(&cpu, g, u, gelu),
-                }
-            };
-            par_chunks(p, self.opts.threads, n, &mut s.gate[..n * f], f, &act);
-            lap(Op::FfnAct, prof);
-            mm.linear(
-                &lw.w_down,
-                &s.gate[..n * f],
-                n,
+            // Feed-forward.
+            let s = &mut *cx.s;
+            ops::rms_norm_rows(
+                &s.x[..n * e],
+                layer.ffn_norm,
+                c.rms_eps,
                 &mut s.xn[..n * e],
-                s.act_q,
-                s.mm_tmp,
-                s.row,
-            )?;
-            lap(Op::FfnDown, prof);
-            if let Some(g) = lw.post_ffn_norm {
-                ops::rms_norm_rows_inplace(&mut s.xn[..n * e], g, c.rms_eps, e);
-            }
-            ops::add_inplace(&mut s.x[..n * e], &s.xn[..n * e]);
-            lap(Op::NormsAndAdds, prof);
+                e,
+            );
+            cx.clock.lap(Op::NormsAndAdds);
+            layer.run_ffn(&mut cx, n)?;
+            residual_add(cx.s, layer.post_ffn_norm, c.rms_eps, n * e, e);
+            cx.clock.lap(Op::NormsAndAdds);
             if let Some(z) = zone {
                 src.release(z);
             }
@@ -751,6 +648,7 @@ impl<'w, 'a> Session<'w, 'a> {
                     rows: rows.len(),
                     data: &zone[lead..lead + rows.len() * rb],
                     layout: pinch_kernels::repack::Layout::Plain,
+                    file: crate::residency::Span::default(),
                 };
                 let (aq, tmp, row) = (&mut *s.act_q, &mut *s.mm_tmp, &mut *s.row);
                 let r0 = rows.start;
@@ -784,435 +682,10 @@ impl<'w, 'a> Session<'w, 'a> {
     }
 }
 
-fn add_bias(x: &mut [f32], b: Option<&[f32]>) {
-    if let Some(b) = b {
-        ops::add_inplace(x, b);
+/// `x += [norm(xn)]` over the first `len` values (rows of `e`).
+fn residual_add(s: &mut Scratch<'_>, post_norm: Option<&[f32]>, eps: f32, len: usize, e: usize) {
+    if let Some(g) = post_norm {
+        ops::rms_norm_rows_inplace(&mut s.xn[..len], g, eps, e);
     }
+    ops::add_inplace(&mut s.x[..len], &s.xn[..len]);
 }
-
-/// Matrix products on the session's math mode and workers.
-struct MatMul<'p, P: Platform> {
-    p: &'p P,
-    math: Math,
-    threads: usize,
-    cpu: CpuFeatures,
-}
-
-impl<P: Platform> MatMul<'_, P> {
-    /// `out[t * rows + r] = dot(w row r, x[t])` for `n` activation rows of `w.cols`.
-    #[allow(clippy::too_many_arguments)]
-    fn linear(
-        &self,
-        w: &Tensor,
-        x: &[f32],
-        n: usize,
-        out: &mut [f32],
-        act_q: &mut [u8],
-        tmp: &mut [f32],
-        row: &mut [f32],
-    ) -> Result<(), ModelError> {
-        self.linear_to(w, x, n, out, w.rows, 0, act_q, tmp, row)
-    }
-
-    /// [`Self::linear`] into columns `row0..row0 + w.rows` of an output whose rows
-    /// (one per activation) are `stride` long: `out[t * stride + row0 + r]`.
-    #[allow(clippy::too_many_arguments)]
-    fn linear_to(
-        &self,
-        w: &Tensor,
-        x: &[f32],
-        n: usize,
-        out: &mut [f32],
-        stride: usize,
-        row0: usize,
-        act_q: &mut [u8],
-        tmp: &mut [f32],
-        row: &mut [f32],
-    ) -> Result<(), ModelError> {
-        let (cols, rows) = (w.cols, w.rows);
-        match self.math {
-            Math::Reference => {
-                let row = &mut row[..cols];
-                for r in 0..rows {
-                    pinch_kernels::repack::dequantize_row(
-                        w.layout,
-                        w.ty,
-                        w.data,
-                        w.row_bytes(),
-                        r,
-                        row,
-                    )?;
-                    for t in 0..n {
-                        let xt = &x[t * cols..(t + 1) * cols];
-                        let mut acc = 0.0f64;
-                        for (a, b) in row.iter().zip(xt) {
-                            acc += (*a as f64) * (*b as f64);
-                        }
-                        out[t * stride + row0 + r] = acc as f32;
-                    }
-                }
-                Ok(())
-            }
-            Math::Fast => {
-                let fmt = w.ty.act_format().ok_or(KernelError::Unsupported(w.ty))?;
-                self.quantize(fmt, x, n, cols, act_q)?;
-                self.linear_pre(w, fmt, n, out, stride, row0, act_q, tmp)
-            }
-        }
-    }
-
-    /// Several matrices of the same input (q/k/v, gate/up): the input is quantized once
-    /// per activation format, not once per matrix.
-    #[allow(clippy::too_many_arguments)]
-    fn linear_many(
-        &self,
-        x: &[f32],
-        n: usize,
-        jobs: &mut [(&Tensor, &mut [f32])],
-        act_q: &mut [u8],
-        tmp: &mut [f32],
-        row: &mut [f32],
-    ) -> Result<(), ModelError> {
-        let mut have = None;
-        for (w, out) in jobs.iter_mut() {
-            self.linear_reusing(w, x, n, out, w.rows, 0, act_q, tmp, row, &mut have)?;
-        }
-        Ok(())
-    }
-
-    /// [`Self::linear_to`] where `have` is the format `act_q` already holds `x` in (if
-    /// any): the input is quantized only when the format changes, and `have` updated.
-    #[allow(clippy::too_many_arguments)]
-    fn linear_reusing(
-        &self,
-        w: &Tensor,
-        x: &[f32],
-        n: usize,
-        out: &mut [f32],
-        stride: usize,
-        row0: usize,
-        act_q: &mut [u8],
-        tmp: &mut [f32],
-        row: &mut [f32],
-        have: &mut Option<ActFormat>,
-    ) -> Result<(), ModelError> {
-        if self.math == Math::Reference {
-            return self.linear_to(w, x, n, out, stride, row0, act_q, tmp, row);
-        }
-        let fmt = w.ty.act_format().ok_or(KernelError::Unsupported(w.ty))?;
-        if *have != Some(fmt) {
-            self.quantize(fmt, x, n, w.cols, act_q)?;
-            *have = Some(fmt);
-        }
-        self.linear_pre(w, fmt, n, out, stride, row0, act_q, tmp)
-    }
-
-    /// Quantize `n` rows of `cols` values of `x` into `act_q` (rows split across the
-    /// workers when there are several).
-    fn quantize(
-        &self,
-        fmt: ActFormat,
-        x: &[f32],
-        n: usize,
-        cols: usize,
-        act_q: &mut [u8],
-    ) -> Result<(), ModelError> {
-        let arb = fmt
-            .row_bytes(cols)
-            .ok_or(ModelError::BadShape("activation row is not whole blocks"))?;
-        let err = spin::Mutex::new(None::<KernelError>);
-        par_chunks(
-            self.p,
-            self.threads,
-            n,
-            &mut act_q[..n * arb],
-            arb,
-            &|ts, dst| {
-                for (i, t) in ts.enumerate() {
-                    let r = quantize_activation(
-                        fmt,
-                        &x[t * cols..(t + 1) * cols],
-                        &mut dst[i * arb..(i + 1) * arb],
-                    );
-                    if let Err(e) = r {
-                        *err.lock() = Some(e);
-                    }
-                }
-            },
-        );
-        match err.into_inner() {
-            Some(e) => Err(e.into()),
-            None => Ok(()),
-        }
-    }
-
-    /// The product of `w` with `n` activation rows already quantized (by
-    /// [`Self::quantize`], format `fmt`) in `act_q`, into columns `row0..` of `out`.
-    #[allow(clippy::too_many_arguments)]
-    fn linear_pre(
-        &self,
-        w: &Tensor,
-        fmt: ActFormat,
-        n: usize,
-        out: &mut [f32],
-        stride: usize,
-        row0: usize,
-        act_q: &[u8],
-        tmp: &mut [f32],
-    ) -> Result<(), ModelError> {
-        let (cols, rows) = (w.cols, w.rows);
-        let arb = fmt.row_bytes(cols).ok_or(KernelError::Unsupported(w.ty))?;
-        let acts = &act_q[..n * arb];
-        let rb = w.row_bytes();
-        let err = spin::Mutex::new(None::<KernelError>);
-        let cpu = self.cpu;
-        if n == 1 {
-            let o1 = &mut out[row0..row0 + rows];
-            par_rows(self.p, self.threads, rows, 1, o1, &|r, o| {
-                if let Err(e) = repack_rows(w.layout, w.ty, &cpu, w.data, rb, r, acts, arb, o) {
-                    *err.lock() = Some(e);
-                }
-            });
-        } else {
-            let tmp = &mut tmp[..rows * n];
-            par_rows(self.p, self.threads, rows, n, tmp, &|r, o| {
-                if let Err(e) = repack_rows(w.layout, w.ty, &cpu, w.data, rb, r, acts, arb, o) {
-                    *err.lock() = Some(e);
-                }
-            });
-            // [rows][n] -> [n][stride] at column row0, tokens split across workers.
-            let tmp: &[f32] = tmp;
-            par_chunks(
-                self.p,
-                self.threads,
-                n,
-                &mut out[..n * stride],
-                stride,
-                &|ts, dst| {
-                    for (i, t) in ts.enumerate() {
-                        let o = &mut dst[i * stride + row0..i * stride + row0 + rows];
-                        for (r, v) in o.iter_mut().enumerate() {
-                            *v = tmp[r * n + t];
-                        }
-                    }
-                },
-            );
-        }
-        match err.into_inner() {
-            Some(e) => Err(e.into()),
-            None => Ok(()),
-        }
-    }
-}
-
-/// Split `n` items of `width` elements each (consecutive in `out`) across workers;
-/// `f(items, their elements)`. Small jobs stay on the calling thread.
-fn par_chunks<P: Platform, T: Send>(
-    p: &P,
-    threads: usize,
-    n: usize,
-    out: &mut [T],
-    width: usize,
-    f: &(dyn Fn(Range<usize>, &mut [T]) + Sync),
-) {
-    let nt = threads.min(p.workers()).clamp(1, MAX_WORKERS).min(n.max(1));
-    if nt == 1 || n < 4 {
-        f(0..n, out);
-        return;
-    }
-    let mut parts: heapless::Vec<spin::Mutex<(Range<usize>, &mut [T])>, MAX_WORKERS> =
-        heapless::Vec::new();
-    let mut rest = out;
-    let mut start = 0;
-    for i in 0..nt {
-        let end = n * (i + 1) / nt;
-        let (a, b) = core::mem::take(&mut rest).split_at_mut((end - start) * width);
-        let _ = parts.push(spin::Mutex::new((start..end, a)));
-        rest = b;
-        start = end;
-    }
-    p.parallel(nt, &|i| {
-        let mut g = parts[i].lock();
-        let (r, o) = &mut *g;
-        if r.start < r.end {
-            f(r.clone(), o);
-        }
-    });
-}
-
-type RowChunk<'o> = spin::Mutex<(Range<usize>, &'o mut [f32])>;
-
-/// Split `rows` (with `n_tok` outputs each, row-major in `out`) across workers.
-fn par_rows<P: Platform>(
-    p: &P,
-    threads: usize,
-    rows: usize,
-    n_tok: usize,
-    out: &mut [f32],
-    f: &(dyn Fn(Range<usize>, &mut [f32]) + Sync),
-) {
-    let nt = threads
-        .min(p.workers())
-        .clamp(1, MAX_WORKERS)
-        .min(rows.max(1));
-    if nt == 1 {
-        f(0..rows, out);
-        return;
-    }
-    let mut parts: heapless::Vec<RowChunk<'_>, MAX_WORKERS> = heapless::Vec::new();
-    let mut rest = out;
-    let mut start = 0;
-    for i in 0..nt {
-        // Chunk edges on multiples of 8 rows so interleaved kernels see whole groups.
-        let end = if i + 1 == nt {
-            rows
-        } else {
-            (rows * (i + 1) / nt) / 8 * 8
-        };
-        let end = end.max(start);
-        let (a, b) = core::mem::take(&mut rest).split_at_mut((end - start) * n_tok);
-        let _ = parts.push(spin::Mutex::new((start..end, a)));
-        rest = b;
-        start = end;
-    }
-    p.parallel(nt, &|i| {
-        let mut g = parts[i].lock();
-        let (r, o) = &mut *g;
-        if r.start < r.end {
-            f(r.clone(), o);
-        }
-    });
-}
-
-/// One layer's attention over the cache for a batch of queries.
-struct Attend<'k, 'c> {
-    cfg: &'c Config,
-    k: &'k KvPlane<'k>,
-    v: &'k KvPlane<'k>,
-    pos0: usize,
-    swa: bool,
-    kq_scale: f32,
-    skip: bool,
-    cpu: CpuFeatures,
-}
-
-type AttnChunk<'o> = spin::Mutex<(Range<usize>, &'o mut [f32], &'o mut [f32])>;
-
-impl Attend<'_, '_> {
-    /// `att[t][h] = softmax(q[t][h] · K / sqrt(d)) · V` for every query `t` and head
-    /// `h`, the (t, h) pairs split across workers (each with its own score buffer).
-    fn run<P: Platform>(
-        &self,
-        p: &P,
-        threads: usize,
-        q: &[f32],
-        att: &mut [f32],
-        scores: &mut [f32],
-    ) {
-        let c = self.cfg;
-        let hd = c.head_dim;
-        let items = att.len() / hd;
-        let n_ctx = scores.len() / threads.max(1);
-        let nt = threads
-            .min(p.workers())
-            .clamp(1, MAX_WORKERS)
-            .min(items.max(1));
-        if nt == 1 {
-            self.items(0..items, q, att, &mut scores[..n_ctx]);
-            return;
-        }
-        let mut parts: heapless::Vec<AttnChunk<'_>, MAX_WORKERS> = heapless::Vec::new();
-        let (mut rest_a, mut rest_s) = (att, scores);
-        let mut start = 0;
-        for i in 0..nt {
-            let end = items * (i + 1) / nt;
-            let (a, b) = core::mem::take(&mut rest_a).split_at_mut((end - start) * hd);
-            let (sa, sb) = core::mem::take(&mut rest_s).split_at_mut(n_ctx);
-            let _ = parts.push(spin::Mutex::new((start..end, a, sa)));
-            rest_a = b;
-            rest_s = sb;
-            start = end;
-        }
-        p.parallel(nt, &|w| {
-            let mut g = parts[w].lock();
-            let (r, a, sc) = &mut *g;
-            self.items(r.clone(), q, a, sc);
-        });
-    }
-
-    /// Items `r` (index = t * n_head + h) into `out` (which starts at item `r.start`).
-    ///
-    /// The heads of one KV head and token are done together: each K and V row is read
-    /// (and widened) once for all of them. Their scores go to `scores` and, when it
-    /// holds fewer than the group, to a buffer on the stack; a group that fits neither
-    /// is split.
-    fn items(&self, r: Range<usize>, q: &[f32], out: &mut [f32], scores: &mut [f32]) {
-        let c = self.cfg;
-        let (hd, qd, kvd) = (c.head_dim, c.q_dim(), c.kv_dim());
-        let group = c.n_head / c.n_head_kv;
-        let skip = if self.skip {
-            SKIP_LOG_RATIO
-        } else {
-            f32::NEG_INFINITY
-        };
-        let mut extra = [0.0f32; EXTRA_SCORES];
-        let mut item = r.start;
-        while item < r.end {
-            let (t, h) = (item / c.n_head, item % c.n_head);
-            let pos = self.pos0 + t;
-            let first = if self.swa {
-                (pos + 1).saturating_sub(c.n_swa)
-            } else {
-                0
-            };
-            let span = pos + 1 - first;
-            let fit = scores.len() / span + extra.len() / span;
-            let g = (group - h % group)
-                .min(r.end - item)
-                .min(fit)
-                .clamp(1, MAX_GROUP);
-            let mut sc: heapless::Vec<&mut [f32], MAX_GROUP> = heapless::Vec::new();
-            let (mut a, mut b) = (&mut scores[..], &mut extra[..]);
-            for _ in 0..g {
-                let src = if a.len() >= span { &mut a } else { &mut b };
-                let (x, y) = core::mem::take(src).split_at_mut(span);
-                *src = y;
-                let _ = sc.push(x);
-            }
-            let qs: heapless::Vec<&[f32], MAX_GROUP> = (h..h + g)
-                .map(|hh| &q[t * qd + hh * hd..t * qd + (hh + 1) * hd])
-                .collect();
-            // Rows `first..=pos` of this KV head: `hd` values every `kvd`.
-            let off = (h / group) * hd;
-            let len = (span - 1) * kvd + hd;
-            let k = attn::KvRows::new(self.k.row(first, off, len), kvd, hd, span);
-            attn::dots(&self.cpu, &k, &qs, &mut sc);
-            for s in sc.iter_mut() {
-                for v in s.iter_mut() {
-                    *v *= self.kq_scale;
-                }
-                ops::softmax_skip_on(&self.cpu, s, skip);
-            }
-            // llama.cpp multiplies V^T by the scores with tinyBLAS: 16 lanes over the key
-            // positions (position j in lane j % 16), fused multiply-adds, the
-            // `_mm512_reduce_add_ps` tree per output. A zero weight adds exactly nothing,
-            // so skipped keys cost no V read and change no bit.
-            let ws: heapless::Vec<&[f32], MAX_GROUP> = sc.iter().map(|s| &**s).collect();
-            let i0 = item - r.start;
-            let mut outs: heapless::Vec<&mut [f32], MAX_GROUP> =
-                out[i0 * hd..(i0 + g) * hd].chunks_mut(hd).collect();
-            let v = attn::KvRows::new(self.v.row(first, off, len), kvd, hd, span);
-            attn::weighted_sum(&self.cpu, &v, &ws, &mut outs);
-            item += g;
-        }
-    }
-}
-
-/// Most query heads [`Attend::items`] takes together.
-const MAX_GROUP: usize = 8;
-
-/// Scores [`Attend::items`] keeps on the stack for a group that `scores` cannot hold.
-const EXTRA_SCORES: usize = 4096;
-
-/// ln(1e-4): keys whose score is this far below the best get weight 0.
-const SKIP_LOG_RATIO: f32 = -9.210_34;

@@ -1,4 +1,9 @@
-//! The KV cache: per layer, K and V rows for every position of the context.
+//! One attention layer's keys or values: a row per position of the context, or, for a
+//! sliding-window layer, a ring of the last positions.
+//!
+//! The ring keeps every row twice, at `pos % ring` and `pos % ring + ring`: any run of at
+//! most `ring` consecutive positions is then one contiguous slice, so attention reads a
+//! window exactly as it reads a full cache (same values, same order, same bits).
 use pinch_kernels::attn::KvRow;
 use pinch_kernels::f16::f32_to_f16;
 
@@ -25,14 +30,16 @@ enum Store<'a> {
     F16(&'a mut [u16]),
 }
 
-/// One layer's K or V: `n_ctx` rows of `dim` values.
+/// One layer's K or V: `n_ctx` rows of `dim` values, or a doubled ring of `ring` rows.
 pub struct KvPlane<'a> {
     store: Store<'a>,
     dim: usize,
+    /// Ring length in positions (0: one row per position of the context).
+    ring: usize,
 }
 
 impl<'a> KvPlane<'a> {
-    fn new(
+    pub fn new(
         arena: &mut Arena<'a>,
         ty: KvType,
         n_ctx: usize,
@@ -45,26 +52,73 @@ impl<'a> KvPlane<'a> {
             KvType::F32 => Store::F32(arena.slice("kv cache", n)?),
             KvType::F16 => Store::F16(arena.slice("kv cache", n)?),
         };
-        Ok(KvPlane { store, dim })
+        Ok(KvPlane {
+            store,
+            dim,
+            ring: 0,
+        })
     }
 
-    /// Store `x` (len dim) at position `pos`.
-    pub fn write(&mut self, pos: usize, x: &[f32]) {
+    /// A plane that keeps only the last `ring` positions (as a doubled ring: `2 * ring`
+    /// rows). Reads of up to `ring` consecutive positions ending at the newest are valid.
+    pub fn new_ring(
+        arena: &mut Arena<'a>,
+        ty: KvType,
+        ring: usize,
+        dim: usize,
+    ) -> Result<KvPlane<'a>, ArenaError> {
+        let mut plane = KvPlane::new(arena, ty, 2 * ring, dim)?;
+        plane.ring = ring;
+        Ok(plane)
+    }
+
+    /// Rows a plane for `n_ctx` positions needs: a ring when a window of `window`
+    /// positions (0: none) seen by a batch of `n_batch` is much shorter than the context.
+    pub fn rows_needed(n_ctx: usize, window: usize, n_batch: usize) -> (usize, usize) {
+        let ring = window + n_batch;
+        if window > 0 && 2 * ring < n_ctx {
+            (2 * ring, ring)
+        } else {
+            (n_ctx, 0)
+        }
+    }
+
+    /// Physical row of position `pos`.
+    #[inline]
+    fn slot(&self, pos: usize) -> usize {
+        if self.ring == 0 {
+            pos
+        } else {
+            pos % self.ring
+        }
+    }
+
+    fn put(&mut self, slot: usize, x: &[f32]) {
         let d = self.dim;
         match &mut self.store {
-            Store::F32(s) => s[pos * d..(pos + 1) * d].copy_from_slice(x),
+            Store::F32(s) => s[slot * d..(slot + 1) * d].copy_from_slice(x),
             Store::F16(s) => {
-                for (o, v) in s[pos * d..(pos + 1) * d].iter_mut().zip(x) {
+                for (o, v) in s[slot * d..(slot + 1) * d].iter_mut().zip(x) {
                     *o = f32_to_f16(*v);
                 }
             }
         }
     }
 
+    /// Store `x` (len dim) at position `pos`.
+    pub fn write(&mut self, pos: usize, x: &[f32]) {
+        let slot = self.slot(pos);
+        self.put(slot, x);
+        if self.ring > 0 {
+            self.put(slot + self.ring, x);
+        }
+    }
+
     /// The bytes of positions `from..` (nothing there is needed once `from` is the
-    /// number of positions in use).
+    /// number of positions in use). A ring has no such tail: it is small, and reused.
     pub fn tail_bytes_mut(&mut self, from: usize) -> &mut [u8] {
-        let start = (from * self.dim).min(match &self.store {
+        let from = if self.ring > 0 { usize::MAX / 2 } else { from };
+        let start = from.saturating_mul(self.dim).min(match &self.store {
             Store::F32(s) => s.len(),
             Store::F16(s) => s.len(),
         });
@@ -74,43 +128,14 @@ impl<'a> KvPlane<'a> {
         }
     }
 
-    /// `len` values of position `pos` starting at column `off`.
+    /// `len` values from position `pos`, column `off` on (`len` may run over the
+    /// following positions' rows: in a ring, at most `ring` positions).
     #[inline]
     pub fn row(&self, pos: usize, off: usize, len: usize) -> KvRow<'_> {
-        let start = pos * self.dim + off;
+        let start = self.slot(pos) * self.dim + off;
         match &self.store {
             Store::F32(s) => KvRow::F32(&s[start..start + len]),
             Store::F16(s) => KvRow::F16(&s[start..start + len]),
         }
-    }
-}
-
-/// K and V planes for every layer.
-pub struct KvCache<'a> {
-    pub k: heapless::Vec<KvPlane<'a>, { crate::model::weights::MAX_LAYERS }>,
-    pub v: heapless::Vec<KvPlane<'a>, { crate::model::weights::MAX_LAYERS }>,
-    pub n_ctx: usize,
-}
-
-impl<'a> KvCache<'a> {
-    pub fn new(
-        arena: &mut Arena<'a>,
-        ty: KvType,
-        n_layer: usize,
-        n_ctx: usize,
-        dim: usize,
-    ) -> Result<KvCache<'a>, ArenaError> {
-        let mut k = heapless::Vec::new();
-        let mut v = heapless::Vec::new();
-        for _ in 0..n_layer.min(crate::model::weights::MAX_LAYERS) {
-            let _ = k.push(KvPlane::new(arena, ty, n_ctx, dim)?);
-            let _ = v.push(KvPlane::new(arena, ty, n_ctx, dim)?);
-        }
-        Ok(KvCache { k, v, n_ctx })
-    }
-
-    /// Bytes the cache needs (for planning before allocation).
-    pub fn bytes_needed(ty: KvType, n_layer: usize, n_ctx: usize, dim: usize) -> usize {
-        2 * n_layer * n_ctx * dim * ty.bytes_per_value()
     }
 }

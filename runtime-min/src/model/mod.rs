@@ -1,19 +1,40 @@
-//! Dense transformer models: config, weights and the forward pass.
+//! Models: config, weights, the blocks a layer is made of, and the forward pass.
 //!
-//! One forward pass ([`forward`]) serves llama, qwen2, qwen3 and gemma3; the
-//! differences are data in [`config::Config`]. Two arithmetic modes share it:
-//! [`Math::Reference`] dequantizes weights to f32 and never quantizes activations (the
-//! oracle), [`Math::Fast`] quantizes activations like llama.cpp and uses the SIMD kernels.
+//! One forward pass ([`forward`]) serves every architecture: a layer is its blocks
+//! ([`layer`]: a token mixer and a feed-forward, each kind in its own file), and the
+//! per-architecture differences are data in [`config::Config`]. Two arithmetic modes
+//! share it: [`Math::Reference`] dequantizes weights to f32 and never quantizes
+//! activations (the oracle), [`Math::Fast`] quantizes activations like llama.cpp and uses
+//! the SIMD kernels.
+//!
+//! - [`config`]: hyper-parameters and per-layer kinds from the GGUF metadata;
+//! - [`weights`]: the loader and the model's tensors; [`layer`]: a layer's blocks, their
+//!   matrices (for streaming and repacking) and per-layer state;
+//! - blocks: [`attention`] (token mixer), [`ffn_dense`] and [`ffn_moe`] (feed-forwards;
+//!   [`moe_route`]: which experts a token runs);
+//! - [`forward`]: the session (position, state, scratch) and the pass; [`matmul`]: matrix
+//!   products over the workers; [`scratch`]: the shared activations; [`kv`]: a KV plane;
+//!   [`stream`]: weights read from the file alongside the pass.
+pub mod attention;
 pub mod config;
+pub mod deltanet;
+pub mod ffn_dense;
+pub mod ffn_moe;
 pub mod forward;
+pub mod hybrid;
 pub mod kv;
+pub mod layer;
+pub mod matmul;
+pub mod moe_route;
+pub mod scratch;
+pub mod shortconv;
 pub mod stream;
 pub mod weights;
 
 use pinch_kernels::GgmlType;
 
 pub use config::{Arch, Config};
-pub use forward::{Logits, Math, Session, SessionOptions};
+pub use forward::{Logits, Math, Op, Session, SessionOptions};
 pub use kv::KvType;
 pub use weights::{Loader, Tensor, Weights};
 
@@ -66,6 +87,12 @@ pub enum ModelError {
         to: usize,
         n_past: usize,
     },
+    /// `Session::truncate` of a model with recurrent layers to a position between 0 and
+    /// the current one: their state holds only the latest position.
+    TruncateRecurrent {
+        to: usize,
+        n_past: usize,
+    },
 }
 
 impl From<ArenaError> for ModelError {
@@ -86,7 +113,7 @@ impl core::fmt::Display for ModelError {
             ModelError::MissingKey(k) => write!(f, "missing metadata key '{k}'"),
             ModelError::UnsupportedArch => write!(
                 f,
-                "unsupported architecture (pinch runs llama, qwen2, qwen3, gemma3)"
+                "unsupported architecture (pinch runs llama, qwen2, qwen3, gemma3, qwen3moe, bailingmoe2, qwen35, lfm2)"
             ),
             ModelError::MissingTensor(n) => write!(f, "missing tensor '{n}'"),
             ModelError::MissingTensorNamed(n) => write!(f, "missing tensor '{n}'"),
@@ -128,6 +155,10 @@ impl core::fmt::Display for ModelError {
             ModelError::Truncate { to, n_past } => write!(
                 f,
                 "cannot return the session to position {to}: it holds {n_past} positions"
+            ),
+            ModelError::TruncateRecurrent { to, n_past } => write!(
+                f,
+                "cannot return the session to position {to} of {n_past}: the model's recurrent state holds only the latest position (start again from 0)"
             ),
             ModelError::NoReader => write!(
                 f,

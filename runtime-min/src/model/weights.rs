@@ -6,10 +6,13 @@ use pinch_kernels::GgmlType;
 
 use crate::arena::Arena;
 use crate::gguf::{Gguf, TensorInfo};
-use crate::model::config::{Arch, Config};
+use crate::model::config::Config;
+use crate::model::layer::{Layer, LayerStream};
 use crate::model::ModelError;
 use crate::platform::Platform;
-use crate::residency::{self, ResidencyPlan, Span, LAYER_MATRICES};
+use crate::residency::{self, ResidencyPlan, Span};
+
+pub use crate::model::config::MAX_LAYERS;
 
 /// A 2-D (or 1-D) weight: `rows` rows of `cols` values of type `ty`.
 #[derive(Clone, Copy, Debug)]
@@ -20,6 +23,9 @@ pub struct Tensor<'a> {
     pub data: &'a [u8],
     /// How `data` is arranged (`Plain` unless `crate::repack_cache` repacked it).
     pub layout: pinch_kernels::repack::Layout,
+    /// Where the tensor's bytes are in the model file (empty for rows gathered from
+    /// several places): a streamed layer's matrices are viewed there in a stream zone.
+    pub file: Span,
 }
 
 impl<'a> Tensor<'a> {
@@ -32,70 +38,56 @@ impl<'a> Tensor<'a> {
         let rb = self.row_bytes();
         &self.data[r * rb..(r + 1) * rb]
     }
+
+    /// Rows `r0..r0 + rows` as a matrix of their own (one expert of a 3-D stack, the q,
+    /// k or v rows of a fused `attn_qkv`), its file span narrowed to match. A row range
+    /// is one byte range in the plain layout and, when it is whole groups, in a repacked
+    /// one (`pinch_kernels::repack`: group `g` fills the bytes its plain rows did). A
+    /// streamed matrix (no data until its zone lends it) gives a view without data.
+    ///
+    /// # Errors
+    /// [`ModelError::BadShape`]: rows past the end, or a range that splits a repacked
+    /// group.
+    pub fn row_range(&self, r0: usize, rows: usize) -> Result<Tensor<'a>, ModelError> {
+        let rb = self
+            .ty
+            .row_bytes(self.cols as u64)
+            .ok_or(ModelError::BadShape(
+                "row range of rows that are not whole blocks",
+            ))? as usize;
+        let g = self.layout.group_rows();
+        if r0 + rows > self.rows || !r0.is_multiple_of(g) || !rows.is_multiple_of(g) {
+            return Err(ModelError::BadShape(
+                "row range past the matrix or splitting a repacked row group",
+            ));
+        }
+        let (a, b) = (r0 * rb, (r0 + rows) * rb);
+        let data = if self.data.is_empty() {
+            self.data
+        } else {
+            self.data
+                .get(a..b)
+                .ok_or(ModelError::BadShape("row range past the matrix's bytes"))?
+        };
+        let file = if self.file.len == 0 {
+            self.file
+        } else {
+            Span {
+                offset: self.file.offset + a as u64,
+                len: (b - a) as u64,
+            }
+        };
+        Ok(Tensor {
+            data,
+            rows,
+            file,
+            ..*self
+        })
+    }
 }
 
 /// A 1-D f32 vector (norm gains, biases).
 pub type Vector<'a> = &'a [f32];
-
-/// One transformer block's weights.
-#[derive(Clone, Copy)]
-pub struct LayerWeights<'a> {
-    pub attn_norm: Vector<'a>,
-    pub wq: Tensor<'a>,
-    pub wk: Tensor<'a>,
-    pub wv: Tensor<'a>,
-    pub wo: Tensor<'a>,
-    pub bq: Option<Vector<'a>>,
-    pub bk: Option<Vector<'a>>,
-    pub bv: Option<Vector<'a>>,
-    pub q_norm: Option<Vector<'a>>,
-    pub k_norm: Option<Vector<'a>>,
-    pub post_attn_norm: Option<Vector<'a>>,
-    pub ffn_norm: Vector<'a>,
-    pub w_gate: Tensor<'a>,
-    pub w_up: Tensor<'a>,
-    pub w_down: Tensor<'a>,
-    pub post_ffn_norm: Option<Vector<'a>>,
-    /// Streamed layers: the matrices' data is empty until a stream zone holding
-    /// `stream.span` lends it (see [`LayerWeights::in_zone`]).
-    pub stream: Option<LayerStream>,
-}
-
-/// Where a streamed layer's matrices sit inside its (aligned) file span.
-#[derive(Clone, Copy, Debug)]
-pub struct LayerStream {
-    /// The aligned span one read fetches.
-    pub span: Span,
-    /// Offset of each of `LAYER_MATRICES` from `span.offset`, and its length.
-    pub at: [(usize, usize); 7],
-}
-
-impl<'a> LayerWeights<'a> {
-    /// This layer with its matrices viewed in `zone`, which holds `stream.span`.
-    /// Resident layers are returned as they are.
-    pub fn in_zone<'z>(&self, zone: &'z [u8]) -> Result<LayerWeights<'z>, ModelError>
-    where
-        'a: 'z,
-    {
-        let mut lw: LayerWeights<'z> = *self;
-        let Some(st) = self.stream else {
-            return Ok(lw);
-        };
-        let view = |i: usize| -> Result<&'z [u8], ModelError> {
-            let (o, n) = st.at[i];
-            zone.get(o..o + n)
-                .ok_or(ModelError::BadShape("stream zone smaller than the layer"))
-        };
-        lw.wq.data = view(0)?;
-        lw.wk.data = view(1)?;
-        lw.wv.data = view(2)?;
-        lw.wo.data = view(3)?;
-        lw.w_gate.data = view(4)?;
-        lw.w_up.data = view(5)?;
-        lw.w_down.data = view(6)?;
-        Ok(lw)
-    }
-}
 
 /// Input embeddings: rows `0..resident.rows` from memory (a tied head that is resident),
 /// the others read from the file on demand.
@@ -121,9 +113,6 @@ pub struct HeadStream {
     pub chunk_rows: usize,
 }
 
-/// Maximum layers pinch loads (a fixed table keeps runtime-min allocation-free).
-pub const MAX_LAYERS: usize = 128;
-
 /// All weights of a dense model.
 pub struct Weights<'a> {
     pub token_embd: Embedding<'a>,
@@ -138,7 +127,7 @@ pub struct Weights<'a> {
     /// Pruned LM head (see `crate::head`): `output` row `j` is vocabulary id
     /// `head_ids[j]`, and every other id gets logit -inf. `None`: the full head.
     pub head_ids: Option<&'a [u32]>,
-    pub layers: heapless::Vec<LayerWeights<'a>, MAX_LAYERS>,
+    pub layers: heapless::Vec<Layer<'a>, MAX_LAYERS>,
 }
 
 impl Weights<'_> {
@@ -224,6 +213,36 @@ impl<'p, 'g, 'a, P: Platform> Loader<'p, 'g, 'a, P> {
             rows: info.dims[1] as usize,
             data,
             layout: pinch_kernels::repack::Layout::Plain,
+            file: Span {
+                offset: info.offset,
+                len: info.bytes,
+            },
+        })
+    }
+
+    /// A matrix of a layer: read (resident) or only described (`streamed`: its bytes are
+    /// viewed in a stream zone when the layer runs).
+    pub fn layer_matrix(
+        &mut self,
+        name: &str,
+        cols: usize,
+        rows: usize,
+        streamed: bool,
+    ) -> Result<Tensor<'a>, ModelError> {
+        if !streamed {
+            return self.matrix(name, cols, Some(rows));
+        }
+        let info = self.checked(name, cols, Some(rows))?;
+        Ok(Tensor {
+            ty: info.ty,
+            cols,
+            rows,
+            data: &[],
+            layout: pinch_kernels::repack::Layout::Plain,
+            file: Span {
+                offset: info.offset,
+                len: info.bytes,
+            },
         })
     }
 
@@ -256,6 +275,7 @@ impl<'p, 'g, 'a, P: Platform> Loader<'p, 'g, 'a, P> {
             rows: ids.len(),
             data,
             layout: pinch_kernels::repack::Layout::Plain,
+            file: Span::default(),
         })
     }
 
@@ -292,7 +312,7 @@ impl<'p, 'g, 'a, P: Platform> Loader<'p, 'g, 'a, P> {
         Ok(out)
     }
 
-    fn opt_vector(&mut self, name: &str, n: usize) -> Result<Option<Vector<'a>>, ModelError> {
+    pub fn opt_vector(&mut self, name: &str, n: usize) -> Result<Option<Vector<'a>>, ModelError> {
         if self.info(name).is_some() {
             self.vector(name, n).map(Some)
         } else {
@@ -325,7 +345,7 @@ impl<'p, 'g, 'a, P: Platform> Loader<'p, 'g, 'a, P> {
         plan: &ResidencyPlan,
     ) -> Result<Weights<'a>, ModelError> {
         let embd_info = self.checked("token_embd.weight", c.n_embd, Some(c.n_vocab))?;
-        let output_norm = self.vector("output_norm.weight", c.n_embd)?;
+        let output_norm = self.vector(c.output_norm_name, c.n_embd)?;
         // A recut file (`pinch recut`) stores only the kept rows and their ids.
         let stored = crate::head::ids_from_gguf(self.gguf, c.n_vocab, self.arena)?;
         if stored.is_some() && head.is_some() {
@@ -364,6 +384,10 @@ impl<'p, 'g, 'a, P: Platform> Loader<'p, 'g, 'a, P> {
                     rows: keep,
                     data,
                     layout: pinch_kernels::repack::Layout::Plain,
+                    file: Span {
+                        offset: info.offset,
+                        len: (keep * rb) as u64,
+                    },
                 }
             }
         };
@@ -382,6 +406,7 @@ impl<'p, 'g, 'a, P: Platform> Loader<'p, 'g, 'a, P> {
                     rows: 0,
                     data: &[],
                     layout: pinch_kernels::repack::Layout::Plain,
+                    file: Span::default(),
                 }
             },
         };
@@ -391,85 +416,18 @@ impl<'p, 'g, 'a, P: Platform> Loader<'p, 'g, 'a, P> {
             ));
         }
         let mut layers = heapless::Vec::new();
-        let (qd, kvd) = (c.q_dim(), c.kv_dim());
         for il in 0..c.n_layer {
-            let streamed = il >= plan.resident_layers;
-            let mut n = Names::new(il);
-            let shapes = [
-                (c.n_embd, qd),
-                (c.n_embd, kvd),
-                (c.n_embd, kvd),
-                (qd, c.n_embd),
-                (c.n_embd, c.n_ff),
-                (c.n_embd, c.n_ff),
-                (c.n_ff, c.n_embd),
-            ];
-            let mut m: [Option<Tensor<'a>>; 7] = [None; 7];
-            let mut at = [(0usize, 0usize); 7];
-            let span = if streamed {
-                residency::layer_span(self.gguf, il)
+            let stream = if il >= plan.resident_layers {
+                let span = residency::layer_span(self.gguf, il)
                     .ok_or(ModelError::MissingTensorNamed(name_buf(
-                        n.get("attn_q.weight"),
+                        Names::new(il).get("attn_norm.weight"),
                     )))?
-                    .aligned()
+                    .aligned();
+                Some(LayerStream { span })
             } else {
-                Span::default()
+                None
             };
-            for (i, (name, (cols, rows))) in LAYER_MATRICES.iter().zip(shapes).enumerate() {
-                if streamed {
-                    let info = self.checked(n.get(name), cols, Some(rows))?;
-                    at[i] = ((info.offset - span.offset) as usize, info.bytes as usize);
-                    m[i] = Some(Tensor {
-                        ty: info.ty,
-                        cols,
-                        rows,
-                        data: &[],
-                        layout: pinch_kernels::repack::Layout::Plain,
-                    });
-                } else {
-                    m[i] = Some(self.matrix(n.get(name), cols, Some(rows))?);
-                }
-            }
-            let [Some(wq), Some(wk), Some(wv), Some(wo), Some(w_gate), Some(w_up), Some(w_down)] =
-                m
-            else {
-                return Err(ModelError::BadShape("layer matrices"));
-            };
-            let lw = LayerWeights {
-                attn_norm: self.vector(n.get("attn_norm.weight"), c.n_embd)?,
-                wq,
-                wk,
-                wv,
-                wo,
-                bq: self.opt_vector(n.get("attn_q.bias"), qd)?,
-                bk: self.opt_vector(n.get("attn_k.bias"), kvd)?,
-                bv: self.opt_vector(n.get("attn_v.bias"), kvd)?,
-                q_norm: self.opt_vector(n.get("attn_q_norm.weight"), c.head_dim)?,
-                k_norm: self.opt_vector(n.get("attn_k_norm.weight"), c.head_dim)?,
-                post_attn_norm: self.opt_vector(n.get("post_attention_norm.weight"), c.n_embd)?,
-                ffn_norm: self.vector(n.get("ffn_norm.weight"), c.n_embd)?,
-                w_gate,
-                w_up,
-                w_down,
-                post_ffn_norm: self.opt_vector(n.get("post_ffw_norm.weight"), c.n_embd)?,
-                stream: streamed.then_some(LayerStream { span, at }),
-            };
-            if c.qk_norm && (lw.q_norm.is_none() || lw.k_norm.is_none()) {
-                return Err(ModelError::MissingTensorNamed(name_buf(
-                    n.get("attn_q_norm.weight"),
-                )));
-            }
-            if c.post_norms && (lw.post_attn_norm.is_none() || lw.post_ffn_norm.is_none()) {
-                return Err(ModelError::MissingTensorNamed(name_buf(
-                    n.get("post_attention_norm.weight"),
-                )));
-            }
-            if c.arch == Arch::Qwen2 && lw.bq.is_none() {
-                return Err(ModelError::MissingTensorNamed(name_buf(
-                    n.get("attn_q.bias"),
-                )));
-            }
-            let _ = layers.push(lw);
+            let _ = layers.push(Layer::load(self, c, il, stream)?);
         }
         Ok(Weights {
             token_embd,
@@ -514,19 +472,20 @@ pub(crate) fn name_buf(s: &str) -> NameBuf {
     b
 }
 
-struct Names {
+/// The GGUF names of layer `il`'s tensors (`blk.{il}.{suffix}`).
+pub struct Names {
     il: usize,
     buf: heapless::String<64>,
 }
 
 impl Names {
-    fn new(il: usize) -> Names {
+    pub fn new(il: usize) -> Names {
         Names {
             il,
             buf: heapless::String::new(),
         }
     }
-    fn get(&mut self, suffix: &str) -> &str {
+    pub fn get(&mut self, suffix: &str) -> &str {
         self.buf.clear();
         let _ = write!(self.buf, "blk.{}.{}", self.il, suffix);
         &self.buf

@@ -1,0 +1,162 @@
+//! Speculative decoding with drafts every model can make: prompt lookup.
+//!
+//! When weights stream from flash, a weight pass costs about the same for one token as
+//! for several, so checking a few guessed tokens in one batched pass is nearly free.
+//! The guess: the longest recent n-gram of the text so far (prompt and answer) that
+//! occurred before, continued by what followed it there — summaries, quotes and code
+//! edits repeat their context. [`verify`] feeds `[last, draft...]` in one pass, keeps
+//! the drafted tokens the sampler agrees with ([`Sampler::sample_with_draft`]: greedy
+//! output is identical to plain greedy decoding, sampled output is distributed exactly
+//! as plain sampling) and returns the session to the last position it keeps.
+use crate::model::{Logits, ModelError, Session};
+use crate::platform::Platform;
+use crate::sampler::Sampler;
+
+/// Most tokens one draft proposes.
+pub const MAX_DRAFT: usize = 16;
+
+/// Prompt-lookup drafting settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PromptLookup {
+    /// Longest n-gram matched (tried first), and shortest.
+    pub max_ngram: usize,
+    pub min_ngram: usize,
+    /// Most tokens drafted (`--draft N`).
+    pub max_draft: usize,
+}
+
+impl Default for PromptLookup {
+    fn default() -> Self {
+        PromptLookup {
+            max_ngram: 4,
+            min_ngram: 2,
+            max_draft: 8,
+        }
+    }
+}
+
+impl PromptLookup {
+    /// Draft up to `max_draft` tokens continuing `history`: for n from `max_ngram` down
+    /// to `min_ngram`, the most recent earlier occurrence of the last n tokens, and the
+    /// tokens that followed it. Returns how many were written to `out` (0: no match).
+    pub fn draft(&self, history: &[u32], out: &mut [u32]) -> usize {
+        let want = self.max_draft.min(out.len()).min(MAX_DRAFT);
+        let len = history.len();
+        if want == 0 {
+            return 0;
+        }
+        for n in (self.min_ngram.max(1)..=self.max_ngram).rev() {
+            if n >= len {
+                continue;
+            }
+            let tail = &history[len - n..];
+            // Most recent earlier start of `tail` (the occurrence that is the suffix
+            // itself is excluded: it has nothing after it).
+            for start in (0..len - n).rev() {
+                if &history[start..start + n] == tail {
+                    let from = start + n;
+                    let k = want.min(len - from);
+                    out[..k].copy_from_slice(&history[from..from + k]);
+                    return k;
+                }
+            }
+        }
+        0
+    }
+}
+
+/// What one speculative step produced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// Tokens produced (accepted draft tokens, then the sampler's own next token).
+    pub produced: usize,
+    /// Of those, how many were drafted.
+    pub accepted: usize,
+}
+
+/// Feed `last` (the newest token, not yet evaluated) and `draft` in one pass, keep the
+/// drafted tokens the sampler agrees with, in order, and the sampler's token at the
+/// first disagreement (or after the whole draft). The produced tokens go to `out`
+/// (at least `draft.len() + 1` long) and are `accept`ed by the sampler; the session ends
+/// at the position after the last kept drafted token, so the last produced token is
+/// the next `last`.
+///
+/// # Errors
+/// The session's errors; `ModelError::Truncate` for a model whose state cannot go back
+/// (recurrent layers): do not draft for such models.
+pub fn verify<P: Platform>(
+    sess: &mut Session<'_, '_>,
+    p: &P,
+    sampler: &mut Sampler,
+    last: u32,
+    draft: &[u32],
+    out: &mut [u32],
+) -> Result<Step, ModelError> {
+    let k = draft.len().min(MAX_DRAFT).min(out.len().saturating_sub(1));
+    let mut feed = [0u32; MAX_DRAFT + 1];
+    feed[0] = last;
+    feed[1..=k].copy_from_slice(&draft[..k]);
+    let start = sess.n_past();
+    let mut produced = 0;
+    let mut accepted = 0;
+    let mut open = true;
+    sess.eval(p, &feed[..=k], Logits::All, &mut |i, logits| {
+        if !open {
+            return;
+        }
+        let t = match draft.get(i) {
+            Some(&d) if i < k => sampler.sample_with_draft(logits, d),
+            _ => sampler.sample(logits),
+        };
+        sampler.accept(t);
+        out[produced] = t;
+        produced += 1;
+        if i < k && t == draft[i] {
+            accepted += 1;
+        } else {
+            open = false;
+        }
+    })?;
+    // Keep `last` and the accepted drafts; the rows of the rejected ones are overwritten.
+    sess.truncate(start + 1 + accepted)?;
+    Ok(Step { produced, accepted })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drafts_what_followed_the_longest_recent_match() {
+        let d = PromptLookup {
+            max_ngram: 3,
+            min_ngram: 1,
+            max_draft: 4,
+        };
+        let mut out = [0u32; 8];
+        // "1 2 3 4 5 ... 1 2 3" -> "4 5 6 7"
+        let h = [1, 2, 3, 4, 5, 6, 7, 9, 1, 2, 3];
+        assert_eq!(d.draft(&h, &mut out), 4);
+        assert_eq!(&out[..4], &[4, 5, 6, 7]);
+        // The most recent occurrence wins, and a draft stops at the end of the history.
+        let h = [5, 1, 8, 5, 1, 9, 5, 1];
+        assert_eq!(d.draft(&h, &mut out), 3);
+        assert_eq!(&out[..3], &[9, 5, 1]);
+        // Longer n-grams first: "7 1" matches at the end, beating the "1" seen later.
+        let h = [7, 1, 4, 4, 1, 6, 7, 1];
+        assert_eq!(d.draft(&h, &mut out), 4);
+        assert_eq!(&out[..4], &[4, 4, 1, 6]);
+    }
+
+    #[test]
+    fn no_match_no_draft() {
+        let d = PromptLookup::default();
+        let mut out = [0u32; 8];
+        assert_eq!(d.draft(&[1, 2, 3, 4, 5], &mut out), 0);
+        assert_eq!(d.draft(&[], &mut out), 0);
+        assert_eq!(d.draft(&[3, 3], &mut out), 0); // min_ngram 2: "3 3" has no earlier start
+        let one = PromptLookup { min_ngram: 1, ..d };
+        assert_eq!(one.draft(&[3, 3], &mut out), 1);
+        assert_eq!(out[0], 3);
+    }
+}

@@ -1,0 +1,673 @@
+//! The mixture-of-experts feed-forward block: a router picks `n_used` of `n_expert`
+//! SwiGLU experts per token (see [`crate::model::moe_route`]), only those run, and their
+//! outputs are added with the router's weights; an optional shared expert runs for
+//! every token and is added on top (bailingmoe2).
+//!
+//! ```text
+//! ids, w = route(xn · W_router)
+//! out    = sum_j w_j · down_{ids_j}(silu(gate_{ids_j} · xn) * (up_{ids_j} · xn))
+//!          [+ down_sh(silu(gate_sh · xn) * (up_sh · xn))]
+//! ```
+//!
+//! The experts are GGUF 3-D tensors `[cols, rows, n_expert]`: expert `e`'s rows are one
+//! contiguous byte range, so an expert is a 2-D [`Tensor`] view of it ([`expert`]).
+//! A batch of prompt tokens is grouped by expert: one matrix product per expert over the
+//! tokens that chose it, so every chosen expert's weights are read once per batch.
+use crate::arena::Arena;
+use crate::model::config::Config;
+use crate::model::layer::Cx;
+use crate::model::matmul::MatMul;
+use crate::model::moe_route::{self, MoeConfig};
+use crate::model::weights::{name_buf, read_exact, Loader, Names, Tensor, Vector};
+use crate::model::{ModelError, Op};
+use crate::platform::Platform;
+
+/// The matrix products the block needs, lent by the caller with its workers, math mode
+/// and scratch (the session's `MatMul`; a naive f32 product in the tests).
+pub trait Products {
+    /// `out[t * w.rows + r] = dot(w row r, x[t])` for `n` rows of `w.cols` values.
+    fn linear(
+        &mut self,
+        w: &Tensor,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) -> Result<(), ModelError>;
+    /// Two matrices of the same input (gate and up); the session's implementation
+    /// quantizes the input once.
+    fn linear_pair(
+        &mut self,
+        a: &Tensor,
+        b: &Tensor,
+        x: &[f32],
+        n: usize,
+        out_a: &mut [f32],
+        out_b: &mut [f32],
+    ) -> Result<(), ModelError> {
+        self.linear(a, x, n, out_a)?;
+        self.linear(b, x, n, out_b)
+    }
+    /// Charge the time since the last lap to `op` (the session's profile).
+    fn lap(&mut self, _op: Op) {}
+}
+
+/// [`Products`] of the session: its `MatMul`, work buffers and profile clock.
+struct SessionProducts<'m, 'b, 'c, 'p, P: Platform> {
+    mm: &'m MatMul<'p, P>,
+    act_q: &'b mut [u8],
+    tmp: &'b mut [f32],
+    row: &'b mut [f32],
+    clock: &'m mut crate::model::layer::Clock<'c, 'p, P>,
+}
+
+impl<P: Platform> Products for SessionProducts<'_, '_, '_, '_, P> {
+    fn linear(
+        &mut self,
+        w: &Tensor,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        self.mm.linear(w, x, n, out, self.act_q, self.tmp, self.row)
+    }
+    fn linear_pair(
+        &mut self,
+        a: &Tensor,
+        b: &Tensor,
+        x: &[f32],
+        n: usize,
+        out_a: &mut [f32],
+        out_b: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let jobs = &mut [(a, out_a), (b, out_b)];
+        self.mm
+            .linear_many(x, n, jobs, self.act_q, self.tmp, self.row)
+    }
+    fn lap(&mut self, op: Op) {
+        self.clock.lap(op);
+    }
+}
+
+/// A SwiGLU feed-forward's three matrices (the shared expert).
+#[derive(Clone, Copy)]
+pub struct SwiGlu<'a> {
+    pub gate: Tensor<'a>,
+    pub up: Tensor<'a>,
+    pub down: Tensor<'a>,
+}
+
+/// One MoE layer's weights.
+#[derive(Clone, Copy)]
+pub struct MoeFfn<'a> {
+    /// `ffn_gate_inp`: one row per expert.
+    pub router: Tensor<'a>,
+    /// `exp_probs_b.bias`: added to the probabilities for the choice only.
+    pub bias: Option<Vector<'a>>,
+    /// `ffn_{gate,up,down}_exps` with the experts' rows one after another
+    /// (`rows = n_expert * rows of one expert`).
+    pub gate_exps: Tensor<'a>,
+    pub up_exps: Tensor<'a>,
+    pub down_exps: Tensor<'a>,
+    pub shared: Option<SwiGlu<'a>>,
+    pub cfg: MoeConfig,
+}
+
+/// Expert `e` of `stack`, a 3-D tensor of `n_expert` experts viewed as 2-D.
+pub fn expert<'a>(stack: &Tensor<'a>, e: usize, n_expert: usize) -> Result<Tensor<'a>, ModelError> {
+    let rows = stack.rows / n_expert.max(1);
+    stack.row_range(e * rows, rows)
+}
+
+impl<'a> MoeFfn<'a> {
+    /// The matrices' GGUF suffixes (router, experts, then the shared expert's).
+    pub const MATRICES: [&'static str; 7] = [
+        "ffn_gate_inp.weight",
+        "ffn_gate_exps.weight",
+        "ffn_up_exps.weight",
+        "ffn_down_exps.weight",
+        "ffn_gate_shexp.weight",
+        "ffn_up_shexp.weight",
+        "ffn_down_shexp.weight",
+    ];
+
+    /// Every matrix with its GGUF suffix, in [`Self::MATRICES`] order (the shared
+    /// expert's only when the layer has one).
+    pub fn visit_matrices(&mut self, f: &mut dyn FnMut(&'static str, &mut Tensor<'a>)) {
+        let m = Self::MATRICES;
+        f(m[0], &mut self.router);
+        f(m[1], &mut self.gate_exps);
+        f(m[2], &mut self.up_exps);
+        f(m[3], &mut self.down_exps);
+        if let Some(sh) = &mut self.shared {
+            f(m[4], &mut sh.gate);
+            f(m[5], &mut sh.up);
+            f(m[6], &mut sh.down);
+        }
+    }
+
+    /// Layer `il`'s experts (config `c.moe`); a streamed layer's matrices are described,
+    /// not read.
+    pub fn load<P: Platform>(
+        l: &mut Loader<'_, '_, 'a, P>,
+        c: &Config,
+        il: usize,
+        streamed: bool,
+    ) -> Result<MoeFfn<'a>, ModelError> {
+        let m = c.moe.ok_or(ModelError::BadShape(
+            "MoE layer without MoE hyper-parameters",
+        ))?;
+        let (e, ne, f) = (c.n_embd, m.n_expert, m.n_ff_exp);
+        let mut n = Names::new(il);
+        let [r, g, u, d, sg, su, sd] = Self::MATRICES;
+        let router = l.layer_matrix(n.get(r), e, ne, streamed)?;
+        let bias = l.opt_vector(n.get("exp_probs_b.bias"), ne)?;
+        let gate_exps = load_stack(l, n.get(g), e, f, ne, streamed)?;
+        let up_exps = load_stack(l, n.get(u), e, f, ne, streamed)?;
+        let down_exps = load_stack(l, n.get(d), f, e, ne, streamed)?;
+        let shared = if m.n_ff_shexp > 0 {
+            let fs = m.n_ff_shexp;
+            Some(SwiGlu {
+                gate: l.layer_matrix(n.get(sg), e, fs, streamed)?,
+                up: l.layer_matrix(n.get(su), e, fs, streamed)?,
+                down: l.layer_matrix(n.get(sd), fs, e, streamed)?,
+            })
+        } else {
+            None
+        };
+        Ok(MoeFfn {
+            router,
+            bias,
+            gate_exps,
+            up_exps,
+            down_exps,
+            shared,
+            cfg: m,
+        })
+    }
+
+    /// `cx.s.xn` (the normed input of `n` tokens) → `cx.s.xn` (the block's output).
+    pub fn run_in<P: Platform>(
+        &self,
+        cx: &mut Cx<'_, '_, '_, P>,
+        n: usize,
+    ) -> Result<(), ModelError> {
+        let e = cx.cfg.n_embd;
+        let s = &mut *cx.s;
+        let ms = s
+            .moe
+            .as_mut()
+            .ok_or(ModelError::BadShape("MoE layer without MoE scratch"))?;
+        let mut pr = SessionProducts {
+            mm: &cx.mm,
+            act_q: s.act_q,
+            tmp: s.mm_tmp,
+            row: s.row,
+            clock: &mut cx.clock,
+        };
+        let out = core::mem::take(&mut ms.out);
+        let r = self.run(&mut pr, &s.xn[..n * e], n, &mut out[..n * e], ms);
+        s.xn[..n * e].copy_from_slice(&out[..n * e]);
+        ms.out = out;
+        r
+    }
+
+    /// `out[..n * n_embd]` = this block applied to the `n` rows of `xn`.
+    pub fn run(
+        &self,
+        mm: &mut dyn Products,
+        xn: &[f32],
+        n: usize,
+        out: &mut [f32],
+        s: &mut MoeScratch<'_>,
+    ) -> Result<(), ModelError> {
+        let m = &self.cfg;
+        let (ne, k) = (m.n_expert, m.n_used);
+        let e = self.router.cols;
+        if n > s.n_batch {
+            return Err(ModelError::BadShape("MoE batch larger than its scratch"));
+        }
+        mm.linear(&self.router, &xn[..n * e], n, &mut s.logits[..n * ne])?;
+        mm.lap(Op::FfnGateUp);
+        for t in 0..n {
+            moe_route::route(
+                m,
+                &s.logits[t * ne..(t + 1) * ne],
+                self.bias,
+                &mut s.ids[t * k..(t + 1) * k],
+                &mut s.weights[t * k..(t + 1) * k],
+            );
+        }
+        let MoeScratch {
+            ids,
+            weights,
+            tokens,
+            token_w,
+            xg,
+            gate,
+            up,
+            down,
+            ..
+        } = s;
+        let mut b = Bufs { gate, up, down };
+        let out = &mut out[..n * e];
+        out.fill(0.0);
+        for ex in 0..ne {
+            // The tokens that chose expert `ex`, with its weight for each.
+            let mut m_tok = 0;
+            for t in 0..n {
+                let slots = &ids[t * k..(t + 1) * k];
+                if let Some(j) = slots.iter().position(|&id| id as usize == ex) {
+                    tokens[m_tok] = t as u32;
+                    token_w[m_tok] = weights[t * k + j];
+                    m_tok += 1;
+                }
+            }
+            if m_tok == 0 {
+                continue;
+            }
+            let x: &[f32] = if m_tok == n {
+                &xn[..n * e]
+            } else {
+                for (i, &t) in tokens[..m_tok].iter().enumerate() {
+                    let t = t as usize;
+                    xg[i * e..(i + 1) * e].copy_from_slice(&xn[t * e..(t + 1) * e]);
+                }
+                &xg[..m_tok * e]
+            };
+            let gate = expert(&self.gate_exps, ex, ne)?;
+            let up = expert(&self.up_exps, ex, ne)?;
+            let down = expert(&self.down_exps, ex, ne)?;
+            swiglu_ffn(mm, &gate, &up, &down, x, m_tok, &mut b)?;
+            // llama.cpp multiplies each expert's output by its weight, then adds the
+            // products (the sum starts from 0, and 0 + a = a exactly).
+            for (i, &t) in tokens[..m_tok].iter().enumerate() {
+                let (w, t) = (token_w[i], t as usize);
+                let d = &b.down[i * e..(i + 1) * e];
+                for (o, d) in out[t * e..(t + 1) * e].iter_mut().zip(d) {
+                    *o += d * w;
+                }
+            }
+        }
+        if let Some(sh) = &self.shared {
+            swiglu_ffn(mm, &sh.gate, &sh.up, &sh.down, &xn[..n * e], n, &mut b)?;
+            for (o, d) in out.iter_mut().zip(&b.down[..n * e]) {
+                *o += d;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `b.down = W_down · (silu(W_gate · x) * (W_up · x))` for `n` rows of `x`.
+fn swiglu_ffn(
+    mm: &mut dyn Products,
+    gate: &Tensor,
+    up: &Tensor,
+    down: &Tensor,
+    x: &[f32],
+    n: usize,
+    b: &mut Bufs<'_>,
+) -> Result<(), ModelError> {
+    let f = gate.rows;
+    let (g, u) = (&mut b.gate[..n * f], &mut b.up[..n * f]);
+    mm.linear_pair(gate, up, x, n, g, u)?;
+    mm.lap(Op::FfnGateUp);
+    pinch_kernels::ops::swiglu(g, u);
+    mm.lap(Op::FfnAct);
+    mm.linear(down, g, n, &mut b.down[..n * down.rows])?;
+    mm.lap(Op::FfnDown);
+    Ok(())
+}
+
+struct Bufs<'s> {
+    gate: &'s mut [f32],
+    up: &'s mut [f32],
+    down: &'s mut [f32],
+}
+
+/// The block's scratch for batches of up to `n_batch` tokens.
+pub struct MoeScratch<'a> {
+    n_batch: usize,
+    logits: &'a mut [f32],
+    ids: &'a mut [u32],
+    weights: &'a mut [f32],
+    tokens: &'a mut [u32],
+    token_w: &'a mut [f32],
+    xg: &'a mut [f32],
+    gate: &'a mut [f32],
+    up: &'a mut [f32],
+    down: &'a mut [f32],
+    /// The block's output before it replaces its input.
+    out: &'a mut [f32],
+}
+
+impl<'a> MoeScratch<'a> {
+    /// Values (4 bytes each) of the scratch for `m`, embedding width `n_embd`, batches
+    /// of `n_batch`.
+    fn sizes(m: &MoeConfig, n_embd: usize, n_batch: usize) -> [usize; 10] {
+        let f = m.n_ff_exp.max(m.n_ff_shexp);
+        let nb = n_batch.max(1);
+        [
+            nb * m.n_expert,
+            nb * m.n_used,
+            nb * m.n_used,
+            nb,
+            nb,
+            nb * n_embd,
+            nb * f,
+            nb * f,
+            nb * n_embd,
+            nb * n_embd,
+        ]
+    }
+
+    /// Bytes [`Self::new`] takes from the arena (with the arena's per-slice alignment).
+    pub fn bytes_needed(m: &MoeConfig, n_embd: usize, n_batch: usize) -> usize {
+        Self::sizes(m, n_embd, n_batch)
+            .iter()
+            .map(|v| v * 4 + 64)
+            .sum()
+    }
+
+    pub fn new(
+        arena: &mut Arena<'a>,
+        m: &MoeConfig,
+        n_embd: usize,
+        n_batch: usize,
+    ) -> Result<MoeScratch<'a>, ModelError> {
+        let [lg, ids, w, tk, tw, xg, g, u, d, o] = Self::sizes(m, n_embd, n_batch);
+        let a = "activations";
+        Ok(MoeScratch {
+            n_batch: n_batch.max(1),
+            logits: arena.slice(a, lg)?,
+            ids: arena.slice(a, ids)?,
+            weights: arena.slice(a, w)?,
+            tokens: arena.slice(a, tk)?,
+            token_w: arena.slice(a, tw)?,
+            xg: arena.slice(a, xg)?,
+            gate: arena.slice(a, g)?,
+            up: arena.slice(a, u)?,
+            down: arena.slice(a, d)?,
+            out: arena.slice(a, o)?,
+        })
+    }
+}
+
+/// Read (or, `streamed`, only describe: empty data) the 3-D tensor `name` holding
+/// `n_expert` experts of `rows` x `cols`, as one 2-D tensor of `n_expert * rows` rows.
+///
+/// # Errors
+/// Missing tensor, another shape ([`ModelError::TensorShape`] with the first two dims
+/// and, when those match, the expert count as the second), or a type pinch cannot
+/// compute with.
+pub fn load_stack<'a, P: Platform>(
+    l: &mut Loader<'_, '_, 'a, P>,
+    name: &str,
+    cols: usize,
+    rows: usize,
+    n_expert: usize,
+    streamed: bool,
+) -> Result<Tensor<'a>, ModelError> {
+    let info = l
+        .gguf
+        .tensor(name)
+        .ok_or(ModelError::MissingTensorNamed(name_buf(name)))?;
+    let d = info.dims;
+    if d[0] != cols as u64 || d[1] != rows as u64 {
+        return Err(ModelError::TensorShape {
+            name: name_buf(name),
+            expected: [cols as u64, rows as u64],
+            found: [d[0], d[1]],
+        });
+    }
+    if d[2] != n_expert as u64 || d[3] != 1 {
+        return Err(ModelError::TensorShape {
+            name: name_buf(name),
+            expected: [rows as u64, n_expert as u64],
+            found: [d[1], d[2] * d[3]],
+        });
+    }
+    if !info.ty.can_dequantize() {
+        return Err(ModelError::UnsupportedType {
+            name: name_buf(name),
+            ty: info.ty,
+        });
+    }
+    let data: &'a [u8] = if streamed {
+        &[]
+    } else {
+        let buf = l.arena.bytes("weights", info.bytes as usize)?;
+        read_exact(l.platform, l.file, info.offset, buf)?;
+        buf
+    };
+    Ok(Tensor {
+        ty: info.ty,
+        cols,
+        rows: rows * n_expert,
+        data,
+        layout: pinch_kernels::repack::Layout::Plain,
+        file: crate::residency::Span {
+            offset: info.offset,
+            len: info.bytes,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use crate::model::moe_route::Gating;
+    use pinch_kernels::GgmlType;
+    use std::vec;
+    use std::vec::Vec;
+
+    /// f32 products straight from the tensors' bytes.
+    struct Naive;
+
+    fn val(t: &Tensor, r: usize, c: usize) -> f32 {
+        let o = (r * t.cols + c) * 4;
+        f32::from_le_bytes(t.data[o..o + 4].try_into().unwrap())
+    }
+
+    impl Products for Naive {
+        fn linear(
+            &mut self,
+            w: &Tensor,
+            x: &[f32],
+            n: usize,
+            out: &mut [f32],
+        ) -> Result<(), ModelError> {
+            for t in 0..n {
+                for r in 0..w.rows {
+                    out[t * w.rows + r] =
+                        (0..w.cols).map(|c| val(w, r, c) * x[t * w.cols + c]).sum();
+                }
+            }
+            Ok(())
+        }
+    }
+
+    /// Deterministic pseudo-random values in [-1, 1).
+    fn noise(seed: u32, n: usize) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761).max(1);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    fn bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    fn tensor(data: &[u8], cols: usize, rows: usize) -> Tensor<'_> {
+        Tensor {
+            ty: GgmlType::F32,
+            cols,
+            rows,
+            data,
+            layout: pinch_kernels::repack::Layout::Plain,
+            file: crate::residency::Span::default(),
+        }
+    }
+
+    const E: usize = 8;
+    const F: usize = 5;
+
+    fn config(shared: bool) -> MoeConfig {
+        MoeConfig {
+            n_expert: 6,
+            n_used: 3,
+            n_ff_exp: F,
+            n_ff_shexp: if shared { 4 } else { 0 },
+            gating: Gating::Sigmoid,
+            norm_weights: true,
+            weights_scale: 2.5,
+            n_group: 3,
+            n_group_used: 2,
+            n_dense_lead: 0,
+        }
+    }
+
+    /// One token through the block the slow way: route, then each chosen expert in
+    /// slot order.
+    fn one_token<'a>(b: &MoeFfn<'a>, x: &[f32]) -> Vec<f32> {
+        let m = &b.cfg;
+        let mut logits = vec![0.0; m.n_expert];
+        Naive.linear(&b.router, x, 1, &mut logits).unwrap();
+        let (mut ids, mut w) = (vec![0u32; m.n_used], vec![0.0; m.n_used]);
+        moe_route::route(m, &logits, b.bias, &mut ids, &mut w);
+        let mut out = vec![0.0f32; E];
+        let ffn = |g: &Tensor, u: &Tensor, d: &Tensor| {
+            let f = g.rows;
+            let (mut gv, mut uv, mut dv) = (vec![0.0; f], vec![0.0; f], vec![0.0; E]);
+            Naive.linear(g, x, 1, &mut gv).unwrap();
+            Naive.linear(u, x, 1, &mut uv).unwrap();
+            pinch_kernels::ops::swiglu(&mut gv, &uv);
+            Naive.linear(d, &gv, 1, &mut dv).unwrap();
+            dv
+        };
+        for (j, &id) in ids.iter().enumerate() {
+            let (id, ne) = (id as usize, m.n_expert);
+            let ex = |t: &Tensor<'a>| expert(t, id, ne).unwrap();
+            let d = ffn(&ex(&b.gate_exps), &ex(&b.up_exps), &ex(&b.down_exps));
+            for (o, d) in out.iter_mut().zip(&d) {
+                *o += d * w[j];
+            }
+        }
+        if let Some(sh) = &b.shared {
+            let d = ffn(&sh.gate, &sh.up, &sh.down);
+            for (o, d) in out.iter_mut().zip(&d) {
+                *o += d;
+            }
+        }
+        out
+    }
+
+    fn check_batch_matches_tokens(shared: bool) {
+        let m = config(shared);
+        let ne = m.n_expert;
+        let router = bytes(&noise(1, ne * E).iter().map(|v| v * 2.0).collect::<Vec<_>>());
+        let gate = bytes(&noise(2, ne * F * E));
+        let up = bytes(&noise(3, ne * F * E));
+        let down = bytes(&noise(4, ne * E * F));
+        let (sg, su, sd) = (
+            bytes(&noise(5, 4 * E)),
+            bytes(&noise(6, 4 * E)),
+            bytes(&noise(7, E * 4)),
+        );
+        let bias: Vec<f32> = noise(8, ne).iter().map(|v| v * 0.05).collect();
+        let block = MoeFfn {
+            router: tensor(&router, E, ne),
+            bias: Some(&bias),
+            gate_exps: tensor(&gate, E, ne * F),
+            up_exps: tensor(&up, E, ne * F),
+            down_exps: tensor(&down, F, ne * E),
+            shared: shared.then(|| SwiGlu {
+                gate: tensor(&sg, E, 4),
+                up: tensor(&su, E, 4),
+                down: tensor(&sd, 4, E),
+            }),
+            cfg: m,
+        };
+        let n = 7;
+        let xn = noise(9, n * E);
+        let mut region = vec![0u8; MoeScratch::bytes_needed(&m, E, n) + 64];
+        let mut arena = Arena::new(&mut region);
+        let mut s = MoeScratch::new(&mut arena, &m, E, n).unwrap();
+        let mut out = vec![0.0f32; n * E];
+        block.run(&mut Naive, &xn, n, &mut out, &mut s).unwrap();
+        let mut used = [false; 6];
+        for t in 0..n {
+            let want = one_token(&block, &xn[t * E..(t + 1) * E]);
+            for (g, w) in out[t * E..(t + 1) * E].iter().zip(&want) {
+                // n_used = 3: the batch adds experts in index order, the slow way in
+                // slot order, so the last bit may differ.
+                assert!(
+                    (g - w).abs() <= 1e-6 * (1.0 + w.abs()),
+                    "token {t}: {g} vs {w}"
+                );
+            }
+            for &id in &s.ids[t * 3..t * 3 + 3] {
+                used[id as usize] = true;
+            }
+        }
+        // The batch is not degenerate: several experts ran, and not every token chose
+        // the same ones.
+        assert!(used.iter().filter(|&&u| u).count() >= 4, "{used:?}");
+        // One token alone gives the same as within the batch.
+        let mut one = vec![0.0f32; E];
+        block
+            .run(&mut Naive, &xn[2 * E..3 * E], 1, &mut one, &mut s)
+            .unwrap();
+        assert_eq!(&one[..], &out[2 * E..3 * E]);
+    }
+
+    #[test]
+    fn batch_grouped_by_expert_equals_each_token_alone() {
+        check_batch_matches_tokens(false);
+    }
+
+    #[test]
+    fn shared_expert_is_added_for_every_token() {
+        check_batch_matches_tokens(true);
+    }
+
+    #[test]
+    fn expert_views_are_the_experts_rows() {
+        let v: Vec<f32> = (0..3 * 2 * 4).map(|i| i as f32).collect();
+        let b = bytes(&v);
+        let stack = tensor(&b, 4, 6);
+        let e1 = expert(&stack, 1, 3).unwrap();
+        assert_eq!((e1.rows, e1.cols), (2, 4));
+        assert_eq!(val(&e1, 0, 0), 8.0);
+        assert_eq!(val(&e1, 1, 3), 15.0);
+    }
+
+    #[test]
+    fn batch_beyond_the_scratch_is_an_error() {
+        let m = config(false);
+        let mut region = vec![0u8; MoeScratch::bytes_needed(&m, E, 2) + 64];
+        let mut arena = Arena::new(&mut region);
+        let mut s = MoeScratch::new(&mut arena, &m, E, 2).unwrap();
+        let z = [0u8; 4];
+        let t = tensor(&z, E, 0);
+        let block = MoeFfn {
+            router: t,
+            bias: None,
+            gate_exps: t,
+            up_exps: t,
+            down_exps: t,
+            shared: None,
+            cfg: m,
+        };
+        let mut out = vec![0.0; 3 * E];
+        let r = block.run(&mut Naive, &[0.0; 3 * E], 3, &mut out, &mut s);
+        assert!(matches!(r, Err(ModelError::BadShape(_))));
+    }
+}

@@ -1,0 +1,310 @@
+//! Matrix products over the session's workers: the input quantized once per activation
+//! format (as llama.cpp does), rows split across workers, the f32 oracle beside it.
+use core::ops::Range;
+
+use pinch_kernels::matvec::{quantize_activation, KernelError};
+use pinch_kernels::repack::matmul_rows as repack_rows;
+use pinch_kernels::{ActFormat, CpuFeatures};
+
+use crate::model::forward::{Math, MAX_WORKERS};
+use crate::model::weights::Tensor;
+use crate::model::ModelError;
+use crate::platform::Platform;
+
+/// Matrix products on the session's math mode and workers.
+pub struct MatMul<'p, P: Platform> {
+    pub p: &'p P,
+    pub math: Math,
+    pub threads: usize,
+    pub cpu: CpuFeatures,
+}
+
+impl<P: Platform> MatMul<'_, P> {
+    /// `out[t * rows + r] = dot(w row r, x[t])` for `n` activation rows of `w.cols`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear(
+        &self,
+        w: &Tensor,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        act_q: &mut [u8],
+        tmp: &mut [f32],
+        row: &mut [f32],
+    ) -> Result<(), ModelError> {
+        self.linear_to(w, x, n, out, w.rows, 0, act_q, tmp, row)
+    }
+
+    /// [`Self::linear`] into columns `row0..row0 + w.rows` of an output whose rows
+    /// (one per activation) are `stride` long: `out[t * stride + row0 + r]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_to(
+        &self,
+        w: &Tensor,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        stride: usize,
+        row0: usize,
+        act_q: &mut [u8],
+        tmp: &mut [f32],
+        row: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let (cols, rows) = (w.cols, w.rows);
+        match self.math {
+            Math::Reference => {
+                let row = &mut row[..cols];
+                for r in 0..rows {
+                    pinch_kernels::repack::dequantize_row(
+                        w.layout,
+                        w.ty,
+                        w.data,
+                        w.row_bytes(),
+                        r,
+                        row,
+                    )?;
+                    for t in 0..n {
+                        let xt = &x[t * cols..(t + 1) * cols];
+                        let mut acc = 0.0f64;
+                        for (a, b) in row.iter().zip(xt) {
+                            acc += (*a as f64) * (*b as f64);
+                        }
+                        out[t * stride + row0 + r] = acc as f32;
+                    }
+                }
+                Ok(())
+            }
+            Math::Fast => {
+                let fmt = w.ty.act_format().ok_or(KernelError::Unsupported(w.ty))?;
+                self.quantize(fmt, x, n, cols, act_q)?;
+                self.linear_pre(w, fmt, n, out, stride, row0, act_q, tmp)
+            }
+        }
+    }
+
+    /// Several matrices of the same input (q/k/v, gate/up): the input is quantized once
+    /// per activation format, not once per matrix.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_many(
+        &self,
+        x: &[f32],
+        n: usize,
+        jobs: &mut [(&Tensor, &mut [f32])],
+        act_q: &mut [u8],
+        tmp: &mut [f32],
+        row: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let mut have = None;
+        for (w, out) in jobs.iter_mut() {
+            self.linear_reusing(w, x, n, out, w.rows, 0, act_q, tmp, row, &mut have)?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::linear_to`] where `have` is the format `act_q` already holds `x` in (if
+    /// any): the input is quantized only when the format changes, and `have` updated.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_reusing(
+        &self,
+        w: &Tensor,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        stride: usize,
+        row0: usize,
+        act_q: &mut [u8],
+        tmp: &mut [f32],
+        row: &mut [f32],
+        have: &mut Option<ActFormat>,
+    ) -> Result<(), ModelError> {
+        if self.math == Math::Reference {
+            return self.linear_to(w, x, n, out, stride, row0, act_q, tmp, row);
+        }
+        let fmt = w.ty.act_format().ok_or(KernelError::Unsupported(w.ty))?;
+        if *have != Some(fmt) {
+            self.quantize(fmt, x, n, w.cols, act_q)?;
+            *have = Some(fmt);
+        }
+        self.linear_pre(w, fmt, n, out, stride, row0, act_q, tmp)
+    }
+
+    /// Quantize `n` rows of `cols` values of `x` into `act_q` (rows split across the
+    /// workers when there are several).
+    pub fn quantize(
+        &self,
+        fmt: ActFormat,
+        x: &[f32],
+        n: usize,
+        cols: usize,
+        act_q: &mut [u8],
+    ) -> Result<(), ModelError> {
+        let arb = fmt
+            .row_bytes(cols)
+            .ok_or(ModelError::BadShape("activation row is not whole blocks"))?;
+        let err = spin::Mutex::new(None::<KernelError>);
+        par_chunks(
+            self.p,
+            self.threads,
+            n,
+            &mut act_q[..n * arb],
+            arb,
+            &|ts, dst| {
+                for (i, t) in ts.enumerate() {
+                    let r = quantize_activation(
+                        fmt,
+                        &x[t * cols..(t + 1) * cols],
+                        &mut dst[i * arb..(i + 1) * arb],
+                    );
+                    if let Err(e) = r {
+                        *err.lock() = Some(e);
+                    }
+                }
+            },
+        );
+        match err.into_inner() {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
+    /// The product of `w` with `n` activation rows already quantized (by
+    /// [`Self::quantize`], format `fmt`) in `act_q`, into columns `row0..` of `out`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_pre(
+        &self,
+        w: &Tensor,
+        fmt: ActFormat,
+        n: usize,
+        out: &mut [f32],
+        stride: usize,
+        row0: usize,
+        act_q: &[u8],
+        tmp: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let (cols, rows) = (w.cols, w.rows);
+        let arb = fmt.row_bytes(cols).ok_or(KernelError::Unsupported(w.ty))?;
+        let acts = &act_q[..n * arb];
+        let rb = w.row_bytes();
+        let err = spin::Mutex::new(None::<KernelError>);
+        let cpu = self.cpu;
+        if n == 1 {
+            let o1 = &mut out[row0..row0 + rows];
+            par_rows(self.p, self.threads, rows, 1, o1, &|r, o| {
+                if let Err(e) = repack_rows(w.layout, w.ty, &cpu, w.data, rb, r, acts, arb, o) {
+                    *err.lock() = Some(e);
+                }
+            });
+        } else {
+            let tmp = &mut tmp[..rows * n];
+            par_rows(self.p, self.threads, rows, n, tmp, &|r, o| {
+                if let Err(e) = repack_rows(w.layout, w.ty, &cpu, w.data, rb, r, acts, arb, o) {
+                    *err.lock() = Some(e);
+                }
+            });
+            // [rows][n] -> [n][stride] at column row0, tokens split across workers.
+            let tmp: &[f32] = tmp;
+            par_chunks(
+                self.p,
+                self.threads,
+                n,
+                &mut out[..n * stride],
+                stride,
+                &|ts, dst| {
+                    for (i, t) in ts.enumerate() {
+                        let o = &mut dst[i * stride + row0..i * stride + row0 + rows];
+                        for (r, v) in o.iter_mut().enumerate() {
+                            *v = tmp[r * n + t];
+                        }
+                    }
+                },
+            );
+        }
+        match err.into_inner() {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Split `n` items of `width` elements each (consecutive in `out`) across workers;
+/// `f(items, their elements)`. Small jobs stay on the calling thread.
+pub fn par_chunks<P: Platform, T: Send>(
+    p: &P,
+    threads: usize,
+    n: usize,
+    out: &mut [T],
+    width: usize,
+    f: &(dyn Fn(Range<usize>, &mut [T]) + Sync),
+) {
+    let nt = threads.min(p.workers()).clamp(1, MAX_WORKERS).min(n.max(1));
+    if nt == 1 || n < 4 {
+        f(0..n, out);
+        return;
+    }
+    let mut parts: heapless::Vec<spin::Mutex<(Range<usize>, &mut [T])>, MAX_WORKERS> =
+        heapless::Vec::new();
+    let mut rest = out;
+    let mut start = 0;
+    for i in 0..nt {
+        let end = n * (i + 1) / nt;
+        let (a, b) = core::mem::take(&mut rest).split_at_mut((end - start) * width);
+        let _ = parts.push(spin::Mutex::new((start..end, a)));
+        rest = b;
+        start = end;
+    }
+    p.parallel(nt, &|i| {
+        let mut g = parts[i].lock();
+        let (r, o) = &mut *g;
+        if r.start < r.end {
+            f(r.clone(), o);
+        }
+    });
+}
+
+/// Rows not yet handed out by [`par_rows`]: the next row and their outputs.
+type RowsLeft<'o> = spin::Mutex<(usize, &'o mut [f32])>;
+
+/// Rows per chunk are kept a multiple of this, so interleaved kernels see whole groups.
+const ROW_GRAIN: usize = 8;
+
+/// Split `rows` (with `n_tok` outputs each, row-major in `out`) across workers with
+/// guided scheduling: each worker takes `remaining / (2 x workers)` rows at a time (a
+/// multiple of 8, at least 8), so a preempted or slower core leaves a short tail instead
+/// of half the matrix. Which rows a worker computes never changes their results.
+pub fn par_rows<P: Platform>(
+    p: &P,
+    threads: usize,
+    rows: usize,
+    n_tok: usize,
+    out: &mut [f32],
+    f: &(dyn Fn(Range<usize>, &mut [f32]) + Sync),
+) {
+    let nt = threads
+        .min(p.workers())
+        .clamp(1, MAX_WORKERS)
+        .min(rows.div_ceil(ROW_GRAIN).max(1));
+    if nt == 1 {
+        f(0..rows, out);
+        return;
+    }
+    let left: RowsLeft<'_> = spin::Mutex::new((0, &mut out[..rows * n_tok]));
+    p.parallel(nt, &|_| loop {
+        let (r, o) = {
+            let mut g = left.lock();
+            let (next, rest) = &mut *g;
+            let remaining = rows - *next;
+            if remaining == 0 {
+                break;
+            }
+            let take = (remaining / (2 * nt) / ROW_GRAIN * ROW_GRAIN)
+                .max(ROW_GRAIN)
+                .min(remaining);
+            let (o, tail) = core::mem::take(rest).split_at_mut(take * n_tok);
+            *rest = tail;
+            let r = *next..*next + take;
+            *next += take;
+            (r, o)
+        };
+        f(r, o);
+    });
+}
