@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 /// Every target, in `fuzz/fuzz_targets/<name>.rs`.
-pub const TARGETS: [&str; 7] = [
+pub const TARGETS: [&str; 8] = [
     "gguf_parse",
     "tokenizer",
     "chat_template",
@@ -23,6 +23,7 @@ pub const TARGETS: [&str; 7] = [
     "json_body",
     "head_ids",
     "repack_cache",
+    "moe_trace",
 ];
 
 /// The coverage flags cargo-fuzz passes (sancov with 8-bit counters, PC table and
