@@ -11,6 +11,7 @@
 //!
 //! The crate also compiles on Linux (the `F_NOCACHE` call is compiled only for Apple
 //! targets), so `cargo clippy --workspace` checks it on any host.
+pub mod memory;
 pub mod platform;
 
 pub use platform::IosPlatform;

@@ -2,10 +2,11 @@
 //!
 //! Done: files with positioned reads, uncached reads through a second handle marked
 //! `F_NOCACHE`, the arena region (calloc: untouched pages cost nothing), the worker pool,
-//! CPU features, clock and output.
-//! Not yet: `available_memory` (`os_proc_available_memory` exists only from iOS 13; the
-//! iPad Air runs iOS 12, so it must be looked up at run time), `rss`/`peak_rss`
-//! (`task_info(TASK_VM_INFO)`), and `map`.
+//! CPU features, clock and output, and the memory guard's figures ([`crate::memory`]:
+//! `available_memory` from `os_proc_available_memory` where iOS has it, else the host's
+//! free pages; `rss`/`peak_rss` from `task_info(TASK_VM_INFO)`'s footprint).
+//! Not yet: `map`.
+use crate::memory;
 use pinch_kernels::CpuFeatures;
 use pinch_linux::pool::Pool;
 use pinch_runtime_min::platform::{Platform, PlatformError};
@@ -165,15 +166,15 @@ impl Platform for IosPlatform {
     }
 
     fn available_memory(&self) -> Option<u64> {
-        None
+        memory::pick_available(memory::sys::os_proc_available(), memory::sys::host_free())
     }
 
     fn rss(&self) -> Option<u64> {
-        None
+        memory::sys::task_vm().map(|t| t.footprint)
     }
 
     fn peak_rss(&self) -> Option<u64> {
-        None
+        memory::sys::task_vm().map(|t| t.peak)
     }
 
     fn workers(&self) -> usize {

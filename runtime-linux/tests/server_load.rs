@@ -2,6 +2,7 @@
 //! back. Every request must be answered (200, or 503 when the queue is full), the
 //! server must survive, and its peak RSS must stay under `--budget`. A 10 s run is part
 //! of the suite; the 60 s run is `#[ignore]`d (run it with `--ignored`).
+mod rss_sampler;
 mod server_util;
 
 use server_util::*;
@@ -23,6 +24,7 @@ struct Tally {
 fn load(secs: u64) {
     let mut s = Server::start(&["-c", "512", "--budget", "64M", "--queue", "4"]);
     let port = s.port;
+    let sampler = rss_sampler::Sampler::start(s.child.id());
     let tally = Arc::new(Tally::default());
     let end = Instant::now() + Duration::from_secs(secs);
     let workers: Vec<_> = (0..CLIENTS)
@@ -59,6 +61,7 @@ fn load(secs: u64) {
         w.join().expect("client thread failed");
     }
     assert!(s.alive(), "server died: {}", s.log.lock().unwrap());
+    let sampled = sampler.finish();
     let peak = s.peak_rss();
     let ok = tally.ok.load(Ordering::Relaxed);
     let busy = tally.busy.load(Ordering::Relaxed);
@@ -76,6 +79,13 @@ fn load(secs: u64) {
         "every generation the server ran reached its client"
     );
     assert!(peak < BUDGET, "peak RSS {peak} over the budget {BUDGET}");
+    sampled.assert_under(BUDGET, "server under load");
+    eprintln!(
+        "RSS sampled every {:?} under load: max {:.1} MiB over {} samples",
+        rss_sampler::EVERY,
+        sampled.max as f64 / 1048576.0,
+        sampled.samples
+    );
     assert_eq!(s.get("/health").status, 200);
 }
 

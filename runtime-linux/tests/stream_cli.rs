@@ -1,6 +1,7 @@
 //! Weight streaming through the real binary: a model several times larger than the
 //! budget runs with the resident run's output, under the budget, reading what the plan
 //! says; and the same for Gemma 3 270M (release, `--ignored`, run by `cargo xtask test`).
+mod rss_sampler;
 mod server_util;
 
 use std::path::{Path, PathBuf};
@@ -47,6 +48,8 @@ struct Run {
     text: String,
     json: serde_json::Value,
     stderr: String,
+    /// RSS sampled while it ran.
+    rss: rss_sampler::Rss,
 }
 
 fn run(model: &str, extra: &[&str]) -> Run {
@@ -66,13 +69,15 @@ fn run(model: &str, extra: &[&str]) -> Run {
         "2",
     ];
     args.extend_from_slice(extra);
-    let o = pinch(&args);
+    let (o, rss) =
+        rss_sampler::output_sampled(Command::new(env!("CARGO_BIN_EXE_pinch")).args(&args));
     assert!(o.status.success(), "pinch {args:?} failed: {}", stderr(&o));
     let json = json_line(&o);
     Run {
         text: json["text"].as_str().unwrap().to_string(),
         json,
         stderr: stderr(&o),
+        rss,
     }
 }
 
@@ -89,7 +94,8 @@ fn mib(text: &str, after: &str) -> f64 {
     num.parse().unwrap()
 }
 
-/// Streamed run against the resident one: same text; peak RSS under the budget; the
+/// Streamed run against the resident one: same text; RSS under the budget (sampled
+/// while it ran, and the peak it reports); the
 /// engine's count of bytes read per token equals the plan, and the OS's count (when
 /// direct reads reach the disk) is within 5 % of it.
 fn check_streamed(
@@ -111,6 +117,15 @@ fn check_streamed(
     assert!(
         peak > 0 && peak <= budget_bytes,
         "peak RSS {peak} over the budget {budget_bytes}"
+    );
+    streamed.rss.assert_under(budget_bytes, "streamed run");
+    eprintln!(
+        "RSS sampled every {:?}: max {:.1} MiB over {} samples; reported peak {:.1} MiB; budget {:.1} MiB",
+        rss_sampler::EVERY,
+        streamed.rss.max as f64 / 1048576.0,
+        streamed.rss.samples,
+        peak as f64 / 1048576.0,
+        budget_bytes as f64 / 1048576.0
     );
     let passes = j["stream_passes"].as_u64().unwrap();
     assert!(passes > 0, "nothing was streamed: {}", streamed.stderr);
@@ -196,18 +211,21 @@ fn serve_streams_under_a_budget_with_the_resident_answer() {
     let body = serde_json::json!({"prompt": "Once upon", "max_tokens": 10, "temperature": 0});
     let answer = |extra: &[&str]| {
         let s = server_util::Server::start_model(stem, extra);
+        let sampler = rss_sampler::Sampler::start(s.child.id());
         let (status, v) = s.post_json("/v1/completions", &body);
         assert_eq!(status, 200, "{v}");
         (
             v["choices"][0]["text"].as_str().unwrap().to_string(),
             s.peak_rss(),
+            sampler.finish(),
         )
     };
-    let (resident, _) = answer(&["-c", "64"]);
+    let (resident, _, _) = answer(&["-c", "64"]);
     let budget = format!("{budget_mib}M");
-    let (streamed, rss) = answer(&["-c", "64", "--budget", &budget]);
+    let (streamed, rss, sampled) = answer(&["-c", "64", "--budget", &budget]);
     assert_eq!(streamed, resident);
     assert!(rss <= budget_mib << 20, "peak RSS {rss} over {budget}");
+    sampled.assert_under(budget_mib << 20, "streamed server");
     let _ = std::fs::remove_file(&path);
 }
 

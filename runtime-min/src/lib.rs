@@ -10,6 +10,7 @@
 //! - [`gguf`]: GGUF v2/v3 reader (zero-copy, every field checked) and writer.
 //! - [`tokenizer`]: SentencePiece and byte-level BPE tokenizers as llama.cpp runs them.
 //! - [`chat`]: chat templates (ChatML, Gemma, Llama 3) rendered without allocation.
+//! - [`fault`]: a `Platform` wrapper that injects I/O, memory and socket faults (tests).
 //!
 //! This crate has no `unsafe`: byte-to-typed views go through `pinch_kernels::blocks`.
 #![no_std]
@@ -21,6 +22,7 @@ pub mod cli;
 pub mod commands;
 pub mod draft;
 pub mod engine;
+pub mod fault;
 pub mod generate;
 pub mod gguf;
 pub mod guard;

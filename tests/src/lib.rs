@@ -1,5 +1,7 @@
 //! Shared helpers for the golden tests: load a GGUF into an in-memory platform, run the
 //! forward pass, and compare logits with llama.cpp's reference files.
+pub mod memfs;
+
 use std::path::{Path, PathBuf};
 
 use pinch_kernels::CpuFeatures;

@@ -8,6 +8,8 @@
 //! - [`size`]: `size` reports the device binary size.
 //! - [`run`]: `run -- <pinch args>` builds the host binary and runs it on the test model.
 //! - [`bench`]: `bench [--vs-llama-cpp] [--qemu]`, the speed and memory targets.
+//! - [`fuzz`]: `fuzz [--seconds N] [TARGET ...]`, the libFuzzer targets in `fuzz/`.
+//! - [`soak`]: `soak --minutes N`, hours of mixed traffic against `pinch serve`.
 //! - [`randshape`]: `randshape [--seed N] [--new K]`, random-shape models vs llama.cpp.
 //! - [`compat`]: `compat`, llama.cpp's server test suite against `pinch serve`.
 //! - [`util`]: running commands, finding the workspace and the target directory.
@@ -15,9 +17,11 @@ mod bench;
 mod compat;
 mod device;
 mod fetch;
+mod fuzz;
 mod randshape;
 mod run;
 mod size;
+mod soak;
 mod test;
 mod util;
 
@@ -31,6 +35,8 @@ const USAGE: &str = "usage: cargo xtask <command>
   run -- <pinch args>               build the host binary and run `pinch run` on the test model
   bench [--vs-llama-cpp] [--qemu] [--moe]   speed and memory targets (issue #4) on Gemma 3 270M
                                    (--moe: the x86 table on a scaled random MoE model)
+  fuzz [--seconds N] [TARGET ...]   run the fuzz targets (nightly + libFuzzer), N s each
+  soak --minutes N [--model PATH]   20 clients of good and hostile traffic against `pinch serve`
   randshape [--seed N ...] [--new K] random-shape models and pinch ppl vs llama.cpp
   compat [--files a,b] [-k EXPR]    llama.cpp's server tests against `pinch serve`";
 
@@ -44,6 +50,8 @@ fn main() -> ExitCode {
         Some("size") => size::main(rest),
         Some("run") => run::main(rest),
         Some("bench") => bench::main(rest),
+        Some("fuzz") => fuzz::main(rest),
+        Some("soak") => soak::main(rest),
         Some("randshape") => randshape::main(rest),
         Some("compat") => compat::main(rest),
         Some("help" | "--help" | "-h") => {

@@ -6,6 +6,8 @@
 //! meets an illegal instruction. `PINCH_SKIP_MODEL_TESTS=1` skips the model download for
 //! quick local runs (CI must not set it). The platform's unit tests (`pinch-linux --lib`)
 //! join the qemu runs too: its feature detection and O_DIRECT flag are per-architecture.
+//! The last step runs every fuzz target (`fuzz/`, nightly) for 5 s; long fuzz runs and the
+//! soak test are `cargo xtask fuzz` / `cargo xtask soak`, by hand.
 use crate::device::{self, Device, IOS, LINUX_ARM};
 use crate::fetch;
 use crate::util::{cargo, have, output, run, run_tests, Counts, Result};
@@ -37,6 +39,7 @@ const STEPS: &[Step] = &[
     ("llama.cpp server tests (cargo xtask compat)", test_compat),
     ("build no_std (aarch64-unknown-none)", build_no_std),
     ("build --device tv", build_tv),
+    ("fuzz (5 s a target)", fuzz_short),
 ];
 
 pub fn main(args: &[String]) -> Result<()> {
@@ -312,5 +315,12 @@ fn build_no_std() -> Result<Outcome> {
 
 fn build_tv() -> Result<Outcome> {
     device::build(Device::Tv)?;
+    Ok(Outcome::Done)
+}
+
+/// Every fuzz target for a few seconds (the long runs are `cargo xtask fuzz` by hand).
+fn fuzz_short() -> Result<Outcome> {
+    let runs = crate::fuzz::run_all(&crate::fuzz::TARGETS, 5, None)?;
+    crate::fuzz::check(&runs)?;
     Ok(Outcome::Done)
 }

@@ -138,6 +138,13 @@ fn fill(
         }
         done += got;
     }
+    // ... but by less than one I/O block: a read that ends earlier means the file
+    // shrank under us, and the unit's bytes past it would be stale.
+    if (len - done) as u64 >= IO_ALIGN {
+        return Err(ModelError::ShortRead {
+            offset: s.offset + done as u64,
+        });
+    }
     if let Some(buf) = verify {
         let mut at = 0;
         while at < done {
