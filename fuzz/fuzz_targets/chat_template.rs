@@ -13,7 +13,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use pinch_fuzz::Bounded;
-use pinch_runtime_min::chat::{ChatError, ChatMessage, ChatTemplate};
+use pinch_runtime_min::chat::{ChatError, ChatMessage, ChatTemplate, Content};
 
 const FORMATS: [ChatTemplate; 3] = [
     ChatTemplate::ChatMl,
@@ -53,9 +53,11 @@ fuzz_target!(|data: &[u8]| {
         .iter()
         .filter(|m| t != ChatTemplate::Gemma || m.role != "system")
     {
-        let content = m
-            .content
-            .trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\x0B' | '\x0C' | '\r'));
+        let text = match m.content {
+            Content::Text(t) => t,
+            Content::Parts(_) => continue,
+        };
+        let content = text.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\x0B' | '\x0C' | '\r'));
         assert!(
             full.text.contains(content),
             "content missing from the prompt"

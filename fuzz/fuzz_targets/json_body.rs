@@ -51,12 +51,14 @@ fuzz_target!(|data: &[u8]| {
                 Api::Chat => assert!(!p.messages.is_empty()),
                 _ => assert!(p.prompt.is_some()),
             }
-            for s in p.model.iter().chain(p.prompt.iter()).chain(p.stop.iter()) {
+            // The prompt is kept raw (a string, ids or a list); a string one is checked.
+            let prompt = p.prompt.and_then(|v| v.str());
+            for s in p.model.iter().chain(prompt.iter()).chain(p.stop.iter()) {
                 check_str(s, &mut buf);
             }
             for m in p.messages.iter() {
                 check_str(&m.role, &mut buf);
-                if let Some(c) = &m.content {
+                if let json::Content::Text(c) = &m.content {
                     check_str(c, &mut buf);
                 }
             }
