@@ -4,7 +4,6 @@ use core::fmt::Write;
 
 use super::out::Out;
 use super::{AppError, Ctx};
-use crate::chat::Source;
 use crate::guard::MemoryGuard;
 use crate::platform::Platform;
 use crate::server::gen::{self, Bufs, Setup};
@@ -65,12 +64,8 @@ pub fn serve<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> 
     let sf = o.serve;
     // `--chat-template NAME|FILE|JINJA`, `--chat-template-file FILE`, else the model's
     // own Jinja template, else the format llama.cpp detects, else ChatML.
-    let chosen = super::run::select_template(ctx)?;
-    let template = match chosen.source {
-        // No template at all: `role: content` lines, as before.
-        Source::Default if g.get_str("tokenizer.chat_template").is_none() => None,
-        _ => Some(chosen),
-    };
+    // Without any template: the architecture's format or ChatML, as llama-server.
+    let template = Some(super::run::select_template(ctx)?);
     let setup = Setup {
         template,
         no_bos: o.no_bos,
