@@ -8,7 +8,7 @@
 use core::fmt::Write;
 
 use serde::Deserialize;
-use serde_json_core::str::{EscapedStr, EscapedStringFragment};
+use serde_json_core::str::EscapedStr;
 
 use super::jraw::{root, Kind, Val};
 
@@ -508,66 +508,18 @@ pub fn parse(api: Api, body: &[u8]) -> Result<Parsed<'_>, BodyError> {
 /// # Errors
 /// `BadEscape` for an invalid escape, `Range` when `buf` is too small.
 pub fn unescape<'b>(s: &EscapedStr<'_>, buf: &mut &'b mut [u8]) -> Result<&'b str, BodyError> {
-    let src = s.0.as_bytes();
     let mut n = 0usize;
     {
         let out: &mut [u8] = buf;
-        let mut put = |bytes: &[u8], n: &mut usize| -> Result<(), BodyError> {
-            let end = *n + bytes.len();
+        unescape_each(s, &mut |bytes: &[u8]| {
+            let end = n + bytes.len();
             if end > out.len() {
                 return Err(BodyError::Range("prompt"));
             }
-            out[*n..end].copy_from_slice(bytes);
-            *n = end;
+            out[n..end].copy_from_slice(bytes);
+            n = end;
             Ok(())
-        };
-        let hex4 = |at: usize| -> Option<u32> {
-            let h = src.get(at..at + 4)?;
-            u32::from_str_radix(core::str::from_utf8(h).ok()?, 16).ok()
-        };
-        let mut i = 0;
-        while i < src.len() {
-            let run = src[i..]
-                .iter()
-                .position(|&c| c == b'\\')
-                .unwrap_or(src.len() - i);
-            put(&src[i..i + run], &mut n)?;
-            i += run;
-            if i >= src.len() {
-                break;
-            }
-            let e = *src.get(i + 1).ok_or(BodyError::BadEscape)?;
-            let c = match e {
-                b'"' => '"',
-                b'\\' => '\\',
-                b'/' => '/',
-                b'b' => '\x08',
-                b'f' => '\x0C',
-                b'n' => '\n',
-                b'r' => '\r',
-                b't' => '\t',
-                b'u' => {
-                    let hi = hex4(i + 2).ok_or(BodyError::BadEscape)?;
-                    if (0xD800..0xDC00).contains(&hi) {
-                        // A surrogate pair: \uD83E\uDD17.
-                        let lo = (src.get(i + 6..i + 8) == Some(b"\\u"))
-                            .then(|| hex4(i + 8))
-                            .flatten()
-                            .filter(|lo| (0xDC00..0xE000).contains(lo))
-                            .ok_or(BodyError::BadEscape)?;
-                        i += 6;
-                        char::from_u32(0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00))
-                            .ok_or(BodyError::BadEscape)?
-                    } else {
-                        char::from_u32(hi).ok_or(BodyError::BadEscape)?
-                    }
-                }
-                _ => return Err(BodyError::BadEscape),
-            };
-            i += if e == b'u' { 6 } else { 2 };
-            let mut tmp = [0u8; 4];
-            put(c.encode_utf8(&mut tmp).as_bytes(), &mut n)?;
-        }
+        })?;
     }
     let taken = core::mem::take(buf);
     let (head, tail) = taken.split_at_mut(n);
@@ -576,22 +528,74 @@ pub fn unescape<'b>(s: &EscapedStr<'_>, buf: &mut &'b mut [u8]) -> Result<&'b st
     core::str::from_utf8(head).map_err(|_| BodyError::BadEscape)
 }
 
-/// Whether the escaped JSON string `s` equals `want` once unescaped.
+/// The unescaped bytes of `s` in pieces, in order, to `put` (which may refuse).
+fn unescape_each(
+    s: &EscapedStr<'_>,
+    put: &mut dyn FnMut(&[u8]) -> Result<(), BodyError>,
+) -> Result<(), BodyError> {
+    let src = s.0.as_bytes();
+    let hex4 = |at: usize| -> Option<u32> {
+        let h = src.get(at..at + 4)?;
+        u32::from_str_radix(core::str::from_utf8(h).ok()?, 16).ok()
+    };
+    let mut i = 0;
+    while i < src.len() {
+        let run = src[i..]
+            .iter()
+            .position(|&c| c == b'\\')
+            .unwrap_or(src.len() - i);
+        put(&src[i..i + run])?;
+        i += run;
+        if i >= src.len() {
+            break;
+        }
+        let e = *src.get(i + 1).ok_or(BodyError::BadEscape)?;
+        let c = match e {
+            b'"' => '"',
+            b'\\' => '\\',
+            b'/' => '/',
+            b'b' => '\x08',
+            b'f' => '\x0C',
+            b'n' => '\n',
+            b'r' => '\r',
+            b't' => '\t',
+            b'u' => {
+                let hi = hex4(i + 2).ok_or(BodyError::BadEscape)?;
+                if (0xD800..0xDC00).contains(&hi) {
+                    // A surrogate pair: \uD83E\uDD17.
+                    let lo = (src.get(i + 6..i + 8) == Some(b"\\u"))
+                        .then(|| hex4(i + 8))
+                        .flatten()
+                        .filter(|lo| (0xDC00..0xE000).contains(lo))
+                        .ok_or(BodyError::BadEscape)?;
+                    i += 6;
+                    char::from_u32(0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00))
+                        .ok_or(BodyError::BadEscape)?
+                } else {
+                    char::from_u32(hi).ok_or(BodyError::BadEscape)?
+                }
+            }
+            _ => return Err(BodyError::BadEscape),
+        };
+        i += if e == b'u' { 6 } else { 2 };
+        let mut tmp = [0u8; 4];
+        put(c.encode_utf8(&mut tmp).as_bytes())?;
+    }
+    Ok(())
+}
+
+/// Whether the escaped JSON string `s` equals `want` once unescaped (as [`unescape`]
+/// reads it: surrogate pairs included).
 pub fn escaped_eq(s: &EscapedStr<'_>, want: &str) -> bool {
     let mut rest = want.as_bytes();
-    for frag in s.fragments() {
-        let mut tmp = [0u8; 4];
-        let bytes = match frag {
-            Ok(EscapedStringFragment::NotEscaped(t)) => t.as_bytes(),
-            Ok(EscapedStringFragment::Escaped(c)) => c.encode_utf8(&mut tmp).as_bytes(),
-            Err(_) => return false,
-        };
-        match rest.strip_prefix(bytes) {
-            Some(r) => rest = r,
-            None => return false,
+    let same = unescape_each(s, &mut |bytes: &[u8]| match rest.strip_prefix(bytes) {
+        Some(r) => {
+            rest = r;
+            Ok(())
         }
-    }
-    rest.is_empty()
+        None => Err(BodyError::BadEscape),
+    });
+    same.is_ok() && rest.is_empty()
 }
 
 /// Write `bytes` as a JSON string, invalid UTF-8 as U+FFFD.
@@ -834,5 +838,19 @@ mod tests {
         s.clear();
         json_byte_list(&mut s, &[1, 200]).unwrap();
         assert_eq!(s.as_str(), "[1,200]");
+    }
+
+    /// Fuzz regression (json_body): a surrogate pair unescapes to one char, and
+    /// `escaped_eq` agrees with `unescape` on it.
+    #[test]
+    fn escaped_eq_reads_surrogate_pairs_as_unescape_does() {
+        let s = EscapedStr("Hi \\u00e9\\ud83d\\ude80 \\\"x\\\"");
+        let mut store = [0u8; 64];
+        let mut buf: &mut [u8] = &mut store;
+        let t = unescape(&s, &mut buf).unwrap();
+        assert_eq!(t, "Hi \u{e9}\u{1F680} \"x\"");
+        assert!(escaped_eq(&s, t));
+        assert!(!escaped_eq(&s, "Hi \u{e9}\u{1F680} \"x"));
+        assert!(!escaped_eq(&EscapedStr("\\ud83d"), "\u{FFFD}"));
     }
 }
