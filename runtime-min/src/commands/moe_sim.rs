@@ -35,25 +35,21 @@ pub fn moe_sim<P: Platform>(p: &P, o: &Opts, region: &mut [u8]) -> Result<(), Ap
         "| layer | hits | misses | hit rate | best fixed pool |"
     );
     let _ = writeln!(out, "| ---: | ---: | ---: | ---: | ---: |");
-    for (l, s) in report.layers.iter().enumerate() {
+    let mut row = |layer: &dyn core::fmt::Display, s: &crate::pager::LayerStats| {
         let _ = writeln!(
             out,
-            "| {l} | {} | {} | {:.1} % | {:.1} % |",
+            "| {layer} | {} | {} | {:.1} % | {:.1} % |",
             s.hits,
             s.misses,
             100.0 * s.hit_rate(),
             100.0 * s.best_fixed_rate()
         );
+    };
+    for (l, s) in report.layers.iter().enumerate() {
+        row(&l, s);
     }
     let t = report.total();
-    let _ = writeln!(
-        out,
-        "| all | {} | {} | {:.1} % | {:.1} % |",
-        t.hits,
-        t.misses,
-        100.0 * t.hit_rate(),
-        100.0 * t.best_fixed_rate()
-    );
+    row(&"all", &t);
     let per_token = t.misses as f64 / report.tokens.max(1) as f64;
     let _ = write!(out, "expert reads per token: {per_token:.2}");
     if let Some(b) = o.expert_bytes {

@@ -63,11 +63,10 @@ pub fn serve<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> 
     };
     let sf = o.serve;
     // `--chat-template NAME|FILE|JINJA`, `--chat-template-file FILE`, else the model's
-    // own Jinja template, else the format llama.cpp detects, else ChatML.
-    // Without any template: the architecture's format or ChatML, as llama-server.
-    let template = Some(super::run::select_template(ctx)?);
+    // own Jinja template, else the format llama.cpp detects, else (no template at all)
+    // the architecture's format or ChatML, as llama-server.
     let setup = Setup {
-        template,
+        template: super::run::select_template(ctx)?,
         no_bos: o.no_bos,
         verbose: o.verbose,
     };

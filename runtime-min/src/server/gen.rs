@@ -94,21 +94,11 @@ enum Refusal {
 
 type Msg = heapless::String<256>;
 
-/// Render `messages` without a template: `role: content` lines, then `assistant:`
-/// (for models that ship none, such as the tiny test fixtures).
-fn render_plain(messages: &[ChatMessage<'_>], w: &mut dyn Write) -> core::fmt::Result {
-    for m in messages {
-        writeln!(w, "{}: {}", m.role, m.content)?;
-    }
-    w.write_str("assistant:")
-}
-
 /// The server-wide settings a request is prepared with.
 #[derive(Clone, Copy)]
 pub struct Setup<'t> {
-    /// The chat template (`--chat-template`, or the model's: see `Template::select`);
-    /// `None` renders `role: content` lines.
-    pub template: Option<Template<'t>>,
+    /// The chat template (`--chat-template`, or the model's: see `Template::select`).
+    pub template: Template<'t>,
     pub no_bos: bool,
     /// Every chat answer carries `__verbose` (`-v`).
     pub verbose: bool,
@@ -268,16 +258,13 @@ fn prepare<P: Platform>(
                 false => (&msgs[..], ""),
             };
             let gen_prompt = req.p.add_generation_prompt || prefill;
-            let ok = match setup.template {
-                Some(t) => match t.render(turns, gen_prompt, &mut w.buf[..]) {
-                    Ok(n) => {
-                        w.len = n;
-                        true
-                    }
-                    Err(crate::chat::ChatError::Write) => false,
-                    Err(e) => return Err(refuse(400, &e)),
-                },
-                None => render_plain(turns, &mut w).is_ok(),
+            let ok = match setup.template.render(turns, gen_prompt, &mut w.buf[..]) {
+                Ok(n) => {
+                    w.len = n;
+                    true
+                }
+                Err(crate::chat::ChatError::Write) => false,
+                Err(e) => return Err(refuse(400, &e)),
             } && w.write_str(tail).is_ok();
             if !ok {
                 return Err(refuse(
@@ -290,9 +277,9 @@ fn prepare<P: Platform>(
                 core::str::from_utf8(&w.buf[..n]).map_err(|_| refuse(400, &"invalid UTF-8"))?;
             // A template that writes BOS itself: the tokenizer adds it (llama.cpp strips
             // the template's).
-            let text = match setup.template {
-                Some(t) if bos && tok.adds_bos() => t.strip_bos(text),
-                _ => text,
+            let text = match bos && tok.adds_bos() {
+                true => setup.template.strip_bos(text),
+                false => text,
             };
             shown = Some((text.as_ptr() as usize - base, text.len()));
             enc.text(text, bos, &mut at, scratch, tokens)?;
@@ -422,14 +409,9 @@ fn prepare<P: Platform>(
             json::unescape(s, &mut b).map_err(|_| refuse(400, &json::BodyError::StopTooLong))?;
         let _ = stops.push(heapless::Vec::from_slice(t.as_bytes()).unwrap_or_default());
     }
-    if api == Api::Chat {
-        if let Some(t) = setup.template {
-            if stops.len() < MAX_STOP {
-                let _ = stops.push(
-                    heapless::Vec::from_slice(t.end_of_turn().as_bytes()).unwrap_or_default(),
-                );
-            }
-        }
+    if api == Api::Chat && stops.len() < MAX_STOP {
+        let eot = setup.template.end_of_turn().as_bytes();
+        let _ = stops.push(heapless::Vec::from_slice(eot).unwrap_or_default());
     }
     let mut bias = heapless::Vec::new();
     if let Some(v) = req.logit_bias {
@@ -1874,12 +1856,5 @@ mod tests {
             s.as_str(),
             r#"{"content":"x","generation_settings/n_predict":3}"#
         );
-    }
-
-    #[test]
-    fn plain_rendering_for_models_without_a_template() {
-        let mut s: heapless::String<128> = heapless::String::new();
-        render_plain(&[ChatMessage::new("user", "hi")], &mut s).unwrap();
-        assert_eq!(s.as_str(), "user: hi\nassistant:");
     }
 }
