@@ -936,18 +936,7 @@ mod tests {
         }
         fn cpu(&self) -> CpuFeatures {
             // Repacking needs a SIMD kernel: what the test machine has.
-            let mut f = CpuFeatures::SCALAR;
-            #[cfg(target_arch = "x86_64")]
-            {
-                f.avx2 = std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-                    && std::arch::is_x86_feature_detected!("f16c");
-            }
-            #[cfg(target_arch = "aarch64")]
-            {
-                f.neon = true;
-            }
-            f
+            CpuFeatures::detect()
         }
         fn now_ns(&self) -> u64 {
             0
