@@ -13,6 +13,13 @@ fn features() -> CpuFeatures {
         f.neon = true;
         f.dotprod = std::arch::is_aarch64_feature_detected!("dotprod");
     }
+    #[cfg(target_arch = "arm")]
+    {
+        f.neon = std::fs::read("/proc/self/auxv")
+            .ok()
+            .and_then(|v| pinch_kernels::cpu::arm32_hwcap(&v))
+            .is_some_and(|h| h & pinch_kernels::cpu::ARM32_HWCAP_NEON != 0);
+    }
     #[cfg(target_arch = "x86_64")]
     {
         f.avx2 = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");

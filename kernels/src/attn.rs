@@ -242,6 +242,7 @@ mod tests {
     use crate::testutil::Rng;
 
     fn feats() -> [CpuFeatures; 2] {
+        #[allow(unused_mut)] // no SIMD path to enable on other targets
         let mut f = CpuFeatures::SCALAR;
         #[cfg(target_arch = "x86_64")]
         {

@@ -7,7 +7,8 @@
 /// The instruction-set extensions a kernel may use. All `false` = scalar only.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CpuFeatures {
-    /// aarch64 Advanced SIMD (always present on aarch64, but kept explicit).
+    /// Advanced SIMD: always present on aarch64 (but kept explicit); on 32-bit ARM only
+    /// when the kernel reports `HWCAP_NEON` (see [`arm32_hwcap`]).
     pub neon: bool,
     /// aarch64 `sdot`/`udot` (ARMv8.2 dotprod): Cortex-A55 yes, A53 and Apple A7 no.
     pub dotprod: bool,
@@ -40,5 +41,57 @@ impl CpuFeatures {
             (false, true, false) => "neon",
             _ => "scalar",
         }
+    }
+}
+
+/// `HWCAP_NEON` in a 32-bit ARM Linux `AT_HWCAP` word.
+pub const ARM32_HWCAP_NEON: u32 = 1 << 12;
+
+/// The `AT_HWCAP` word of a 32-bit Linux process's auxiliary vector (the bytes of
+/// `/proc/self/auxv`: little-endian `u32` pairs `type, value`, ended by type 0), or
+/// `None` when there is none before the end. std has no stable feature detection for
+/// 32-bit ARM, so the platform reads the vector itself.
+pub fn arm32_hwcap(auxv: &[u8]) -> Option<u32> {
+    const AT_NULL: u32 = 0;
+    const AT_HWCAP: u32 = 16;
+    for pair in auxv.chunks_exact(8) {
+        let word = |i: usize| u32::from_le_bytes([pair[i], pair[i + 1], pair[i + 2], pair[i + 3]]);
+        match word(0) {
+            AT_NULL => return None,
+            AT_HWCAP => return Some(word(4)),
+            _ => {}
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `pairs` as auxv bytes, in a fixed buffer (the crate has no allocator).
+    fn auxv(pairs: &[(u32, u32)]) -> ([u8; 64], usize) {
+        let mut b = [0u8; 64];
+        for (i, &(t, v)) in pairs.iter().enumerate() {
+            b[8 * i..8 * i + 4].copy_from_slice(&t.to_le_bytes());
+            b[8 * i + 4..8 * i + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        (b, 8 * pairs.len())
+    }
+
+    #[test]
+    fn finds_hwcap_in_a_32_bit_auxv() {
+        let (b, n) = auxv(&[(6, 4096), (16, 0x1000 | 0x40), (0, 0)]);
+        assert_eq!(arm32_hwcap(&b[..n]), Some(0x1040));
+        assert_ne!(0x1040 & ARM32_HWCAP_NEON, 0);
+    }
+
+    #[test]
+    fn hwcap_after_the_terminator_or_a_truncated_vector_is_none() {
+        let (b, n) = auxv(&[(0, 0), (16, 1)]);
+        assert_eq!(arm32_hwcap(&b[..n]), None);
+        let (b, _) = auxv(&[(6, 4096), (16, 7)]);
+        assert_eq!(arm32_hwcap(&b[..12]), None);
+        assert_eq!(arm32_hwcap(&[]), None);
     }
 }

@@ -55,6 +55,12 @@ pub fn detect_cpu() -> CpuFeatures {
         f.fp16 = std::arch::is_aarch64_feature_detected!("fp16");
         f.i8mm = std::arch::is_aarch64_feature_detected!("i8mm");
     }
+    // 32-bit iOS (armv7s: iPhone 5, iPad 4): every such device has NEON, and the target's
+    // baseline assumes it.
+    #[cfg(target_arch = "arm")]
+    {
+        f.neon = cfg!(target_feature = "neon");
+    }
     f
 }
 

@@ -102,6 +102,13 @@ pub fn detect_cpu() -> CpuFeatures {
         f.fp16 = std::arch::is_aarch64_feature_detected!("fp16");
         f.i8mm = std::arch::is_aarch64_feature_detected!("i8mm");
     }
+    #[cfg(target_arch = "arm")]
+    {
+        f.neon = std::fs::read("/proc/self/auxv")
+            .ok()
+            .and_then(|v| pinch_kernels::cpu::arm32_hwcap(&v))
+            .is_some_and(|h| h & pinch_kernels::cpu::ARM32_HWCAP_NEON != 0);
+    }
     #[cfg(target_arch = "x86_64")]
     {
         f.avx2 = std::arch::is_x86_feature_detected!("avx2")
@@ -688,7 +695,9 @@ mod tests {
     #[test]
     fn detected_features_match_the_architecture() {
         let f = detect_cpu();
-        assert_eq!(f.neon, cfg!(target_arch = "aarch64"));
+        if !cfg!(target_arch = "arm") {
+            assert_eq!(f.neon, cfg!(target_arch = "aarch64"));
+        }
         if !cfg!(target_arch = "x86_64") {
             assert!(!f.avx2);
         }
@@ -698,10 +707,18 @@ mod tests {
     fn detection_follows_the_emulated_core_under_qemu() {
         // `cargo xtask test` runs the aarch64 tests with QEMU_CPU set; qemu-user reports
         // the emulated core's HWCAPs, so detection must follow it.
+        let f = detect_cpu();
+        if cfg!(target_arch = "arm") {
+            // The armv7 step runs qemu's cortex-a7, which has NEON. (qemu has no
+            // armv7-A core without it; the scalar path is tested as a feature set.)
+            if std::env::var("QEMU_CPU").as_deref() == Ok("cortex-a7") {
+                assert!(f.neon && !f.dotprod, "{f:?}");
+            }
+            return;
+        }
         if !cfg!(target_arch = "aarch64") {
             return;
         }
-        let f = detect_cpu();
         match std::env::var("QEMU_CPU").as_deref() {
             Ok("cortex-a53") => assert!(!f.dotprod && !f.fp16 && !f.i8mm, "{f:?}"),
             Ok("max") => assert!(f.dotprod && f.fp16 && f.i8mm, "{f:?}"),

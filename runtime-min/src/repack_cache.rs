@@ -935,7 +935,8 @@ mod tests {
             }
         }
         fn cpu(&self) -> CpuFeatures {
-            // Repacking needs a SIMD kernel: what the test machine has.
+            // Repacking needs a SIMD kernel: what the test machine has (none on armv7).
+            #[allow(unused_mut)]
             let mut f = CpuFeatures::SCALAR;
             #[cfg(target_arch = "x86_64")]
             {

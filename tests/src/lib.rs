@@ -33,6 +33,13 @@ pub fn host_cpu() -> CpuFeatures {
         f.neon = true;
         f.dotprod = std::arch::is_aarch64_feature_detected!("dotprod");
     }
+    #[cfg(target_arch = "arm")]
+    {
+        f.neon = std::fs::read("/proc/self/auxv")
+            .ok()
+            .and_then(|v| pinch_kernels::cpu::arm32_hwcap(&v))
+            .is_some_and(|h| h & pinch_kernels::cpu::ARM32_HWCAP_NEON != 0);
+    }
     f
 }
 

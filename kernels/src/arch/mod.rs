@@ -8,6 +8,8 @@ use core::ops::Range;
 
 use crate::{CpuFeatures, GgmlType};
 
+#[cfg(target_arch = "arm")]
+pub mod arm32_neon;
 #[cfg(target_arch = "aarch64")]
 pub mod neon_attn;
 #[cfg(target_arch = "aarch64")]
@@ -54,6 +56,12 @@ pub fn vec_dot(ty: GgmlType, feat: &CpuFeatures, w: &[u8], act: &[u8]) -> Option
             return Some(v);
         }
         if let Some(v) = neon_kquant::vec_dot(ty, feat, w, act) {
+            return Some(v);
+        }
+    }
+    #[cfg(target_arch = "arm")]
+    {
+        if let Some(v) = arm32_neon::vec_dot(ty, feat, w, act) {
             return Some(v);
         }
     }
@@ -121,6 +129,7 @@ pub fn repack_matmul_rows(
 
 /// Shapes of one row-range call, checked once: every row and activation slice the
 /// kernels index lies inside the buffers, and `out` has one value per (row, token).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub(crate) struct Job {
     pub(crate) row_bytes: usize,
     pub(crate) rows: Range<usize>,
@@ -128,6 +137,7 @@ pub(crate) struct Job {
     pub(crate) n_tok: usize,
 }
 
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 impl Job {
     pub(crate) fn new(
         w: &[u8],
@@ -167,7 +177,11 @@ pub fn has_fast_kernel(ty: GgmlType, feat: &CpuFeatures) -> bool {
     {
         neon_legacy::supports(ty, feat) || neon_kquant::supports(ty, feat)
     }
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    #[cfg(target_arch = "arm")]
+    {
+        arm32_neon::supports(ty, feat)
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64", target_arch = "arm")))]
     {
         let _ = (ty, feat);
         false

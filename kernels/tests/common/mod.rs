@@ -56,5 +56,32 @@ pub fn feature_sets() -> Vec<CpuFeatures> {
             });
         }
     }
+    if arm32_neon() {
+        v.push(CpuFeatures {
+            neon: true,
+            ..CpuFeatures::SCALAR
+        });
+    }
     v
+}
+
+/// The formats with a 32-bit ARM NEON kernel (`pinch_kernels::arch::arm32_neon`): the SIMD
+/// tests compare these there and must find a kernel for each; other formats fall back to
+/// scalar on armv7, which the scalar tests cover.
+pub const ARM32_NEON_TYPES: [pinch_kernels::GgmlType; 5] = [
+    pinch_kernels::GgmlType::Q8_0,
+    pinch_kernels::GgmlType::Q4_0,
+    pinch_kernels::GgmlType::Q5_0,
+    pinch_kernels::GgmlType::Q1_0,
+    pinch_kernels::GgmlType::Q4_K,
+];
+
+/// Whether this is a 32-bit ARM process on a core with NEON (from `/proc/self/auxv`,
+/// which qemu-user fills with the emulated core's HWCAPs).
+pub fn arm32_neon() -> bool {
+    cfg!(target_arch = "arm")
+        && std::fs::read("/proc/self/auxv")
+            .ok()
+            .and_then(|v| pinch_kernels::cpu::arm32_hwcap(&v))
+            .is_some_and(|h| h & pinch_kernels::cpu::ARM32_HWCAP_NEON != 0)
 }
