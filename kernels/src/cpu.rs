@@ -23,7 +23,9 @@
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum Feature {
-    /// aarch64 Advanced SIMD (architectural on aarch64, but kept explicit).
+    /// Advanced SIMD: architectural on aarch64 (but kept explicit); on 32-bit ARM only
+    /// when the kernel reports `HWCAP_NEON` (see [`arm32_hwcap`]) or the target's
+    /// baseline has it (Apple's armv7s).
     Neon = 1,
     /// aarch64 `sdot`/`udot` (ARMv8.2 dotprod): Cortex-A55 yes, A53 and Apple A7 no.
     Dotprod = 2,
@@ -78,7 +80,10 @@ impl CpuFeatures {
     /// What the build target guarantees without asking the OS: Advanced SIMD on aarch64
     /// targets compiled with it (all of pinch's), nothing on x86.
     pub const fn baseline() -> CpuFeatures {
-        if cfg!(all(target_arch = "aarch64", target_feature = "neon")) {
+        if cfg!(all(
+            any(target_arch = "aarch64", target_arch = "arm"),
+            target_feature = "neon"
+        )) {
             CpuFeatures {
                 bits: Feature::Neon as u8,
             }
@@ -105,6 +110,18 @@ impl CpuFeatures {
                 if std::arch::is_aarch64_feature_detected!("i8mm") {
                     bits |= Feature::I8mm as u8;
                 }
+            }
+        }
+        // std has no stable feature detection for 32-bit ARM: read the auxiliary vector
+        // the kernel gave the process (Linux, Android; qemu-user fills it with the
+        // emulated core's HWCAPs). Elsewhere (no such file) the baseline stands.
+        #[cfg(target_arch = "arm")]
+        {
+            let hw = std::fs::read("/proc/self/auxv")
+                .ok()
+                .and_then(|v| arm32_hwcap(&v));
+            if hw.is_some_and(|h| h & ARM32_HWCAP_NEON != 0) {
+                bits |= Feature::Neon as u8;
             }
         }
         #[cfg(target_arch = "x86_64")]
@@ -254,6 +271,27 @@ impl CpuFeatures {
     }
 }
 
+/// `HWCAP_NEON` in a 32-bit ARM Linux `AT_HWCAP` word.
+pub const ARM32_HWCAP_NEON: u32 = 1 << 12;
+
+/// The `AT_HWCAP` word of a 32-bit Linux process's auxiliary vector (the bytes of
+/// `/proc/self/auxv`: little-endian `u32` pairs `type, value`, ended by type 0), or
+/// `None` when there is none before the end. std has no stable feature detection for
+/// 32-bit ARM, so the platform reads the vector itself.
+pub fn arm32_hwcap(auxv: &[u8]) -> Option<u32> {
+    const AT_NULL: u32 = 0;
+    const AT_HWCAP: u32 = 16;
+    for pair in auxv.chunks_exact(8) {
+        let word = |i: usize| u32::from_le_bytes([pair[i], pair[i + 1], pair[i + 2], pair[i + 3]]);
+        match word(0) {
+            AT_NULL => return None,
+            AT_HWCAP => return Some(word(4)),
+            _ => {}
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -288,5 +326,31 @@ mod tests {
         };
         assert_eq!(x.without(Feature::Avx2), CpuFeatures::SCALAR);
         assert_eq!(x.levels().count(), 3);
+    }
+
+    /// `pairs` as auxv bytes, in a fixed buffer (the crate has no allocator).
+    fn auxv(pairs: &[(u32, u32)]) -> ([u8; 64], usize) {
+        let mut b = [0u8; 64];
+        for (i, &(t, v)) in pairs.iter().enumerate() {
+            b[8 * i..8 * i + 4].copy_from_slice(&t.to_le_bytes());
+            b[8 * i + 4..8 * i + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        (b, 8 * pairs.len())
+    }
+
+    #[test]
+    fn finds_hwcap_in_a_32_bit_auxv() {
+        let (b, n) = auxv(&[(6, 4096), (16, 0x1000 | 0x40), (0, 0)]);
+        assert_eq!(arm32_hwcap(&b[..n]), Some(0x1040));
+        assert_ne!(0x1040 & ARM32_HWCAP_NEON, 0);
+    }
+
+    #[test]
+    fn hwcap_after_the_terminator_or_a_truncated_vector_is_none() {
+        let (b, n) = auxv(&[(0, 0), (16, 1)]);
+        assert_eq!(arm32_hwcap(&b[..n]), None);
+        let (b, _) = auxv(&[(6, 4096), (16, 7)]);
+        assert_eq!(arm32_hwcap(&b[..12]), None);
+        assert_eq!(arm32_hwcap(&[]), None);
     }
 }

@@ -361,7 +361,9 @@ fn simd_path_is_taken_where_the_cpu_has_one() {
             &a,
             &mut out,
         );
-        assert_eq!(took, feat != CpuFeatures::SCALAR, "{feat:?}");
+        // armv7 has no kernels for repacked layouts (nor prefers one): plain rows there.
+        let simd = feat != CpuFeatures::SCALAR && !cfg!(target_arch = "arm");
+        assert_eq!(took, simd, "{feat:?}");
         assert_eq!(
             took,
             repack::has_fast_kernel(Layout::Q8_0x4, &feat),

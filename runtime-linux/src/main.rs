@@ -54,7 +54,20 @@ fn main() {
         Some(b) => b.saturating_sub(PROCESS_OVERHEAD),
         None => model_len + (1 << 30),
     };
-    let region = match plat.region(bytes as usize) {
+    // A 32-bit build cannot lend more than its address space: say so for a budget that
+    // asks for more, and let the allocator's own error speak for the unbudgeted default.
+    let bytes = match (usize::try_from(bytes), budget) {
+        (Ok(b), _) => b,
+        (Err(_), None) => usize::MAX,
+        (Err(_), Some(b)) => {
+            eprintln!(
+                "pinch: --budget {b} bytes does not fit this {}-bit build's address space",
+                usize::BITS
+            );
+            std::process::exit(2);
+        }
+    };
+    let region = match plat.region(bytes) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("pinch: {e}");

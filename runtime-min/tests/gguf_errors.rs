@@ -593,3 +593,26 @@ fn rejects_tensor_at_unexpected_offset() {
         }
     }
 }
+
+#[test]
+fn tensor_larger_than_the_address_space_is_rejected_on_32_bit() {
+    // 2^27 rows of one Q8_0 block: 4.56 GB of data, in a file that claims to be long
+    // enough. A 64-bit build accepts it; a 32-bit one (armv7 under qemu-arm) cannot map
+    // or index it and must say so at parse, not truncate the sizes later.
+    let mut r = Raw::header(3, 1, 0);
+    r.tensor("big", &[32, 1 << 27], 8, 0).data(32, 0);
+    let bytes = 34u64 << 27;
+    let got = Gguf::parse(&r.0, r.len() + bytes);
+    if cfg!(target_pointer_width = "32") {
+        assert!(
+            matches!(
+                got,
+                Err(GgufError::TensorTooLarge { ref tensor, bytes: b, elements: e })
+                    if tensor.as_str() == "big" && b == bytes && e == 32 << 27
+            ),
+            "{got:?}"
+        );
+    } else {
+        assert_eq!(got.unwrap().tensor("big").unwrap().bytes, bytes);
+    }
+}

@@ -215,10 +215,12 @@ fn fast_path_matches_llama_cpp_f32kv() {
         }
         report += &format!("{name:32} positions>1e-4 {over:2}/24 max|diff| {worst:.3} (bound {bound:.3}) top1 mismatches {top1_bad}\n");
         // x86 reproduces llama.cpp's x86 sums, so all but a few positions agree to 1e-4.
-        // NEON sums Q8_0/Q5_0 per block (`q8_0::Order::BlockSum`, as llama.cpp's own ARM
-        // code does in its way): the int8 rounding flips that follow then reach most
+        // NEON (aarch64 and armv7) sums Q8_0/Q5_0 per block (`q8_0::Order::BlockSum`, as
+        // llama.cpp's own ARM code does in its way): the int8 rounding flips that follow then reach most
         // positions, still bounded by the quantization noise and with the same top-1.
-        let few = over <= 3 || cfg!(target_arch = "aarch64");
+        let block_sums = pinch_kernels::quant::q8_0::Order::of(&host_cpu())
+            == pinch_kernels::quant::q8_0::Order::BlockSum;
+        let few = over <= 3 || block_sums;
         if !few || worst > bound || top1_bad > 0 {
             failures.push(format!("{name}: {over} positions > 1e-4, max {worst:.3e} (bound {bound:.3}), top-1 mismatches {top1_bad}"));
         }
@@ -313,8 +315,10 @@ fn repacked_weights_give_the_plain_logits() {
             }
         }
         report += &format!("{name:32} {repacked} tensors repacked\n");
-        let expect =
-            name.contains("Q8_0") || (cfg!(target_arch = "aarch64") && name.contains("Q5_0"));
+        // Where this CPU has a repacked kernel for the format (not on armv7).
+        let packs = |ty| pinch_kernels::repack::Layout::preferred(ty, &host_cpu()).is_some();
+        let expect = (name.contains("Q8_0") && packs(pinch_kernels::GgmlType::Q8_0))
+            || (name.contains("Q5_0") && packs(pinch_kernels::GgmlType::Q5_0));
         assert!(!expect || repacked > 0, "{name}: nothing was repacked");
     }
     println!("{report}");

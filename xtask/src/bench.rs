@@ -7,7 +7,8 @@
 //! - memory: peak RSS of `pinch run -c 512 -n 128` (target <= 270 MiB).
 //! - long answers: tg32 at depth 1000 over tg32 at depth 0 (target >= 0.8).
 //! - `--qemu`: guest instructions per generated and per prompt token under
-//!   `qemu-aarch64 -cpu max` and `-cpu cortex-a53`, with the counter plugin in
+//!   `qemu-aarch64 -cpu max` and `-cpu cortex-a53` (and the armv7 build under
+//!   `qemu-arm -cpu cortex-a7`, for the record), with the counter plugin in
 //!   `tools/qemu-insn` (difference of two lengths, as the llama.cpp anchors were made).
 //! - `--moe`: the x86 table on a scaled random MoE model instead (`tools/gen_moe_bench.py`:
 //!   bailingmoe2-shaped, 32 experts top-6, quantized to Q4_K_M by llama.cpp), cached in
@@ -302,29 +303,32 @@ fn moe_model() -> Result<PathBuf> {
     Ok(q)
 }
 
-/// Instructions per token under qemu-aarch64 for both CPU models.
+/// Instructions per token under qemu-aarch64 for both CPU models, and under qemu-arm
+/// (cortex-a7: armv7 NEON) for the 32-bit build, for the record.
 fn qemu_table(model: &Path) -> Result<()> {
     let bin = device::build(Device::Tv)?;
+    let bin32 = device::build(Device::RouterArmv7)?;
     let plugin = root().join("target/libinsn.so");
     run(Command::new("gcc")
         .args(["-O2", "-shared", "-fPIC", "-o"])
         .arg(&plugin)
         .arg(root().join("tools/qemu-insn/insn.c")))?;
     let long = "The history of computing is longer than the history of computing hardware and modern computing technology and includes the history of methods intended for pen and paper or for chalk and slate, with or without the aid of tables. Digital computing is intimately tied to the representation of numbers.";
-    println!("\n## aarch64 under qemu: instructions per token (single thread)\n");
+    println!("\n## ARM under qemu: instructions per token (single thread)\n");
     println!("| cpu | generated token | target | prompt token | target |\n| --- | ---: | --- | ---: | --- |");
-    for (cpu, tg_target, pp_target) in [
-        ("max", "<= 100 M", "<= 70 M"),
-        ("cortex-a53", "<= 150 M", "<= 100 M"),
+    for (qemu, bin, cpu, tg_target, pp_target) in [
+        ("qemu-aarch64", &bin, "max", "<= 100 M", "<= 70 M"),
+        ("qemu-aarch64", &bin, "cortex-a53", "<= 150 M", "<= 100 M"),
+        ("qemu-arm", &bin32, "cortex-a7", "(record)", "(record)"),
     ] {
         let count = |prompt: &str, n: usize| -> Result<(u64, usize)> {
             let out_file = root().join(format!("target/insn-{cpu}.txt"));
             let _ = std::fs::remove_file(&out_file);
             let stdout = output(
-                Command::new("qemu-aarch64")
+                Command::new(qemu)
                     .args(["-cpu", cpu, "-plugin"])
                     .arg(format!("{},out={}", plugin.display(), out_file.display()))
-                    .arg(&bin)
+                    .arg(bin)
                     .args(["run", "-m"])
                     .arg(model)
                     .args([

@@ -1,27 +1,38 @@
-//! `cargo xtask build --device tv|router|ipad|host`: the shipping artifact per device.
+//! `cargo xtask build --device tv|router|router-armv7|ipad|host`: the shipping artifact
+//! per device.
 //!
 //! TV boxes and routers get one static aarch64 musl binary (linked by rust-lld, see
 //! `.cargo/config.toml`), so it runs on any Android or Linux userland without a loader.
+//! 32-bit ARM userlands (`router-armv7`) get a static armv7-a hard-float binary: rustup
+//! serves std for that CPU only with glibc, so Debian's cross gcc links glibc in
+//! statically ([`ensure_armv7_toolchain`] installs both).
 //! The iPad gets a static library that a Mac links into an app and signs.
-use crate::util::{cargo, run, target_dir, Result};
+use crate::util::{cargo, have, run, target_dir, Result};
 use std::path::{Path, PathBuf};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Device {
     Tv,
     Router,
+    RouterArmv7,
     Ipad,
     Host,
 }
 
 pub const LINUX_ARM: &str = "aarch64-unknown-linux-musl";
 pub const IOS: &str = "aarch64-apple-ios";
+/// armv7-a, VFPv3-D16 hard float, Thumb-2; NEON is detected at run time (not every
+/// 32-bit ARM core has it).
+pub const ARMV7: &str = "armv7-unknown-linux-gnueabihf";
+/// The cross linker that `.cargo/config.toml` names for [`ARMV7`].
+const ARMV7_GCC: &str = "arm-linux-gnueabihf-gcc";
 
 impl Device {
     fn parse(s: &str) -> Option<Device> {
         match s {
             "tv" => Some(Device::Tv),
             "router" => Some(Device::Router),
+            "router-armv7" => Some(Device::RouterArmv7),
             "ipad" => Some(Device::Ipad),
             "host" => Some(Device::Host),
             _ => None,
@@ -30,7 +41,7 @@ impl Device {
 }
 
 pub fn main(args: &[String]) -> Result<()> {
-    let usage = "usage: cargo xtask build --device tv|router|ipad|host";
+    let usage = "usage: cargo xtask build --device tv|router|router-armv7|ipad|host";
     let device = match args {
         [flag, d] if flag == "--device" => Device::parse(d),
         [d] => d.strip_prefix("--device=").and_then(Device::parse),
@@ -55,6 +66,21 @@ pub fn build(device: Device) -> Result<PathBuf> {
                 LINUX_ARM,
             ]))?;
             let bin = target_dir().join(LINUX_ARM).join("release/pinch");
+            check_static(&bin)?;
+            report_size(&bin)?;
+            Ok(bin)
+        }
+        Device::RouterArmv7 => {
+            ensure_armv7_toolchain()?;
+            run(&mut cargo([
+                "build",
+                "--release",
+                "-p",
+                "pinch-linux",
+                "--target",
+                ARMV7,
+            ]))?;
+            let bin = target_dir().join(ARMV7).join("release/pinch");
             check_static(&bin)?;
             report_size(&bin)?;
             Ok(bin)
@@ -89,6 +115,36 @@ pub fn build(device: Device) -> Result<PathBuf> {
     }
 }
 
+/// Install what the armv7 build links with when it is missing: rustup's std for
+/// [`ARMV7`], and Debian's cross gcc with the armhf glibc (`libc6-dev-armhf-cross`).
+pub fn ensure_armv7_toolchain() -> Result<()> {
+    if have("rustup") {
+        let mut add = std::process::Command::new("rustup");
+        add.current_dir(crate::util::root())
+            .args(["target", "add", ARMV7]);
+        run(&mut add)?;
+    }
+    if !have(ARMV7_GCC) {
+        if !have("apt-get") {
+            return Err(format!(
+                "{ARMV7_GCC} is missing; install gcc-arm-linux-gnueabihf and libc6-dev-armhf-cross"
+            ));
+        }
+        let install = [
+            "install",
+            "-y",
+            "--no-install-recommends",
+            "gcc-arm-linux-gnueabihf",
+            "libc6-dev-armhf-cross",
+        ];
+        if run(&mut crate::test::apt_get(&install)).is_err() {
+            run(&mut crate::test::apt_get(&["update"]))?;
+            run(&mut crate::test::apt_get(&install))?;
+        }
+    }
+    Ok(())
+}
+
 pub fn file_size(path: &Path) -> Result<u64> {
     std::fs::metadata(path)
         .map(|m| m.len())
@@ -115,24 +171,29 @@ fn check_static(bin: &Path) -> Result<()> {
             "{} is dynamically linked (has PT_INTERP); the device build must be static",
             bin.display()
         )),
-        None => Err(format!(
-            "{} is not a 64-bit little-endian ELF file",
-            bin.display()
-        )),
+        None => Err(format!("{} is not a little-endian ELF file", bin.display())),
     }
 }
 
-/// `Some(true)` if the ELF64 LE file has a PT_INTERP program header, `None` if not ELF64 LE.
+/// `Some(true)` if the little-endian ELF file (32- or 64-bit) has a PT_INTERP program
+/// header, `None` if it is not a little-endian ELF file.
 fn elf_has_interp(b: &[u8]) -> Option<bool> {
     const PT_INTERP: u32 = 3;
-    if b.get(..4)? != b"\x7fELF" || *b.get(4)? != 2 || *b.get(5)? != 1 {
+    if b.get(..4)? != b"\x7fELF" || *b.get(5)? != 1 {
         return None;
     }
     let u16_at = |o: usize| Some(u16::from_le_bytes(b.get(o..o + 2)?.try_into().ok()?));
+    let u32_at = |o: usize| Some(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?));
     let u64_at = |o: usize| Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?));
-    let phoff = usize::try_from(u64_at(0x20)?).ok()?;
-    let phentsize = usize::from(u16_at(0x36)?);
-    let phnum = usize::from(u16_at(0x38)?);
+    // e_phoff, e_phentsize and e_phnum sit at different offsets in ELF32 and ELF64.
+    let (phoff, at_ent) = match *b.get(4)? {
+        1 => (u64::from(u32_at(0x1C)?), 0x2A),
+        2 => (u64_at(0x20)?, 0x36),
+        _ => return None,
+    };
+    let phoff = usize::try_from(phoff).ok()?;
+    let phentsize = usize::from(u16_at(at_ent)?);
+    let phnum = usize::from(u16_at(at_ent + 2)?);
     for i in 0..phnum {
         let at = phoff.checked_add(i.checked_mul(phentsize)?)?;
         let p_type = u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?);
@@ -151,6 +212,7 @@ mod tests {
     fn parses_device_names() {
         assert_eq!(Device::parse("tv"), Some(Device::Tv));
         assert_eq!(Device::parse("ipad"), Some(Device::Ipad));
+        assert_eq!(Device::parse("router-armv7"), Some(Device::RouterArmv7));
         assert_eq!(Device::parse("toaster"), None);
     }
 
@@ -182,5 +244,27 @@ mod tests {
         b[0x38] = 1;
         b[0x36] = 56;
         assert_eq!(elf_has_interp(&b), None);
+    }
+
+    /// A minimal ELF32 LE header with one program header of type `p_type`.
+    fn elf32_with_one_header(p_type: u32) -> Vec<u8> {
+        let mut b = vec![0u8; 52 + 32];
+        b[..4].copy_from_slice(b"\x7fELF");
+        b[4] = 1;
+        b[5] = 1;
+        b[0x1C..0x20].copy_from_slice(&52u32.to_le_bytes());
+        b[0x2A..0x2C].copy_from_slice(&32u16.to_le_bytes());
+        b[0x2C..0x2E].copy_from_slice(&1u16.to_le_bytes());
+        b[52..56].copy_from_slice(&p_type.to_le_bytes());
+        b
+    }
+
+    #[test]
+    fn reads_program_headers_of_32_bit_elf_files() {
+        assert_eq!(elf_has_interp(&elf32_with_one_header(3)), Some(true));
+        assert_eq!(elf_has_interp(&elf32_with_one_header(1)), Some(false));
+        let mut odd_class = elf32_with_one_header(3);
+        odd_class[4] = 3;
+        assert_eq!(elf_has_interp(&odd_class), None);
     }
 }

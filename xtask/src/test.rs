@@ -8,7 +8,7 @@
 //! join the qemu runs too: its feature detection and O_DIRECT flag are per-architecture.
 //! The last step runs every fuzz target (`fuzz/`, nightly) for 5 s; long fuzz runs and the
 //! soak test are `cargo xtask fuzz` / `cargo xtask soak`, by hand.
-use crate::device::{self, Device, IOS, LINUX_ARM};
+use crate::device::{self, Device, ARMV7, IOS, LINUX_ARM};
 use crate::fetch;
 use crate::util::{cargo, have, output, run, run_tests, Counts, Result};
 use std::process::Command;
@@ -34,6 +34,7 @@ const STEPS: &[Step] = &[
     ("test (aarch64, qemu cortex-a53)", || {
         test_aarch64("cortex-a53")
     }),
+    ("test (armv7, qemu-arm cortex-a7)", test_armv7),
     ("model + server checks (release, --ignored)", test_slow),
     ("browser test (headless chromium)", test_browser),
     ("llama.cpp server tests (cargo xtask compat)", test_compat),
@@ -124,7 +125,7 @@ fn tools() -> Result<Outcome> {
 }
 
 /// `apt-get ARGS`, through sudo when not root.
-fn apt_get(args: &[&str]) -> Command {
+pub(crate) fn apt_get(args: &[&str]) -> Command {
     let root = output(Command::new("id").arg("-u")).is_ok_and(|u| u.trim() == "0");
     let mut cmd = if root {
         Command::new("apt-get")
@@ -297,6 +298,68 @@ fn test_aarch64(cpu: &'static str) -> Result<Outcome> {
     ]);
     golden.env("QEMU_CPU", cpu);
     counts.add(run_tests(&mut golden)?);
+    Ok(Outcome::Tested(counts))
+}
+
+/// 32-bit ARM (`router-armv7`): lint the armv7-only code, then the kernels (the NEON
+/// kernels against scalar, bit for bit), the gguf checks that differ with a 32-bit
+/// `usize`, the platform's unit tests (NEON detection from the auxv) and the tiny goldens,
+/// under qemu-arm's cortex-a7 (NEON, no dotprod).
+fn test_armv7() -> Result<Outcome> {
+    device::ensure_armv7_toolchain()?;
+    run(&mut cargo([
+        "clippy",
+        "-p",
+        "pinch-kernels",
+        "-p",
+        "pinch-runtime-min",
+        "-p",
+        "pinch-linux",
+        "--all-targets",
+        "--target",
+        ARMV7,
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    let on_a7 = |mut c: Command| {
+        c.env("QEMU_CPU", "cortex-a7");
+        c
+    };
+    let mut counts = run_tests(&mut on_a7(cargo([
+        "test",
+        "-p",
+        "pinch-kernels",
+        "--target",
+        ARMV7,
+    ])))?;
+    counts.add(run_tests(&mut on_a7(cargo([
+        "test",
+        "-p",
+        "pinch-runtime-min",
+        "--test",
+        "gguf_errors",
+        "--target",
+        ARMV7,
+    ])))?);
+    counts.add(run_tests(&mut on_a7(cargo([
+        "test",
+        "-p",
+        "pinch-linux",
+        "--lib",
+        "--target",
+        ARMV7,
+    ])))?);
+    counts.add(run_tests(&mut on_a7(cargo([
+        "test",
+        "--release",
+        "-p",
+        "pinch-tests",
+        "--test",
+        "golden_tiny",
+        "--target",
+        ARMV7,
+    ])))?);
     Ok(Outcome::Tested(counts))
 }
 

@@ -17,6 +17,10 @@ use crate::{CpuFeatures, GgmlType};
 pub mod table;
 pub use table::{table, KernelTable};
 
+#[cfg(target_arch = "arm")]
+mod arm32_neon;
+#[cfg(target_arch = "arm")]
+mod arm32_table;
 #[cfg(target_arch = "aarch64")]
 pub mod neon_attn;
 #[cfg(target_arch = "aarch64")]
@@ -91,6 +95,11 @@ pub fn repack_matmul_rows(
 
 /// Shapes of one row-range call, checked once: every row and activation slice the
 /// kernels index lies inside the buffers, and `out` has one value per (row, token).
+/// (Built everywhere: the table's entry types name it; armv7 has no row-range kernels.)
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 pub(crate) struct Job {
     pub(crate) row_bytes: usize,
     pub(crate) rows: Range<usize>,
@@ -98,6 +107,10 @@ pub(crate) struct Job {
     pub(crate) n_tok: usize,
 }
 
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 impl Job {
     pub(crate) fn new(
         w: &[u8],

@@ -1,6 +1,6 @@
 //! The kernel table: per ISA level, (weight type, layout) → kernels.
 //!
-//! Each ISA file set (`x86_*`, `neon_*`) builds its levels' tables as `static`s
+//! Each ISA file set (`x86_*`, `neon_*`, `arm32_*`) builds its levels' tables as `static`s
 //! ([`super::x86_table`], [`super::neon_table`]) whose entries are `unsafe fn` pointers
 //! with one contract: *the CPU has the table's ISA*. A table is reachable only through
 //! [`table`], which picks it from a [`CpuFeatures`] value, and `CpuFeatures` can only
@@ -10,6 +10,8 @@
 //!
 //! Adding a kernel is its file and one [`Kernels`] line in its ISA's table.
 #![allow(unsafe_code)]
+// armv7 has one-row kernels only: the row-range and repacked parts go unused there.
+#![cfg_attr(target_arch = "arm", allow(dead_code))]
 
 use core::ops::Range;
 
@@ -101,6 +103,10 @@ pub fn table(feat: &CpuFeatures) -> &'static KernelTable {
     }
     #[cfg(target_arch = "aarch64")]
     if let Some(t) = super::neon_table::for_features(feat) {
+        return t;
+    }
+    #[cfg(target_arch = "arm")]
+    if let Some(t) = super::arm32_table::for_features(feat) {
         return t;
     }
     let _ = feat;
@@ -233,6 +239,7 @@ pub(super) use block_dot;
 
 /// A `DotFn` over float rows: `$kernel(w, act) -> f32` where `act` holds one f32 per
 /// weight of `$wbytes` bytes.
+#[cfg_attr(target_arch = "arm", allow(unused_macros))] // armv7 has no float kernels
 macro_rules! float_dot {
     ($name:ident, $kernel:path, $wbytes:expr) => {
         /// # Safety
@@ -246,6 +253,7 @@ macro_rules! float_dot {
         }
     };
 }
+#[cfg_attr(target_arch = "arm", allow(unused_imports))]
 pub(super) use float_dot;
 
 /// A `DotFn` for a K-quant (or any Q8_K-paired) format whose kernel pairs the blocks

@@ -19,3 +19,14 @@ impl Rng {
 pub fn feature_sets() -> Vec<CpuFeatures> {
     CpuFeatures::detect().levels().collect()
 }
+
+/// The formats with a 32-bit ARM NEON kernel (`pinch_kernels::arch`'s armv7 table): the SIMD
+/// tests compare these there and must find a kernel for each; other formats fall back to
+/// scalar on armv7, which the scalar tests cover.
+pub const ARM32_NEON_TYPES: [pinch_kernels::GgmlType; 5] = [
+    pinch_kernels::GgmlType::Q8_0,
+    pinch_kernels::GgmlType::Q4_0,
+    pinch_kernels::GgmlType::Q5_0,
+    pinch_kernels::GgmlType::Q1_0,
+    pinch_kernels::GgmlType::Q4_K,
+];

@@ -157,6 +157,14 @@ pub enum GgufError {
         bytes: u64,
         file_len: u64,
     },
+    /// A tensor's bytes or elements do not fit this build's address space (`usize`): a
+    /// 32-bit device cannot hold it, whatever the budget. Checked once at parse, so every
+    /// later `u64` to `usize` conversion of a tensor's sizes is lossless.
+    TensorTooLarge {
+        tensor: Name,
+        bytes: u64,
+        elements: u64,
+    },
     /// Two tensors have the same name.
     DuplicateTensor {
         tensor: Name,
@@ -260,6 +268,11 @@ impl fmt::Display for GgufError {
             TensorPastEnd { tensor, offset, bytes, file_len } => write!(
                 f,
                 "tensor '{tensor}': data at offset {offset} with {bytes} bytes runs past the end of the {file_len}-byte file (truncated download?)"
+            ),
+            TensorTooLarge { tensor, bytes, elements } => write!(
+                f,
+                "tensor '{tensor}': {bytes} bytes ({elements} elements) do not fit this {}-bit build's address space; use a 64-bit build or a smaller model",
+                usize::BITS
             ),
             DuplicateTensor { tensor, first, second } => write!(
                 f,

@@ -84,7 +84,8 @@ impl TensorInfo<'_> {
 /// tensor names are unique UTF-8, values decode, tensors' data lies inside the file and
 /// has a known type with whole blocks per row. Tensors are laid out in info order, each
 /// at the end of the previous one rounded up to the alignment (so offsets increase and
-/// data never overlaps), as llama.cpp requires.
+/// data never overlaps), as llama.cpp requires. Every tensor's byte and element counts fit
+/// a `usize` (so on a 32-bit build, `as usize` on them, and on its dims, is lossless).
 #[derive(Clone, Copy, Debug)]
 pub struct Gguf<'a> {
     pub version: u32,
@@ -228,6 +229,13 @@ impl<'a> Gguf<'a> {
                     offset: t.offset,
                     bytes: t.bytes,
                     file_len,
+                });
+            }
+            if usize::try_from(t.bytes).is_err() || usize::try_from(t.elements()).is_err() {
+                return Err(GgufError::TensorTooLarge {
+                    tensor: Name::new(t.name),
+                    bytes: t.bytes,
+                    elements: t.elements(),
                 });
             }
         }
