@@ -9,6 +9,15 @@
 //! buffers the answer and polls its sockets between passes ([`Sink::prompt_batch`],
 //! [`Sink::token`]).
 //!
+//! With a [`Drafter`] (`--draft N`, speculative decoding), a pass feeds the newest token
+//! and up to N tokens drafted from the text so far (`crate::draft`); the drafted tokens
+//! the sampler agrees with are handed to the sink in order, each through the same checks
+//! as a token of its own, and the cache is cut back after the last one kept (which is
+//! where plain decoding would stand: the commands see the same tokens, stops and cache).
+//! Greedy output is that of plain decoding; sampled output is distributed alike, as
+//! each position is sampled once from its own logits by [`Sampler::sample_with_draft`]
+//! with a draft fixed before the pass. The memory guard is checked once per pass.
+//!
 //! [`Adjust`] applies the request-level logit changes llama-server offers (`logit_bias`,
 //! presence and frequency penalties) on a copy of the logits, before the sampler; the
 //! sink sees the raw logits (log-probabilities are reported from the model's own
