@@ -42,6 +42,9 @@ pub struct Opts<'s> {
     pub kv: KvType,
     pub math: Math,
     pub ignore_eos: bool,
+    /// run, chat, serve: most tokens a prompt-lookup draft proposes (`--draft N`,
+    /// llama.cpp's `--draft-max`); `None`: on only when the plan streams weights, 0: off.
+    pub draft: Option<usize>,
     pub ids: bool,
     pub no_bos: bool,
     pub parse_special: bool,
@@ -189,6 +192,9 @@ flags (llama.cpp names):
                           skip keys whose attention weight is < 1e-4 of the best
                           (default: on; off for ppl, which measures the exact model)
   --ignore-eos            do not stop at end-of-generation tokens
+  --draft N               run, chat, serve: speculative decoding, up to N (<= 16)
+                          tokens drafted from the text so far and verified in one
+                          pass (default 8 when weights stream, else 0 = off)
   --json                  print one JSON summary line at the end
   --profile               print the share of time per kind of operation
   -sys, --system TEXT     system prompt for chat
@@ -298,6 +304,7 @@ impl<'s> Opts<'s> {
             kv: KvType::F16,
             math: Math::Fast,
             ignore_eos: false,
+            draft: None,
             ids: false,
             no_bos: false,
             parse_special: true,
@@ -450,6 +457,16 @@ impl<'s> Opts<'s> {
                 "--attn-skip" => o.attn_skip = Some(true),
                 "--profile" => o.profile = true,
                 "--ignore-eos" => o.ignore_eos = true,
+                "--draft" | "--draft-max" | "--draft-n" => {
+                    let v = val()?;
+                    let n: usize = v
+                        .parse()
+                        .map_err(|_| CliError::BadValue { flag, value: v })?;
+                    if n > crate::draft::MAX_DRAFT {
+                        return Err(CliError::BadValue { flag, value: v });
+                    }
+                    o.draft = Some(n);
+                }
                 "--json" => o.json = true,
                 "--ids" => o.ids = true,
                 "--no-bos" => o.no_bos = true,
@@ -522,6 +539,22 @@ mod tests {
         assert_eq!(o.n_predict, 5);
         assert_eq!(o.sampler.temp, 0.0);
         assert_eq!(o.budget, Some(700 << 20));
+        assert_eq!(o.draft, None);
+        assert_eq!(
+            Opts::parse(&["run", "--draft-max", "4"]).unwrap().draft,
+            Some(4)
+        );
+        assert_eq!(
+            Opts::parse(&["serve", "--draft", "0"]).unwrap().draft,
+            Some(0)
+        );
+        assert_eq!(
+            Opts::parse(&["run", "--draft", "17"]).unwrap_err(),
+            CliError::BadValue {
+                flag: "--draft",
+                value: "17"
+            }
+        );
         assert_eq!(o.threads, 2);
     }
 

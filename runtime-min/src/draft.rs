@@ -65,6 +65,60 @@ impl PromptLookup {
     }
 }
 
+/// The draft source of one command: the lookup settings and the history it searches
+/// (the prompt of the current call and the tokens generated since), in a buffer lent
+/// from the arena. [`crate::generate::generate`] fills it and drafts from it.
+pub struct Drafter<'b> {
+    pub lookup: PromptLookup,
+    hist: &'b mut [u32],
+    len: usize,
+}
+
+impl<'b> Drafter<'b> {
+    /// A drafter whose history holds up to `hist.len()` tokens (older ones are dropped,
+    /// half the buffer at a time, when it fills).
+    pub fn new(lookup: PromptLookup, hist: &'b mut [u32]) -> Self {
+        Drafter {
+            lookup,
+            hist,
+            len: 0,
+        }
+    }
+
+    /// Start a new history with `prompt` (its last `hist.len()` tokens).
+    pub fn start(&mut self, prompt: &[u32]) {
+        self.len = 0;
+        let from = prompt.len().saturating_sub(self.hist.len());
+        for &t in &prompt[from..] {
+            self.push(t);
+        }
+    }
+
+    /// Append a token that is now part of the text.
+    pub fn push(&mut self, t: u32) {
+        if self.hist.is_empty() {
+            return;
+        }
+        if self.len == self.hist.len() {
+            let half = self.len / 2;
+            self.hist.copy_within(half.., 0);
+            self.len -= half;
+        }
+        self.hist[self.len] = t;
+        self.len += 1;
+    }
+
+    /// The history so far.
+    pub fn history(&self) -> &[u32] {
+        &self.hist[..self.len]
+    }
+
+    /// Draft up to `out.len()` tokens continuing the history ([`PromptLookup::draft`]).
+    pub fn draft(&self, out: &mut [u32]) -> usize {
+        self.lookup.draft(self.history(), out)
+    }
+}
+
 /// What one speculative step produced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Step {
@@ -146,6 +200,23 @@ mod tests {
         let h = [7, 1, 4, 4, 1, 6, 7, 1];
         assert_eq!(d.draft(&h, &mut out), 4);
         assert_eq!(&out[..4], &[4, 4, 1, 6]);
+    }
+
+    #[test]
+    fn drafter_history_keeps_the_newest_tokens() {
+        let mut buf = [0u32; 4];
+        let mut d = Drafter::new(PromptLookup::default(), &mut buf);
+        d.start(&[1, 2, 3, 4, 5, 6]);
+        assert_eq!(d.history(), &[3, 4, 5, 6]);
+        d.push(7);
+        assert_eq!(d.history(), &[5, 6, 7]);
+        d.start(&[9]);
+        assert_eq!(d.history(), &[9]);
+        let mut empty: [u32; 0] = [];
+        let mut d = Drafter::new(PromptLookup::default(), &mut empty);
+        d.start(&[1, 2, 1, 2]);
+        d.push(1);
+        assert_eq!(d.draft(&mut [0; 4]), 0);
     }
 
     #[test]

@@ -9,13 +9,24 @@
 //! buffers the answer and polls its sockets between passes ([`Sink::prompt_batch`],
 //! [`Sink::token`]).
 //!
+//! With a [`Drafter`] (`--draft N`, speculative decoding), a pass feeds the newest token
+//! and up to N tokens drafted from the text so far (`crate::draft`); the drafted tokens
+//! the sampler agrees with are handed to the sink in order, each through the same checks
+//! as a token of its own, and the cache is cut back after the last one kept (which is
+//! where plain decoding would stand: the commands see the same tokens, stops and cache).
+//! Greedy output is that of plain decoding; sampled output is distributed alike, as
+//! each position is sampled once from its own logits by [`Sampler::sample_with_draft`]
+//! with a draft fixed before the pass. The memory guard is checked once per pass.
+//!
 //! [`Adjust`] applies the request-level logit changes llama-server offers (`logit_bias`,
 //! presence and frequency penalties) on a copy of the logits, before the sampler; the
 //! sink sees the raw logits (log-probabilities are reported from the model's own
 //! distribution, as llama-server and OpenAI do).
 use crate::commands::{secs, AppError};
+use crate::draft::{Drafter, PromptLookup, MAX_DRAFT};
 use crate::guard::{GuardStop, MemoryGuard};
-use crate::model::{Logits, Session};
+use crate::model::config::MixerKind;
+use crate::model::{Config, Logits, Session};
 use crate::platform::Platform;
 use crate::sampler::Sampler;
 use crate::tokenizer::Tokenizer;
@@ -56,6 +67,13 @@ pub struct GenStats {
     pub stream: crate::model::stream::StreamStats,
     /// Bytes the OS fetched from storage for this process during the generation.
     pub os_read_bytes: Option<u64>,
+    /// Weight passes of the generation (one per token without drafts).
+    pub passes: usize,
+    /// Passes that verified a draft, drafted tokens, and how many of them were
+    /// accepted (kept in the cache: one the generation ended on is not counted).
+    pub drafts: usize,
+    pub drafted: usize,
+    pub accepted: usize,
 }
 
 impl Default for GenStats {
@@ -69,6 +87,10 @@ impl Default for GenStats {
             stopped: None,
             stream: Default::default(),
             os_read_bytes: None,
+            passes: 0,
+            drafts: 0,
+            drafted: 0,
+            accepted: 0,
         }
     }
 }
@@ -79,6 +101,14 @@ impl GenStats {
     }
     pub fn gen_tps(&self) -> f64 {
         per_second(self.gen_tokens, self.gen_s)
+    }
+    /// Share of the drafted tokens the sampler kept (0 without drafts).
+    pub fn acceptance(&self) -> f64 {
+        if self.drafted == 0 {
+            0.0
+        } else {
+            self.accepted as f64 / self.drafted as f64
+        }
     }
 }
 
@@ -180,7 +210,7 @@ impl<'b> Adjust<'b> {
 }
 
 /// How one generation is sampled and bounded.
-pub struct Settings<'s, 'b> {
+pub struct Settings<'s, 'b, 'd> {
     pub sampler: &'s mut Sampler,
     pub guard: &'s mut MemoryGuard,
     pub adjust: Option<&'s mut Adjust<'b>>,
@@ -192,18 +222,119 @@ pub struct Settings<'s, 'b> {
     /// goes on from it; `run` keeps its timings as they were). The server skips that
     /// pass.
     pub feed_last: bool,
+    /// Speculative decoding with prompt-lookup drafts (`--draft N`); `None`: off.
+    pub draft: Option<&'s mut Drafter<'d>>,
 }
 
-fn pick(s: &mut Settings<'_, '_>, sink: &mut dyn Sink, logits: &[f32]) -> u32 {
+/// Sample the next token from `logits` (after the request's adjustments); where a
+/// draft proposed a token, through [`Sampler::sample_with_draft`], which keeps the
+/// distribution of plain sampling (and greedy picks are the same).
+fn pick(
+    s: &mut Settings<'_, '_, '_>,
+    sink: &mut dyn Sink,
+    logits: &[f32],
+    draft: Option<u32>,
+) -> u32 {
+    let sampler = &mut *s.sampler;
+    let mut sample = |l: &[f32]| match draft {
+        Some(d) => sampler.sample_with_draft(l, d),
+        None => sampler.sample(l),
+    };
     let id = match s.adjust.as_deref_mut() {
-        Some(a) => {
-            let l = a.apply(logits);
-            s.sampler.sample(l)
-        }
-        None => s.sampler.sample(logits),
+        Some(a) => sample(a.apply(logits)),
+        None => sample(logits),
     };
     sink.sampled(logits, id);
     id
+}
+
+/// Hand `id` (just sampled) to the sink and make it part of the text, or say why the
+/// generation ends instead: an end-of-generation token (not handed on), the sink's
+/// wish, or the token limit without `feed_last`.
+fn emit(
+    s: &mut Settings<'_, '_, '_>,
+    tok: &Tokenizer<'_>,
+    sink: &mut dyn Sink,
+    st: &mut GenStats,
+    id: u32,
+) -> Option<End> {
+    if st.gen_tokens >= s.max_new {
+        return Some(End::Length);
+    }
+    if tok.is_eog(id) && !s.ignore_eos {
+        return Some(End::Eos);
+    }
+    let go = sink.token(id, tok.token_bytes(id));
+    st.gen_tokens += 1;
+    s.sampler.accept(id);
+    if let Some(a) = s.adjust.as_deref_mut() {
+        a.accept(id);
+    }
+    if let Some(d) = s.draft.as_deref_mut() {
+        d.push(id);
+    }
+    if !go {
+        return Some(End::Sink);
+    }
+    if st.gen_tokens == s.max_new && !s.feed_last {
+        return Some(End::Length);
+    }
+    None
+}
+
+/// Tokens a prompt-lookup draft proposes when `--draft` is not given and the plan
+/// streams weights.
+pub const DEFAULT_DRAFT: usize = 8;
+
+/// Tokens `run`, `chat` and `serve` draft (0: no speculative decoding; other commands
+/// never draft): `--draft N`, by default [`DEFAULT_DRAFT`] when the plan streams weights
+/// (`streams`: a pass then costs about the same for several tokens as for one) and off
+/// when all are resident (rejected drafts would cost compute). Off, with a message, for
+/// models with recurrent layers: their state cannot go back to the position before a
+/// rejected draft (the session keeps no per-position checkpoints).
+pub fn draft_len<P: Platform>(p: &P, o: &crate::cli::Opts, cfg: &Config, streams: bool) -> usize {
+    use crate::cli::Command;
+    if !matches!(o.command, Command::Run | Command::Chat | Command::Serve) {
+        return 0;
+    }
+    let n = o
+        .draft
+        .unwrap_or(if streams { DEFAULT_DRAFT } else { 0 })
+        .min(MAX_DRAFT);
+    let recurrent = (0..cfg.n_layer).any(|il| cfg.layer(il).mixer != MixerKind::Attention);
+    if n > 0 && recurrent {
+        if o.draft.is_some() || o.verbose {
+            let mut err = crate::commands::out::Out::stderr(p);
+            let _ = core::fmt::Write::write_str(
+                &mut err,
+                "pinch: --draft: this model has recurrent layers, whose state cannot go back \
+                 to the position before a rejected draft; speculative decoding is off\n",
+            );
+        }
+        return 0;
+    }
+    n
+}
+
+/// The drafter for `n` drafted tokens (`None` for 0), its history (the context's length
+/// in tokens) lent by `arena`.
+///
+/// # Errors
+/// The arena is too small for the history.
+pub fn drafter<'a>(
+    n: usize,
+    n_ctx: usize,
+    arena: &mut crate::arena::Arena<'a>,
+) -> Result<Option<Drafter<'a>>, AppError> {
+    if n == 0 {
+        return Ok(None);
+    }
+    let hist = arena.slice::<u32>("draft history", n_ctx)?;
+    let lookup = PromptLookup {
+        max_draft: n,
+        ..PromptLookup::default()
+    };
+    Ok(Some(Drafter::new(lookup, hist)))
 }
 
 /// Evaluate `prompt` at the session's current position (in passes of the session's
@@ -217,7 +348,7 @@ pub fn generate<P: Platform>(
     p: &P,
     tok: &Tokenizer<'_>,
     sess: &mut Session<'_, '_>,
-    mut s: Settings<'_, '_>,
+    mut s: Settings<'_, '_, '_>,
     prompt: &[u32],
     sink: &mut dyn Sink,
 ) -> Result<GenStats, AppError> {
@@ -250,7 +381,7 @@ pub fn generate<P: Platform>(
             Logits::None
         };
         sess.eval(p, &prompt[start..end], which, &mut |_, l| {
-            next = pick(&mut s, sink, l)
+            next = pick(&mut s, sink, l, None)
         })?;
         start = end;
         if !sink.prompt_batch(end, prompt.len()) {
@@ -264,26 +395,19 @@ pub fn generate<P: Platform>(
     let s0 = sess.stream;
     let io0 = p.storage_read_bytes();
     st.end = End::Length;
-    for _ in 0..s.max_new {
-        if tok.is_eog(next) && !s.ignore_eos {
-            st.end = End::Eos;
+    if let Some(d) = s.draft.as_deref_mut() {
+        d.start(prompt);
+    }
+    let mut draft = [0u32; MAX_DRAFT];
+    loop {
+        if let Some(end) = emit(&mut s, tok, sink, &mut st, next) {
+            st.end = end;
             break;
         }
-        let go = sink.token(next, tok.token_bytes(next));
-        st.gen_tokens += 1;
-        s.sampler.accept(next);
-        if let Some(a) = s.adjust.as_deref_mut() {
-            a.accept(next);
-        }
-        if !go {
-            st.end = End::Sink;
-            break;
-        }
-        if st.gen_tokens == s.max_new && !s.feed_last {
-            break;
-        }
+        // Reached only with `feed_last`: the last token is fed, then the loop ends.
+        let last = st.gen_tokens >= s.max_new;
         if sess.n_past() >= n_ctx {
-            if st.gen_tokens < s.max_new {
+            if !last {
                 st.end = End::ContextFull;
             }
             break;
@@ -293,10 +417,56 @@ pub fn generate<P: Platform>(
             st.end = End::Stopped(g);
             break;
         }
-        let cur = next;
-        sess.eval(p, &[cur], Logits::Last, &mut |_, l| {
-            next = pick(&mut s, sink, l)
+        // Drafted tokens: never more than fit the context and the batch, and fewer than
+        // the tokens still to generate, so that the pass always ends on a token of the
+        // sampler's own (the next `next`) and the limit is handled above.
+        let room = (n_ctx - sess.n_past() - 1)
+            .min(nb - 1)
+            .min((s.max_new - st.gen_tokens).saturating_sub(1));
+        let k = match s.draft.as_deref() {
+            Some(d) if !last => d.draft(&mut draft[..room.min(MAX_DRAFT)]),
+            _ => 0,
+        };
+        let mut feed = [0u32; MAX_DRAFT + 1];
+        feed[0] = next;
+        feed[1..=k].copy_from_slice(&draft[..k]);
+        let start = sess.n_past();
+        // Position (index into `feed`) of the first token the cache does not keep.
+        let mut keep = k + 1;
+        let mut ended = None;
+        sess.eval(p, &feed[..=k], Logits::All, &mut |i, l| {
+            if keep <= k {
+                return;
+            }
+            let t = pick(&mut s, sink, l, draft[..k].get(i).copied());
+            if i < k && t == draft[i] {
+                // The drafted token is already at position `i + 1` of this pass.
+                match emit(&mut s, tok, sink, &mut st, t) {
+                    None => st.accepted += 1,
+                    Some(end) => {
+                        ended = Some(end);
+                        keep = i + 1;
+                    }
+                }
+            } else {
+                next = t;
+                keep = i + 1;
+            }
         })?;
+        st.passes += 1;
+        if k > 0 {
+            st.drafts += 1;
+            st.drafted += k;
+            // Forget the rejected drafts (their KV rows are overwritten later).
+            sess.truncate(start + keep)?;
+        }
+        if let Some(end) = ended {
+            st.end = end;
+            break;
+        }
+        if last {
+            break;
+        }
     }
     st.gen_s = secs(t1, p.now_ns());
     st.stream = sess.stream.since(&s0);

@@ -1,9 +1,18 @@
 //! Speculative decoding with prompt-lookup drafts (`pinch_runtime_min::draft`) produces
 //! exactly the tokens of plain greedy decoding, with and without a repetition penalty,
-//! on tiny fixtures of three architectures; and the drafts were really used.
+//! on tiny fixtures of three architectures; and the drafts were really used. The same
+//! through the generation driver `run`, `chat` and `serve` share (`generate`), with
+//! weights resident and streamed, on six tiny fixtures and Gemma 3 270M.
+use pinch_runtime_min::arena::Arena;
 use pinch_runtime_min::draft::{verify, PromptLookup};
-use pinch_runtime_min::model::{KvType, Logits, Math};
+use pinch_runtime_min::generate::{self, Emit, GenStats, Settings};
+use pinch_runtime_min::gguf::Gguf;
+use pinch_runtime_min::guard::MemoryGuard;
+use pinch_runtime_min::model::{Config, KvType, Loader, Logits, Math, Session, SessionOptions};
+use pinch_runtime_min::platform::{MemPlatform, Platform};
+use pinch_runtime_min::residency;
 use pinch_runtime_min::sampler::{Sampler, SamplerParams};
+use pinch_runtime_min::tokenizer::Tokenizer;
 use pinch_tests::*;
 
 fn greedy_params(repeat_penalty: f32) -> SamplerParams {
@@ -122,4 +131,224 @@ fn speculative_greedy_equals_plain_greedy() {
         }
     }
     println!("{report}");
+}
+
+/// Prompts that quote their context (a summary of a given paragraph, a code edit of a
+/// given function) and one of free text.
+const TEXTS: [&str; 3] = [
+    "<start_of_turn>user\nSummarize this paragraph, reusing its wording: The old lighthouse on the northern cliff was built in 1872 to guard ships from the rocks below. For nearly a century its keepers lit the lamp every evening and wrote the weather into a logbook.<end_of_turn>\n<start_of_turn>model\n",
+    "<start_of_turn>user\nRename the variable `total` to `sum` in this function:\n\nfn add_all(xs: &[i32]) -> i32 {\n    let mut total = 0;\n    for x in xs {\n        total += x;\n    }\n    total\n}<end_of_turn>\n<start_of_turn>model\n",
+    "<start_of_turn>user\nWrite a short story about a fox who learns to sail.<end_of_turn>\n<start_of_turn>model\n",
+];
+
+/// What one generation through the shared driver produced.
+struct Gen {
+    tokens: Vec<u32>,
+    stats: GenStats,
+    /// Positions the cache holds at the end (rejected drafts must not be among them).
+    n_past: usize,
+}
+
+/// `pinch run`'s generation ([`generate::generate`]) on `bytes` (`serve`: the server's,
+/// which stops at end-of-generation tokens and does not feed the last token), with the
+/// weights planned into `budget` (streamed beyond it), the head computed `draft + 1`
+/// positions per read as the command sets it, and `draft` tokens drafted (0: plain).
+fn drive(
+    serve: bool,
+    bytes: &[u8],
+    budget: Option<u64>,
+    text: &str,
+    n: usize,
+    draft: usize,
+    sp: SamplerParams,
+) -> Gen {
+    let plat = MemPlatform {
+        bytes,
+        cpu: host_cpu(),
+    };
+    let g = Gguf::parse(bytes, bytes.len() as u64).unwrap();
+    let cfg = Config::from_gguf(&g).unwrap();
+    let mut region = vec![0u64; (bytes.len() * 2 + (96 << 20)) / 8];
+    let region = pinch_kernels::blocks::bytes_of_mut(&mut region[..]);
+    let mut arena = Arena::new(region);
+    let tok = Tokenizer::from_gguf(&g, &mut arena).unwrap();
+    // A budget below the least any plan needs: that least (everything streamed).
+    let plan = residency::plan(&g, &cfg, budget, None)
+        .or_else(|e| residency::plan(&g, &cfg, Some(e.min_bytes), None))
+        .unwrap();
+    let weights = Loader {
+        platform: &plat,
+        file: &(),
+        gguf: &g,
+        arena: &mut arena,
+    }
+    .load_planned(&cfg, None, &plan)
+    .unwrap();
+    let opts = SessionOptions {
+        n_ctx: 512,
+        n_batch: 32,
+        kv: KvType::F16,
+        math: Math::Fast,
+        threads: 2,
+        head_group: draft + 1,
+        attn_skip: true,
+        swa_ring: true,
+        cpu: plat.cpu(),
+    };
+    let read = |off: u64, buf: &mut [u8], d: bool| plat.read_at(&(), off, buf, d);
+    let mut sess = Session::new(cfg, &weights, &mut arena, opts).unwrap();
+    sess.set_reader(&read);
+    let mut drafter = generate::drafter(draft, opts.n_ctx, &mut arena).unwrap();
+    let mut scratch = vec![0u8; tok.scratch_bytes(text.len())];
+    let mut prompt = vec![0u32; 512];
+    let np = tok
+        .encode(text, true, true, &mut scratch, &mut prompt)
+        .unwrap();
+    let mut sampler = Sampler::new(sp);
+    let mut guard = MemoryGuard::new(0);
+    let settings = Settings {
+        sampler: &mut sampler,
+        guard: &mut guard,
+        adjust: None,
+        max_new: n,
+        ignore_eos: !serve,
+        feed_last: !serve,
+        draft: drafter.as_mut(),
+    };
+    let mut tokens = vec![];
+    let stats = generate::generate(
+        &plat,
+        &tok,
+        &mut sess,
+        settings,
+        &prompt[..np],
+        &mut Emit(|id, _: &[u8]| tokens.push(id)),
+    )
+    .unwrap();
+    Gen {
+        tokens,
+        stats,
+        n_past: sess.n_past(),
+    }
+}
+
+fn greedy() -> SamplerParams {
+    SamplerParams {
+        temp: 0.0,
+        ..SamplerParams::default()
+    }
+}
+
+/// Generate with and without drafts and require the same tokens; returns the accepted
+/// drafted tokens and the passes saved.
+fn same_tokens(
+    serve: bool,
+    name: &str,
+    bytes: &[u8],
+    budget: Option<u64>,
+    n: usize,
+    drafts: &[usize],
+) -> (usize, usize) {
+    let (mut accepted, mut saved) = (0, 0);
+    for (i, text) in TEXTS.iter().enumerate() {
+        let plain = drive(serve, bytes, budget, text, n, 0, greedy());
+        let n = plain.stats.gen_tokens;
+        assert_eq!(plain.stats.drafted, 0);
+        // One pass per token fed back: all of them, or all but the last (serve, at the
+        // token limit); an end-of-generation token is not handed on.
+        let fed = if serve && plain.stats.end == generate::End::Length {
+            n - 1
+        } else {
+            n
+        };
+        assert_eq!(
+            plain.stats.passes, fed,
+            "{name}: one pass per token without drafts"
+        );
+        for &draft in drafts {
+            let spec = drive(serve, bytes, budget, text, n, draft, greedy());
+            assert_eq!(
+                spec.tokens, plain.tokens,
+                "{name} prompt {i} --draft {draft}: tokens differ from plain greedy"
+            );
+            assert_eq!(spec.stats.gen_tokens, n);
+            assert_eq!(spec.stats.end, plain.stats.end, "{name} prompt {i}");
+            assert_eq!(spec.n_past, plain.n_past, "{name} prompt {i}: cache length");
+            assert!(spec.stats.accepted <= spec.stats.drafted);
+            // Every pass yields one token of the sampler's own plus the accepted drafts.
+            assert_eq!(
+                spec.stats.passes + spec.stats.accepted,
+                fed,
+                "{name} prompt {i}"
+            );
+            accepted += spec.stats.accepted;
+            saved += plain.stats.passes - spec.stats.passes;
+        }
+    }
+    (accepted, saved)
+}
+
+#[test]
+fn drafted_generation_gives_the_tokens_of_plain_greedy_on_tiny_fixtures() {
+    for name in [
+        "tiny-llama-Q8_0.gguf",
+        "tiny-llama-Q4_K_M.gguf",
+        "tiny-qwen3-Q4_K_M.gguf",
+        "tiny-gemma3-Q8_0.gguf",
+        "tiny-qwen3moe-Q4_K_M.gguf",
+        "tiny-bailingmoe2-Q8_0.gguf",
+    ] {
+        let bytes = std::fs::read(data_dir().join("tiny").join(name)).unwrap();
+        // All resident, and as much streamed as any plan streams.
+        for (serve, budget) in [(false, None), (false, Some(0)), (true, Some(0))] {
+            let (accepted, saved) = same_tokens(serve, name, &bytes, budget, 48, &[3, 8]);
+            println!("{name} serve {serve} budget {budget:?}: {accepted} drafted tokens accepted, {saved} passes saved");
+            assert!(accepted > 0, "{name}: no draft was ever accepted");
+        }
+    }
+}
+
+#[test]
+fn drafted_generation_gives_the_tokens_of_plain_greedy_on_gemma_270m() {
+    let Some(path) = gemma_model() else { return };
+    let bytes = std::fs::read(path).unwrap();
+    // About 40 % of the weights resident: most of the head streams, as in the benchmark.
+    let budget = Some(bytes.len() as u64 * 2 / 5);
+    let (accepted, saved) = same_tokens(false, "gemma-3-270m", &bytes, budget, 40, &[8]);
+    println!("gemma-3-270m: {accepted} drafted tokens accepted, {saved} passes saved");
+    assert!(accepted > 0);
+}
+
+#[test]
+fn drafts_are_on_when_weights_stream_and_off_for_recurrent_models() {
+    let plat = MemPlatform {
+        bytes: &[],
+        cpu: host_cpu(),
+    };
+    let cfg_of = |name: &str| {
+        let bytes = std::fs::read(data_dir().join("tiny").join(name)).unwrap();
+        let g = Gguf::parse(&bytes, bytes.len() as u64).unwrap();
+        Config::from_gguf(&g).unwrap()
+    };
+    let opts = |args: &[&'static str]| pinch_runtime_min::cli::Opts::parse(args).unwrap();
+    let llama = cfg_of("tiny-llama-Q8_0.gguf");
+    let run = opts(&["run"]);
+    assert_eq!(
+        generate::draft_len(&plat, &run, &llama, true),
+        generate::DEFAULT_DRAFT
+    );
+    assert_eq!(generate::draft_len(&plat, &run, &llama, false), 0);
+    let off = opts(&["serve", "--draft", "0"]);
+    assert_eq!(generate::draft_len(&plat, &off, &llama, true), 0);
+    let four = opts(&["chat", "--draft", "4"]);
+    assert_eq!(generate::draft_len(&plat, &four, &llama, false), 4);
+    assert_eq!(
+        generate::draft_len(&plat, &opts(&["ppl", "--draft", "4"]), &llama, true),
+        0
+    );
+    for name in ["tiny-qwen35-Q8_0.gguf", "tiny-lfm2-Q8_0.gguf"] {
+        let cfg = cfg_of(name);
+        assert_eq!(generate::draft_len(&plat, &four, &cfg, true), 0, "{name}");
+        assert_eq!(generate::draft_len(&plat, &run, &cfg, true), 0, "{name}");
+    }
 }

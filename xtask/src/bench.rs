@@ -16,6 +16,7 @@
 //! - `--stream`: weight streaming (issue #5) at budgets of 100 %, 60 % and 40 % of the
 //!   all-resident need: tokens/s, bytes read per token (the OS's count and the plan's),
 //!   the plan's ceiling at the storage speed `pinch bench --storage` measured, peak RSS.
+//! - `--draft`: speculative decoding at 40 % of the resident need (`crate::draft_bench`).
 use crate::device::{self, Device};
 use crate::fetch;
 use crate::util::{output, root, run, Result};
@@ -42,6 +43,9 @@ pub fn main(args: &[String]) -> Result<()> {
     let pinch = device::build(Device::Host)?;
     if args.iter().any(|a| a == "--stream") {
         return stream_table(&pinch, &model);
+    }
+    if args.iter().any(|a| a == "--draft") {
+        return crate::draft_bench::table(&pinch, &model);
     }
     let llama = if vs {
         Some(crate::randshape::llama_cpp_site()?)
@@ -126,21 +130,7 @@ fn stream_table(pinch: &Path, model: &Path) -> Result<()> {
         .find(|l| l.starts_with('{'))
         .ok_or("pinch bench --storage printed no JSON")?;
     let bw = field(line, "read_bw").ok_or("no read_bw")? as u64;
-    let plan = Command::new(pinch)
-        .args(["run", "-m"])
-        .arg(model)
-        .args(["-c", "1024", "-n", "0", "-p", "x", "-v"])
-        .output()
-        .map_err(|e| format!("{}: {e}", pinch.display()))?;
-    let text = String::from_utf8_lossy(&plan.stderr);
-    let total = text
-        .lines()
-        .find(|l| l.trim_start().starts_with("total"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse::<f64>().ok())
-        .ok_or_else(|| format!("no plan total in {text}"))?;
-    // The plan prints MiB to one decimal: round up so 100 % really holds everything.
-    let need = ((total + 0.1) * (1u64 << 20) as f64) as u64;
+    let need = resident_need(pinch, model)?;
     println!(
         "\n## Weight streaming: Gemma 3 270M, -c 1024, -t 2, 32 generated tokens; storage {:.0} MB/s (direct reads, pinch bench --storage)\n",
         bw as f64 / 1e6
@@ -167,6 +157,9 @@ fn stream_table(pinch: &Path, model: &Path) -> Result<()> {
             &budget.to_string(),
             "--read-bw",
             &bw.to_string(),
+            // One pass per token: the plan's reads (drafts: `--draft`).
+            "--draft",
+            "0",
         ]))?;
         let line = out
             .lines()
@@ -193,7 +186,26 @@ fn stream_table(pinch: &Path, model: &Path) -> Result<()> {
     Ok(())
 }
 
-fn median(v: &mut [f64]) -> f64 {
+/// The all-resident need `pinch run -c 1024 -v` prints as its plan total, in bytes.
+pub(crate) fn resident_need(pinch: &Path, model: &Path) -> Result<u64> {
+    let plan = Command::new(pinch)
+        .args(["run", "-m"])
+        .arg(model)
+        .args(["-c", "1024", "-n", "0", "-p", "x", "-v"])
+        .output()
+        .map_err(|e| format!("{}: {e}", pinch.display()))?;
+    let text = String::from_utf8_lossy(&plan.stderr);
+    let total = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("total"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<f64>().ok())
+        .ok_or_else(|| format!("no plan total in {text}"))?;
+    // The plan prints MiB to one decimal: round up so 100 % really holds everything.
+    Ok(((total + 0.1) * (1u64 << 20) as f64) as u64)
+}
+
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }

@@ -156,6 +156,8 @@ pub struct Ctx<'c, 'w, 'a, P: Platform> {
     pub arena: &'c mut Arena<'a>,
     pub plan: Plan,
     pub file: &'c P::File,
+    /// run, chat, serve: speculative decoding's drafter (`--draft`), when on.
+    pub draft: Option<crate::draft::Drafter<'a>>,
 }
 
 fn open_model<P: Platform>(p: &P, path: &str) -> Result<P::File, AppError> {
@@ -244,9 +246,20 @@ fn with_model<P: Platform>(
     } else {
         0
     };
-    let plan = engine::plan(
+    let mut plan = engine::plan(
         &g, &cfg, &sopts, header, tok_bytes, o.budget, pruned, o.read_bw, buffers,
     );
+    // Speculative decoding verifies a draft in one pass, the head included: the head
+    // then computes a group of positions per read of its rows (and the draft history
+    // is one of the command's buffers).
+    let n_draft = crate::generate::draft_len(p, o, &cfg, plan.res.streams());
+    if n_draft > 0 {
+        sopts.head_group = n_draft + 1;
+        let buffers = buffers + (sopts.n_ctx * 4) as u64;
+        plan = engine::plan(
+            &g, &cfg, &sopts, header, tok_bytes, o.budget, pruned, o.read_bw, buffers,
+        );
+    }
     let mut err = Out::stderr(p);
     if o.verbose || o.budget.is_some() {
         let _ = plan.print(&mut err, &cfg, &sopts);
@@ -261,7 +274,7 @@ fn with_model<P: Platform>(
         o.repack_cache,
         // The row-interleaved layout pays for one token at a time; `ppl` computes the
         // head for 16 positions at once, where the plain layout's tiles are faster.
-        o.math == crate::model::Math::Fast && !o.no_repack && sopts.head_group == 1,
+        o.math == crate::model::Math::Fast && !o.no_repack && o.command != Command::Ppl,
         &mut arena,
     )?;
     let mut weights: Weights = {
@@ -286,7 +299,9 @@ fn with_model<P: Platform>(
     if o.verify_stream {
         sess.set_verify(arena.bytes("stream verify", crate::model::stream::VERIFY_CHUNK)?);
     }
+    let draft = crate::generate::drafter(n_draft, sopts.n_ctx, &mut arena)?;
     let mut ctx = Ctx {
+        draft,
         p,
         o,
         g: &g,

@@ -84,34 +84,44 @@ pub fn generate<P: Platform>(
         max_new: n,
         ignore_eos: ctx.o.ignore_eos,
         feed_last: true,
+        draft: ctx.draft.as_mut(),
     };
     crate::generate::generate(ctx.p, ctx.tok, &mut ctx.sess, s, prompt, &mut Emit(emit))
 }
 
-/// One line on what streaming read per generated token, against the plan.
+/// One line on what streaming read per generated token, against the plan (which counts
+/// one weight pass per token; with drafts a pass can produce several).
 pub fn print_stream<P: Platform>(p: &P, st: &GenStats, plan_per_token: u64) {
     let s = &st.stream;
     if s.passes == 0 {
         return;
     }
-    let per = s.bytes / s.passes;
+    let per_pass = s.bytes / s.passes;
+    let per = s.bytes / (st.gen_tokens as u64).max(1);
     let mut err = Out::stderr(p);
     if let Some(os) = st.os_read_bytes {
         let _ = write!(
             err,
             "storage reads counted by the OS: {} per generated token; ",
-            Mib(os / s.passes)
+            Mib(os / (st.gen_tokens as u64).max(1))
         );
+    }
+    let _ = write!(err, "streamed: {} per generated token", Mib(per));
+    if st.drafted > 0 {
+        let _ = write!(err, ", {} per pass", Mib(per_pass));
     }
     let _ = writeln!(
         err,
-        "streamed: {} per generated token (plan {}, {:+.1} %), {:.0} MB/s, waiting {:.0} % of the generation time{}",
-        Mib(per),
+        " (plan {} per pass, {:+.1} %), {:.0} MB/s, waiting {:.0} % of the generation time{}",
         Mib(plan_per_token),
-        (per as f64 / plan_per_token.max(1) as f64 - 1.0) * 100.0,
+        (per_pass as f64 / plan_per_token.max(1) as f64 - 1.0) * 100.0,
         s.bytes as f64 / st.gen_s.max(1e-9) / 1e6,
         s.wait_ns as f64 / 1e9 / st.gen_s.max(1e-9) * 100.0,
-        if s.verified > 0 { "; every unit verified against the file" } else { "" }
+        if s.verified > 0 {
+            "; every unit verified against the file"
+        } else {
+            ""
+        }
     );
 }
 
@@ -125,13 +135,21 @@ fn print_stats<P: Platform>(p: &P, st: &GenStats) {
         st.gen_tokens,
         st.gen_tps()
     );
-    match p.peak_rss() {
-        Some(r) => {
-            let _ = writeln!(err, " | peak RSS {}", Mib(r));
-        }
-        None => {
-            let _ = writeln!(err);
-        }
+    if let Some(r) = p.peak_rss() {
+        let _ = write!(err, " | peak RSS {}", Mib(r));
+    }
+    let _ = writeln!(err);
+    if st.drafts > 0 {
+        let _ = writeln!(
+            err,
+            "drafts: {} tokens drafted in {} of {} passes, {} accepted ({:.1} %), {:.2} tokens per pass",
+            st.drafted,
+            st.drafts,
+            st.passes,
+            st.accepted,
+            st.acceptance() * 100.0,
+            st.gen_tokens as f64 / st.passes.max(1) as f64
+        );
     }
 }
 
@@ -227,7 +245,7 @@ pub fn run<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
         let mut w = Out::stdout(p);
         let _ = write!(
             w,
-            "\n{{\"command\":\"run\",\"prompt_tokens\":{},\"gen_tokens\":{},\"prompt_tps\":{:.3},\"gen_tps\":{:.3},\"peak_rss\":{},\"stream_bytes\":{},\"stream_passes\":{},\"stream_plan_per_token\":{},\"stream_verified\":{},\"os_read_bytes\":{},\"stopped\":",
+            "\n{{\"command\":\"run\",\"prompt_tokens\":{},\"gen_tokens\":{},\"prompt_tps\":{:.3},\"gen_tps\":{:.3},\"peak_rss\":{},\"stream_bytes\":{},\"stream_passes\":{},\"stream_plan_per_token\":{},\"stream_verified\":{},\"os_read_bytes\":{},\"gen_passes\":{},\"drafted\":{},\"accepted\":{},\"stopped\":",
             st.prompt_tokens,
             st.gen_tokens,
             st.prompt_tps(),
@@ -237,7 +255,10 @@ pub fn run<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
             st.stream.passes,
             ctx.plan.streamed_per_token(),
             st.stream.verified,
-            st.os_read_bytes.unwrap_or(0)
+            st.os_read_bytes.unwrap_or(0),
+            st.passes,
+            st.drafted,
+            st.accepted
         );
         match st.stopped {
             Some(s) => {

@@ -261,6 +261,12 @@ impl<'w, 'a> Session<'w, 'a> {
         self.n_past = 0;
     }
 
+    /// Whether some layer keeps a recurrent state (which holds only the latest position,
+    /// so [`Self::truncate`] cannot go back to an arbitrary one).
+    pub fn has_recurrent(&self) -> bool {
+        self.state.iter().any(|s| s.is_recurrent())
+    }
+
     /// Positions already evaluated (the next token goes to this position).
     pub fn n_past(&self) -> usize {
         self.n_past

@@ -1534,6 +1534,7 @@ pub fn serve_one<P: Platform>(
                 max_new,
                 ignore_eos,
                 feed_last: false,
+                draft: ctx.draft.as_mut(),
             };
             let mut sink = ServeSink {
                 io,
@@ -1596,8 +1597,11 @@ pub fn serve_one<P: Platform>(
             io.m.prompt_cached += reuse as u64;
             io.m.prompt_seconds += st.prompt_s;
             io.m.gen_seconds += st.gen_s;
-            io.m.decode_passes += ((n_prompt - reuse).div_ceil(ctx.sess.opts.n_batch.max(1))
-                + st.gen_tokens.saturating_sub(1)) as u64;
+            io.m.decode_passes +=
+                ((n_prompt - reuse).div_ceil(ctx.sess.opts.n_batch.max(1)) + st.passes) as u64;
+            io.m.drafts += st.drafts as u64;
+            io.m.draft_tokens += st.drafted as u64;
+            io.m.draft_accepted += st.accepted as u64;
             io.m.prompt_tps = generate::per_second(n_prompt - reuse, st.prompt_s);
             io.m.gen_tps = generate::per_second(st.gen_tokens, st.gen_s);
             if gone {

@@ -25,6 +25,11 @@ pub struct Metrics {
     pub decode_passes: u64,
     /// Most tokens a generation held in the context.
     pub n_tokens_max: u64,
+    /// Speculative decoding (`--draft`): passes that verified a draft, tokens drafted,
+    /// and drafted tokens the sampler kept.
+    pub drafts: u64,
+    pub draft_tokens: u64,
+    pub draft_accepted: u64,
 }
 
 /// Figures that come from the platform and the queue at the time of the scrape.
@@ -67,8 +72,7 @@ fn metric(
 
 impl Metrics {
     /// llama-server's metrics, from the same counters. pinch decodes one sequence at a
-    /// time and has no speculative decoding: those figures are what they are (1 busy
-    /// slot per pass, 0 draft tokens).
+    /// time (1 busy slot per pass); its drafts are prompt-lookup drafts (`--draft`).
     fn write_llama(&self, l: &Live, w: &mut dyn Write) -> core::fmt::Result {
         let rate = |n: u64, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
         // llama-server's names (`llamacpp:NAME`), for dashboards made for it.
@@ -129,22 +133,22 @@ impl Metrics {
             w,
             "spec_decode_num_draft_tokens_total",
             c,
-            "Draft tokens proposed (no speculative decoding).",
-            &0,
+            "Draft tokens proposed.",
+            &self.draft_tokens,
         )?;
         llama_metric(
             w,
             "spec_decode_num_accepted_tokens_total",
             c,
-            "Draft tokens accepted (no speculative decoding).",
-            &0,
+            "Draft tokens accepted.",
+            &self.draft_accepted,
         )?;
         llama_metric(
             w,
             "spec_decode_num_drafts_total",
             c,
-            "Drafts made (no speculative decoding).",
-            &0,
+            "Drafts made.",
+            &self.drafts,
         )?;
         let g = "gauge";
         llama_metric(
