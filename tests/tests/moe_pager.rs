@@ -216,15 +216,22 @@ fn the_simulator_counts_what_the_pager_counted() {
         let cfg = Config::from_gguf(&g).unwrap();
         let m = cfg.moe.unwrap();
         let toks = tokens(40, cfg.n_vocab);
+        let record = |x: &mut ExpertPager| {
+            let buf = Box::leak(vec![0u8; 1 << 16].into_boxed_slice());
+            x.record_trace(buf, m.n_used).unwrap();
+        };
+        // At bias 0 routing does not depend on what is resident: the all-resident
+        // run records the same trace.
+        let resident = run(&bytes, &toks, 1, None, &record).trace.unwrap();
         for slots in pool_sizes(&bytes, m.n_expert) {
             let (budget, _) = budget_for(&bytes, slots);
             for policy in [Policy::LFU, Policy::Lru] {
                 let got = run(&bytes, &toks, 1, Some(budget), &|x| {
                     x.set_policy(policy);
-                    let buf = Box::leak(vec![0u8; 1 << 16].into_boxed_slice());
-                    x.record_trace(buf, m.n_used).unwrap();
+                    record(x);
                 });
                 let bytes = got.trace.unwrap();
+                assert_eq!(bytes, resident, "{name}: the paged run routed differently");
                 let trace = Trace::parse(&bytes).unwrap();
                 assert_eq!(trace.tokens(), toks.len());
                 let sim = simulate(&trace, slots, policy).unwrap();
@@ -251,4 +258,38 @@ fn a_budget_under_the_non_expert_weights_says_what_is_needed() {
     // both, the error names the least of them.
     let e = residency::plan(&g, &cfg, Some(1000), None).unwrap_err();
     assert!(e.min_bytes > 1000 && e.min_bytes <= zero_slots, "{e:?}");
+}
+
+/// Pre-gated prefetch on the two-MoE-layer fixture: the second layer's experts guessed
+/// from the first layer's input are read ahead; what a batch then finds resident
+/// because of it is counted, every prefetched expert is either used, evicted unused or
+/// still waiting, and the logits are unchanged (checked above for every pool size).
+#[test]
+fn prefetch_reads_guesses_ahead_and_counts_them() {
+    let bytes = load("tiny-qwen3moe-Q8_0.gguf");
+    let g = Gguf::parse(&bytes, bytes.len() as u64).unwrap();
+    let cfg = Config::from_gguf(&g).unwrap();
+    let toks = tokens(40, cfg.n_vocab);
+    let (budget, _) = budget_for(&bytes, 2);
+    let plain = run(&bytes, &toks, 1, Some(budget), &|x| {
+        x.set_policy(Policy::Lru)
+    });
+    let ahead = run(&bytes, &toks, 1, Some(budget), &|x| {
+        x.set_policy(Policy::Lru);
+        x.prefetch = true;
+    });
+    assert_same_bits("qwen3moe", "prefetch", &plain.logits, &ahead.logits);
+    // Layer 0 has no layer before it: nothing is prefetched there.
+    let (l0, l1) = (ahead.layers[0].2, ahead.layers[1].2);
+    assert_eq!(l0.prefetched, 0);
+    assert!(l1.prefetched > 0 && l1.read_ahead > 0, "{l1:?}");
+    assert!(
+        l1.read_ahead + l1.prefetch_wasted <= l1.prefetched,
+        "{l1:?}"
+    );
+    // Reads: admitted misses and transient reads, plus every prefetch.
+    assert!(l1.reads >= l1.prefetched);
+    // Picks the same: every access is a hit or a miss either way.
+    let p1 = plain.layers[1].2;
+    assert_eq!(p1.hits + p1.misses, l1.hits + l1.misses);
 }

@@ -260,17 +260,24 @@ pub fn finish<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError>
         let t = x.total();
         let _ = writeln!(
             err,
-            "experts: hit rate {:.1} % ({} hits, {} misses), {} reads, {} per evaluated token, reading {:.0} ms; prefetch: {} read ahead, {} of the misses' experts were there in time, {} wasted",
+            "experts: hit rate {:.1} % ({} hits, {} misses), {} reads, {} per evaluated token, reading {:.0} ms",
             100.0 * t.hit_rate(),
             t.hits,
             t.misses,
             t.reads,
             Mib((t.bytes as f64 / tokens) as u64),
             t.read_ns as f64 / 1e6,
-            t.prefetched,
-            t.read_ahead,
-            t.prefetch_wasted
         );
+        if t.prefetched > 0 {
+            let _ = writeln!(
+                err,
+                "experts prefetched: {}, of which used {} ({:.1} % of the would-be misses read ahead), evicted unused {}",
+                t.prefetched,
+                t.read_ahead,
+                100.0 * t.read_ahead as f64 / (t.misses + t.read_ahead).max(1) as f64,
+                t.prefetch_wasted
+            );
+        }
         if ctx.o.verbose {
             for (il, slots, _, s) in x.layers() {
                 let _ = writeln!(

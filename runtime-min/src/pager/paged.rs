@@ -136,8 +136,8 @@ struct LayerPages<'a> {
     slot_bytes: usize,
     parts: [Part; 3],
     stats: PagerStats,
-    /// Experts a prefetch read that no batch has used yet.
-    prefetched: [bool; MAX_EXPERTS],
+    /// Experts a prefetch read that no batch has used yet (1: yes).
+    prefetched: &'a mut [u8],
     /// The layer's router, for a prefetch from the layer before.
     pub router: Tensor<'a>,
     pub bias: Option<&'a [f32]>,
@@ -173,6 +173,8 @@ pub struct ExpertPager<'a> {
     /// MoE layers in order (for the trace's layer index).
     moe_order: [u8; MAX_LAYERS],
     n_moe: usize,
+    /// Experts per MoE layer.
+    n_expert: usize,
 }
 
 /// A read job: an expert part's aligned span and where it goes.
@@ -195,10 +197,12 @@ impl<'a> ExpertPager<'a> {
         let mut at = [NO_PAGES; MAX_LAYERS];
         let mut moe_order = [NO_PAGES; MAX_LAYERS];
         let mut n_moe = 0;
+        let mut n_expert = 1;
         for (il, l) in layers.iter().enumerate() {
             let crate::model::layer::Ffn::Moe(m) = &l.ffn else {
                 continue;
             };
+            n_expert = m.cfg.n_expert;
             moe_order[il] = n_moe as u8;
             n_moe += 1;
             if !m.gate_exps.data.is_empty() || l.stream.is_some() {
@@ -230,7 +234,7 @@ impl<'a> ExpertPager<'a> {
                 slot_bytes: sb,
                 parts,
                 stats: PagerStats::default(),
-                prefetched: [false; MAX_EXPERTS],
+                prefetched: arena.slice("expert pool", ne)?,
                 router: m.router,
                 bias: m.bias,
                 cfg: m.cfg,
@@ -254,6 +258,7 @@ impl<'a> ExpertPager<'a> {
             trace_tokens: 0,
             moe_order,
             n_moe,
+            n_expert,
         })
     }
 
@@ -287,23 +292,17 @@ impl<'a> ExpertPager<'a> {
     pub fn set_policy(&mut self, policy: Policy) {
         for lp in self.pages.iter_mut() {
             lp.pool.reset(policy);
-            lp.prefetched = [false; MAX_EXPERTS];
+            lp.prefetched.fill(0);
         }
         self.transient_holds = None;
     }
 
     /// Record every token's picks into `buf` (a PMOE trace, see [`super::trace`]).
     pub fn record_trace(&mut self, buf: &'a mut [u8], picks: usize) -> Result<(), ModelError> {
-        let w = TraceWriter::new(buf, self.n_moe.max(1), self.n_expert_any(), picks)
+        let w = TraceWriter::new(buf, self.n_moe.max(1), self.n_expert, picks)
             .map_err(|_| ModelError::BadShape("trace buffer smaller than its header"))?;
         self.trace = Some(w);
         Ok(())
-    }
-
-    fn n_expert_any(&self) -> usize {
-        self.pages
-            .first()
-            .map_or(MAX_EXPERTS, |p| p.pool.n_expert())
     }
 
     /// The trace recorded so far (whole tokens).
@@ -406,7 +405,7 @@ impl<'a> ExpertPager<'a> {
             let at = match *a {
                 Access::Hit(s) => {
                     lp.stats.hits += 1;
-                    if core::mem::take(&mut lp.prefetched[e as usize]) {
+                    if core::mem::take(&mut lp.prefetched[e as usize]) == 1 {
                         lp.stats.read_ahead += 1;
                     }
                     s
@@ -414,7 +413,7 @@ impl<'a> ExpertPager<'a> {
                 Access::Miss { slot, evicted } => {
                     lp.stats.misses += 1;
                     if let Some(v) = evicted {
-                        if core::mem::take(&mut lp.prefetched[v as usize]) {
+                        if core::mem::take(&mut lp.prefetched[v as usize]) == 1 {
                             lp.stats.prefetch_wasted += 1;
                         }
                     }
@@ -496,11 +495,11 @@ impl<'a> ExpertPager<'a> {
             }
             if let Some((s, evicted)) = lp.pool.place_ahead(e, guess) {
                 if let Some(v) = evicted {
-                    if core::mem::take(&mut lp.prefetched[v as usize]) {
+                    if core::mem::take(&mut lp.prefetched[v as usize]) == 1 {
                         lp.stats.prefetch_wasted += 1;
                     }
                 }
-                lp.prefetched[e as usize] = true;
+                lp.prefetched[e as usize] = 1;
                 lp.stats.prefetched += 1;
                 let _ = jobs.push((e, s));
             }
