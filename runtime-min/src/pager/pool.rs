@@ -551,6 +551,29 @@ mod tests {
     }
 
     #[test]
+    fn prefetch_takes_free_slots_and_evicts_only_what_the_policy_would() {
+        let mut a = PoolArrays::default();
+        let mut p = pool(8, 2, Policy::LFU, &mut a);
+        // A free slot: placed, nothing evicted, and not counted as a use.
+        assert_eq!(p.place_ahead(4, &[4]), Some((0, None)));
+        assert_eq!(p.place_ahead(4, &[4]), None, "already resident");
+        for _ in 0..5 {
+            hits(&mut p, &[1]);
+        }
+        assert!(p.slot(1).is_some() && p.slot(4).is_some());
+        // Full: the never-used guess 4 goes first, for another guess...
+        assert_eq!(p.place_ahead(6, &[6]), Some((0, Some(4))));
+        // ... but LFU does not evict an expert used five times for one.
+        assert_eq!(p.place_ahead(7, &[7, 6]), None);
+        assert!(p.slot(1).is_some() && p.slot(6).is_some());
+        let mut b = PoolArrays::default();
+        let mut q = pool(8, 1, Policy::Lru, &mut b);
+        hits(&mut q, &[2]);
+        assert_eq!(q.place_ahead(3, &[3]), Some((0, Some(2))));
+        assert_eq!(q.place_ahead(9, &[9]), None, "outside the layer");
+    }
+
+    #[test]
     fn bad_ids_and_sizes_are_typed_errors() {
         assert_eq!(
             Pool::new(600, 4, Policy::Lru, PoolArrays::default().mem()).err(),
