@@ -625,6 +625,40 @@ mod tests {
     }
 
     #[test]
+    fn expert_pager_flags() {
+        let o = Opts::parse(&["run", "-m", "x.gguf"]).unwrap();
+        assert_eq!(o.moe, MoeOpts::default());
+        let o = Opts::parse(&[
+            "run",
+            "--moe-trace",
+            "t.pmoe",
+            "--moe-warm",
+            "hot.txt",
+            "--moe-prefetch",
+            "--moe-bias",
+            "0.3",
+            "--experts",
+            "4",
+            "--policy",
+            "lru",
+        ])
+        .unwrap();
+        let want = MoeOpts {
+            trace: Some("t.pmoe"),
+            warm: Some("hot.txt"),
+            prefetch: true,
+            bias: 0.3,
+            experts: Some(4),
+        };
+        assert_eq!(o.moe, want);
+        assert_eq!(o.moe_policy, crate::pager::Policy::Lru);
+        assert!(matches!(
+            Opts::parse(&["run", "--experts", "many"]),
+            Err(CliError::BadValue { .. })
+        ));
+    }
+
+    #[test]
     fn guard_read_bw_verify_stream_and_storage_flags() {
         let o = Opts::parse(&["run", "-m", "x.gguf"]).unwrap();
         assert_eq!((o.guard, o.read_bw, o.verify_stream), (None, None, false));
