@@ -72,6 +72,8 @@ pub struct Opts<'s> {
     pub moe_policy: crate::pager::Policy,
     /// moe-sim: bytes of one expert (its three matrices), for bytes per token.
     pub expert_bytes: Option<u64>,
+    /// The expert pager's run options (MoE models under `--budget`).
+    pub moe: MoeOpts<'s>,
     /// Print where the time went (per kind of operation) at the end.
     pub profile: bool,
     /// serve: address, port (0: any free port) and how many requests may wait.
@@ -231,11 +233,35 @@ flags (llama.cpp names):
   --pool N                moe-sim: expert slots per MoE layer
   --policy lfu|lru        moe-sim: eviction (decayed use frequency, or least recent)
   --expert-bytes SIZE     moe-sim: bytes of one expert, for bytes read per token
+  --policy lfu|lru        run: the expert pools' eviction too (default lfu)
+  --moe-trace FILE        write which experts each token used per MoE layer (for moe-sim)
+  --moe-warm FILE         start the expert pools from FILE's hot list if it exists, and
+                          write the run's hot list there at the end
+  --moe-prefetch          read the next MoE layer's likely experts ahead (its router on
+                          the current hidden state); wrong guesses cost reads only
+  --moe-bias X            add X to the router scores of experts already in memory
+                          (fewer reads, inexact: prints the KL cost on a short text)
+  --experts N             use N experts per token instead of the model's (inexact)
   --repack-cache DIR      Q8_0 matrices are repacked at load (row-interleaved, the faster
                           kernel layout); keep them in DIR/<model>.pinch-repack: the first
                           run writes it, later runs read it; rebuilt when the model changes
   --no-repack             keep Q8_0 matrices in the file's row order
 ";
+
+/// The expert pager's options for a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MoeOpts<'s> {
+    /// `--moe-trace FILE`: write the routing trace there.
+    pub trace: Option<&'s str>,
+    /// `--moe-warm FILE`: read the hot list at start, write it at the end.
+    pub warm: Option<&'s str>,
+    /// `--moe-prefetch`.
+    pub prefetch: bool,
+    /// `--moe-bias X`.
+    pub bias: f32,
+    /// `--experts N`.
+    pub experts: Option<usize>,
+}
 
 /// Parse a rate in bytes per second: `278M`, `1.5G`, `900k`, `123456`, optionally
 /// followed by `B/s`, `B` or `/s`. K/M/G are powers of 1000 here (as storage speeds are
@@ -321,6 +347,7 @@ impl<'s> Opts<'s> {
             moe_pool: 0,
             moe_policy: crate::pager::Policy::LFU,
             expert_bytes: None,
+            moe: MoeOpts::default(),
             profile: false,
             host: "127.0.0.1",
             port: 8080,
@@ -454,6 +481,11 @@ impl<'s> Opts<'s> {
                     o.expert_bytes =
                         Some(parse_size(v).ok_or(CliError::BadValue { flag, value: v })?);
                 }
+                "--moe-trace" => o.moe.trace = Some(val()?),
+                "--moe-warm" => o.moe.warm = Some(val()?),
+                "--moe-prefetch" => o.moe.prefetch = true,
+                "--moe-bias" => o.moe.bias = num!(),
+                "--experts" => o.moe.experts = Some(num!()),
                 "--attn-skip" => o.attn_skip = Some(true),
                 "--profile" => o.profile = true,
                 "--ignore-eos" => o.ignore_eos = true,
@@ -623,6 +655,40 @@ mod tests {
             Opts::parse(&["run", "--repack-cache"]).unwrap_err(),
             CliError::MissingValue("--repack-cache")
         );
+    }
+
+    #[test]
+    fn expert_pager_flags() {
+        let o = Opts::parse(&["run", "-m", "x.gguf"]).unwrap();
+        assert_eq!(o.moe, MoeOpts::default());
+        let o = Opts::parse(&[
+            "run",
+            "--moe-trace",
+            "t.pmoe",
+            "--moe-warm",
+            "hot.txt",
+            "--moe-prefetch",
+            "--moe-bias",
+            "0.3",
+            "--experts",
+            "4",
+            "--policy",
+            "lru",
+        ])
+        .unwrap();
+        let want = MoeOpts {
+            trace: Some("t.pmoe"),
+            warm: Some("hot.txt"),
+            prefetch: true,
+            bias: 0.3,
+            experts: Some(4),
+        };
+        assert_eq!(o.moe, want);
+        assert_eq!(o.moe_policy, crate::pager::Policy::Lru);
+        assert!(matches!(
+            Opts::parse(&["run", "--experts", "many"]),
+            Err(CliError::BadValue { .. })
+        ));
     }
 
     #[test]

@@ -150,6 +150,12 @@ impl Plan {
             None => writeln!(w, "  (no --budget)")?,
         }
         let per = self.streamed_per_token();
+        if per == 0 && r.experts.pages() {
+            return writeln!(
+                w,
+                "  read from storage per token: only paged experts (below)"
+            );
+        }
         if per == 0 {
             return writeln!(w, "  read from storage per token: 0 (all weights resident)");
         }

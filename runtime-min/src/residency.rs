@@ -12,6 +12,12 @@
 //! - the LM head last, row by row with what is left: a prompt batch computes logits
 //!   only for its last position, so the head is the weight used least per byte.
 //!
+//! A mixture-of-experts model that does not fit is planned differently ([`ExpertPlan`]):
+//! every non-expert weight stays resident (attention, norms, routers, shared experts, the
+//! whole head), and what is left becomes a pool of expert slots per MoE layer, filled
+//! from the file as the routers pick experts (`crate::pager::paged`). Only when even the
+//! non-expert weights do not fit are whole layers streamed as for a dense model.
+//!
 //! What is not resident is streamed: each streamed layer is one aligned read of its
 //! tensors' span, the head's streamed rows are read in chunks of the same size, into
 //! two zones (one being computed on, one being filled).
@@ -77,6 +83,131 @@ pub struct ResidencyPlan {
     pub embd_cache_bytes: u64,
     /// Bytes read from storage per weight pass (one generated token), aligned reads.
     pub streamed_per_pass: u64,
+    /// Paged experts (MoE models only; `layers == 0`: none).
+    pub experts: ExpertPlan,
+}
+
+/// The expert pager's share of the plan: a pool of `slots` expert slots in each of the
+/// `layers` MoE layers, plus one transient slot for an expert the pool does not admit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ExpertPlan {
+    /// MoE layers whose experts are paged (0: every expert resident).
+    pub layers: usize,
+    pub n_expert: usize,
+    /// Experts each token uses per layer.
+    pub n_used: usize,
+    /// Slots per paged layer (at most `n_expert`).
+    pub slots: usize,
+    /// Bytes of one slot, summed over the paged layers (slots differ by quant type).
+    pub slot_bytes_sum: u64,
+    /// The largest slot (the transient slot's size).
+    pub slot_bytes_max: u64,
+    /// Bytes one expert read fetches (three aligned reads), summed over paged layers.
+    pub read_bytes_sum: u64,
+    /// Pools, transient slot and the pools' bookkeeping.
+    pub bytes: u64,
+}
+
+impl ExpertPlan {
+    pub fn pages(&self) -> bool {
+        self.layers > 0
+    }
+    /// Expected bytes read per token if routing were uniform (a pool of `slots` of
+    /// `n_expert` then misses `1 - slots / n_expert` of the picks).
+    pub fn uniform_read_per_token(&self) -> u64 {
+        let miss = 1.0 - self.slots as f64 / self.n_expert.max(1) as f64;
+        (self.n_used as f64 * miss * self.read_bytes_sum as f64) as u64
+    }
+    /// Bytes read per token when every pick misses (the most a token can cost).
+    pub fn worst_read_per_token(&self) -> u64 {
+        self.n_used as u64 * self.read_bytes_sum
+    }
+}
+
+/// Bytes a slot part holding `len` bytes read at any offset takes: the aligned read
+/// covers at most the length rounded up to whole blocks plus one block.
+pub fn slot_part_bytes(len: u64) -> u64 {
+    len.div_ceil(IO_ALIGN) * IO_ALIGN + IO_ALIGN
+}
+
+/// A 3-D expert stack (`ffn_{gate,up,down}_exps`): paged by experts under a budget.
+pub fn is_expert_stack(t: &TensorInfo) -> bool {
+    t.dims[2] > 1 && t.name.ends_with("_exps.weight")
+}
+
+/// One paged layer's expert sizes: (slot bytes, bytes of one expert's aligned reads,
+/// resident bytes of its stacks) from its three stacks, or `None` for a dense layer.
+fn expert_sizes(g: &Gguf, il: usize, file_len: u64) -> Option<(u64, u64, u64)> {
+    let mut slot = 0;
+    let mut read = 0;
+    let mut resident = 0;
+    let mut n = 0;
+    for t in layer_matrices(g, il).filter(is_expert_stack) {
+        let ne = t.dims[2].max(1);
+        let eb = t.bytes / ne;
+        slot += slot_part_bytes(eb);
+        // Expert 1's aligned read (a middle expert: neither end of the file).
+        let e1 = Span {
+            offset: t.offset + eb.min(t.bytes - eb),
+            len: eb,
+        };
+        read += e1.read_len(file_len);
+        resident += t.bytes + SLACK;
+        n += 1;
+    }
+    (n > 0).then_some((slot, read, resident))
+}
+
+/// Every paged layer's (layer index, slot bytes, bytes one expert read fetches).
+pub fn expert_layers<'g>(
+    g: &'g Gguf<'g>,
+    n_layer: usize,
+) -> impl Iterator<Item = (usize, u64, u64)> + 'g {
+    (0..n_layer).filter_map(move |il| expert_sizes(g, il, g.file_len).map(|(s, r, _)| (il, s, r)))
+}
+
+/// The expert-paged plan under `budget`, from the all-resident one; `Err` holds the
+/// least it needs (every pool empty).
+fn expert_plan(
+    g: &Gguf,
+    cfg: &Config,
+    all: &ResidencyPlan,
+    budget: u64,
+) -> Result<ResidencyPlan, u64> {
+    let Some(m) = cfg.moe else {
+        return Err(u64::MAX);
+    };
+    let mut e = ExpertPlan {
+        n_expert: m.n_expert,
+        n_used: m.n_used,
+        ..ExpertPlan::default()
+    };
+    let mut stacks = 0;
+    for il in 0..cfg.n_layer {
+        if let Some((slot, read, resident)) = expert_sizes(g, il, g.file_len) {
+            e.layers += 1;
+            e.slot_bytes_sum += slot;
+            e.slot_bytes_max = e.slot_bytes_max.max(slot);
+            e.read_bytes_sum += read;
+            stacks += resident;
+        }
+    }
+    if e.layers == 0 {
+        return Err(u64::MAX);
+    }
+    let book =
+        e.layers as u64 * (crate::pager::PoolMem::bytes_needed(m.n_expert) as u64 + IO_ALIGN);
+    let base = all.bytes() - stacks + book + e.slot_bytes_max + IO_ALIGN;
+    if base > budget {
+        return Err(base);
+    }
+    e.slots = (((budget - base) / e.slot_bytes_sum.max(1)) as usize).min(m.n_expert);
+    e.bytes = book + e.slot_bytes_max + IO_ALIGN + e.slots as u64 * e.slot_bytes_sum;
+    Ok(ResidencyPlan {
+        layer_bytes: all.layer_bytes - stacks,
+        experts: e,
+        ..*all
+    })
 }
 
 impl ResidencyPlan {
@@ -87,6 +218,7 @@ impl ResidencyPlan {
             + self.vector_bytes
             + self.embd_cache_bytes
             + self.zone_total()
+            + self.experts.bytes
     }
     /// Bytes of all stream zones (with alignment slack).
     pub fn zone_total(&self) -> u64 {
@@ -209,6 +341,7 @@ pub fn plan(
             embd_cache
         },
         streamed_per_pass: 0,
+        experts: ExpertPlan::default(),
     };
     let Some(budget) = weight_budget else {
         return Ok(all);
@@ -216,6 +349,10 @@ pub fn plan(
     if all.bytes() <= budget {
         return Ok(all);
     }
+    let expert_min = match expert_plan(g, cfg, &all, budget) {
+        Ok(p) => return Ok(p),
+        Err(min) => min,
+    };
     // Streaming: zones hold the largest layer span or a head chunk of the same size.
     let zone = (0..n_layer)
         .filter_map(|il| layer_span(g, il))
@@ -244,7 +381,7 @@ pub fn plan(
     }
     if p.bytes() > budget {
         return Err(NoPlan {
-            min_bytes: p.bytes(),
+            min_bytes: p.bytes().min(expert_min),
         });
     }
     let mut left = budget - p.bytes();

@@ -454,6 +454,17 @@ pub fn with_session<R>(
     spec: RunSpec,
     f: impl FnOnce(&mut Session<'_, '_>, &MemPlatform<'_>) -> R,
 ) -> Result<R, ModelError> {
+    with_session_budget(gguf_bytes, spec, None, |s, p, _| f(s, p))
+}
+
+/// [`with_session`] with the weights planned into `weight_budget` bytes (MoE models: the
+/// expert pager's pools); `f` also gets the arena's accounts after the session was made.
+pub fn with_session_budget<R>(
+    gguf_bytes: &[u8],
+    spec: RunSpec,
+    weight_budget: Option<u64>,
+    f: impl FnOnce(&mut Session<'_, '_>, &MemPlatform<'_>, &[(&'static str, usize)]) -> R,
+) -> Result<R, ModelError> {
     let plat = MemPlatform {
         bytes: gguf_bytes,
         cpu: host_cpu(),
@@ -464,18 +475,21 @@ pub fn with_session<R>(
     let mut region = vec![0u64; (gguf_bytes.len() * 2 + (64 << 20)) / 8];
     let region = pinch_kernels::blocks::bytes_of_mut(&mut region[..]);
     let mut arena = Arena::new(region);
+    let plan = residency::plan(&g, &cfg, weight_budget, None)
+        .map_err(|_| ModelError::BadShape("no residency plan fits"))?;
     let weights = Loader {
         platform: &plat,
         file: &(),
         gguf: &g,
         arena: &mut arena,
     }
-    .load(&cfg)?;
+    .load_planned(&cfg, None, &plan)?;
     let opts = session_options(&spec, true, plat.cpu());
     let read = |off: u64, buf: &mut [u8], d: bool| plat.read_at(&(), off, buf, d);
     let mut sess = Session::new(cfg, &weights, &mut arena, opts)?;
     sess.set_reader(&read);
-    Ok(f(&mut sess, &plat))
+    let accounts: Vec<_> = arena.accounts().to_vec();
+    Ok(f(&mut sess, &plat, &accounts))
 }
 
 /// The session options of the helpers above: context 256, head groups of 4.

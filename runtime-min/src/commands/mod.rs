@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod head_select;
 pub mod loops;
+pub mod moe;
 pub mod moe_sim;
 pub mod out;
 pub mod ppl;
@@ -263,6 +264,7 @@ fn with_model<P: Platform>(
     let mut err = Out::stderr(p);
     if o.verbose || o.budget.is_some() {
         let _ = plan.print(&mut err, &cfg, &sopts);
+        moe::print_plan(&mut err, &g, cfg.n_layer, &plan.res, o.read_bw);
     }
     drop(err);
     engine::check_budget(&plan, &g, &cfg, &sopts, pruned).map_err(AppError::Budget)?;
@@ -312,7 +314,9 @@ fn with_model<P: Platform>(
         plan,
         file: &file,
     };
-    f(&mut ctx)
+    moe::setup(&mut ctx)?;
+    f(&mut ctx)?;
+    moe::finish(&mut ctx)
 }
 
 /// Seconds between two `now_ns` readings.

@@ -91,6 +91,45 @@ impl<P: Platform> Products for SessionProducts<'_, '_, '_, '_, P> {
     }
 }
 
+/// Where the block's experts come from: the 3-D stacks in memory ([`Resident`]), or the
+/// expert pager's slots (`crate::pager::paged`), which this trait keeps out of the block's
+/// arithmetic. Each method's default is the all-resident behaviour.
+pub trait Experts {
+    /// The batch of `n` tokens routes to `want` (distinct, ascending): make them
+    /// available.
+    fn prepare(&mut self, _block: &MoeFfn<'_>, _want: &[u16], _n: usize) -> Result<(), ModelError> {
+        Ok(())
+    }
+    /// Expert `e`'s three matrices (after [`Self::prepare`]).
+    fn get<'x>(&'x mut self, block: &'x MoeFfn<'_>, e: usize) -> Result<SwiGlu<'x>, ModelError> {
+        block.expert(e)
+    }
+    /// Runtime routing knobs (`--experts`, `--moe-bias`).
+    fn routing(&self) -> crate::pager::Routing {
+        crate::pager::Routing::default()
+    }
+    /// Whether expert `e` is in memory now (for `--moe-bias`).
+    fn is_resident(&self, _block: &MoeFfn<'_>, _e: u16) -> bool {
+        true
+    }
+    /// Token `t` of the batch picked `ids` (the routing trace).
+    fn record(&mut self, _block: &MoeFfn<'_>, _t: usize, _ids: &[u32]) {}
+    /// Guess the next MoE layer's picks from this layer's input and read them ahead.
+    fn prefetch(
+        &mut self,
+        _mm: &mut dyn Products,
+        _block: &MoeFfn<'_>,
+        _xn: &[f32],
+        _n: usize,
+    ) -> Result<(), ModelError> {
+        Ok(())
+    }
+}
+
+/// Every expert in memory, in its layer's stacks.
+pub struct Resident;
+impl Experts for Resident {}
+
 /// A SwiGLU feed-forward's three matrices (the shared expert).
 #[derive(Clone, Copy)]
 pub struct SwiGlu<'a> {
@@ -113,6 +152,8 @@ pub struct MoeFfn<'a> {
     pub down_exps: Tensor<'a>,
     pub shared: Option<SwiGlu<'a>>,
     pub cfg: MoeConfig,
+    /// The layer's index (the expert pager keeps its pool by it).
+    pub il: usize,
 }
 
 /// Expert `e` of `stack`, a 3-D tensor of `n_expert` experts viewed as 2-D.
@@ -122,6 +163,16 @@ pub fn expert<'a>(stack: &Tensor<'a>, e: usize, n_expert: usize) -> Result<Tenso
 }
 
 impl<'a> MoeFfn<'a> {
+    /// Expert `e`'s matrices as views of the stacks (resident stacks only).
+    pub fn expert(&self, e: usize) -> Result<SwiGlu<'a>, ModelError> {
+        let ne = self.cfg.n_expert;
+        Ok(SwiGlu {
+            gate: expert(&self.gate_exps, e, ne)?,
+            up: expert(&self.up_exps, e, ne)?,
+            down: expert(&self.down_exps, e, ne)?,
+        })
+    }
+
     /// The matrices' GGUF suffixes (router, experts, then the shared expert's).
     pub const MATRICES: [&'static str; 7] = [
         "ffn_gate_inp.weight",
@@ -149,12 +200,14 @@ impl<'a> MoeFfn<'a> {
     }
 
     /// Layer `il`'s experts (config `c.moe`); a streamed layer's matrices are described,
-    /// not read.
+    /// not read, and so are a paged layer's expert stacks (`paged`: the expert pager
+    /// reads experts into its pool as they are picked).
     pub fn load<P: Platform>(
         l: &mut Loader<'_, '_, 'a, P>,
         c: &Config,
         il: usize,
         streamed: bool,
+        paged: bool,
     ) -> Result<MoeFfn<'a>, ModelError> {
         let m = c.moe.ok_or(ModelError::BadShape(
             "MoE layer without MoE hyper-parameters",
@@ -164,9 +217,10 @@ impl<'a> MoeFfn<'a> {
         let [r, g, u, d, sg, su, sd] = Self::MATRICES;
         let router = l.layer_matrix(n.get(r), e, ne, streamed)?;
         let bias = l.opt_vector(n.get("exp_probs_b.bias"), ne)?;
-        let gate_exps = load_stack(l, n.get(g), e, f, ne, streamed)?;
-        let up_exps = load_stack(l, n.get(u), e, f, ne, streamed)?;
-        let down_exps = load_stack(l, n.get(d), f, e, ne, streamed)?;
+        let described = streamed || paged;
+        let gate_exps = load_stack(l, n.get(g), e, f, ne, described)?;
+        let up_exps = load_stack(l, n.get(u), e, f, ne, described)?;
+        let down_exps = load_stack(l, n.get(d), f, e, ne, described)?;
         let shared = if m.n_ff_shexp > 0 {
             let fs = m.n_ff_shexp;
             Some(SwiGlu {
@@ -185,6 +239,7 @@ impl<'a> MoeFfn<'a> {
             down_exps,
             shared,
             cfg: m,
+            il,
         })
     }
 
@@ -208,13 +263,43 @@ impl<'a> MoeFfn<'a> {
             clock: &mut cx.clock,
         };
         let out = core::mem::take(&mut ms.out);
-        let r = self.run(&mut pr, &s.xn[..n * e], n, &mut out[..n * e], ms);
+        let r = match cx.experts.as_deref_mut() {
+            Some(pager) => {
+                let p = cx.p;
+                let parallel = |k: usize, f: &(dyn Fn(usize) + Sync)| p.parallel(k, f);
+                let now = || p.now_ns();
+                let no_read = |_: u64, _: &mut [u8], _: bool| {
+                    Err(crate::platform::PlatformError::Unsupported(
+                        "expert reads without a reader",
+                    ))
+                };
+                let mut src = crate::pager::paged::Paged {
+                    pager,
+                    io: crate::pager::Io {
+                        read: cx.read.unwrap_or(&no_read),
+                        workers: cx.opts.threads.min(p.workers()),
+                        parallel: &parallel,
+                        now: &now,
+                    },
+                };
+                self.run(&mut pr, &s.xn[..n * e], n, &mut out[..n * e], ms, &mut src)
+            }
+            None => self.run(
+                &mut pr,
+                &s.xn[..n * e],
+                n,
+                &mut out[..n * e],
+                ms,
+                &mut Resident,
+            ),
+        };
         s.xn[..n * e].copy_from_slice(&out[..n * e]);
         ms.out = out;
         r
     }
 
-    /// `out[..n * n_embd]` = this block applied to the `n` rows of `xn`.
+    /// `out[..n * n_embd]` = this block applied to the `n` rows of `xn`, its experts
+    /// from `experts`.
     pub fn run(
         &self,
         mm: &mut dyn Products,
@@ -222,8 +307,11 @@ impl<'a> MoeFfn<'a> {
         n: usize,
         out: &mut [f32],
         s: &mut MoeScratch<'_>,
+        experts: &mut dyn Experts,
     ) -> Result<(), ModelError> {
-        let m = &self.cfg;
+        let knobs = experts.routing();
+        let mut m = self.cfg;
+        m.n_used = knobs.n_used.map_or(m.n_used, |k| k.clamp(1, m.n_used));
         let (ne, k) = (m.n_expert, m.n_used);
         let e = self.router.cols;
         if n > s.n_batch {
@@ -231,15 +319,44 @@ impl<'a> MoeFfn<'a> {
         }
         mm.linear(&self.router, &xn[..n * e], n, &mut s.logits[..n * ne])?;
         mm.lap(Op::FfnGateUp);
+        // `--moe-bias X`: resident experts' selection scores get X (choice only).
+        let mut biased = [0.0f32; crate::pager::MAX_EXPERTS];
+        let bias = if knobs.resident_bias != 0.0 {
+            for (i, b) in biased[..ne].iter_mut().enumerate() {
+                *b = self.bias.map_or(0.0, |v| v[i]);
+                if experts.is_resident(self, i as u16) {
+                    *b += knobs.resident_bias;
+                }
+            }
+            Some(&biased[..ne])
+        } else {
+            self.bias
+        };
+        let mut used = [false; crate::pager::MAX_EXPERTS];
         for t in 0..n {
+            let ids = &mut s.ids[t * k..(t + 1) * k];
             moe_route::route(
-                m,
+                &m,
                 &s.logits[t * ne..(t + 1) * ne],
-                self.bias,
-                &mut s.ids[t * k..(t + 1) * k],
+                bias,
+                ids,
                 &mut s.weights[t * k..(t + 1) * k],
             );
+            for &id in ids.iter() {
+                used[id as usize] = true;
+            }
+            experts.record(self, t, ids);
         }
+        // The batch's experts, each once (one read per expert per batch).
+        let mut want = [0u16; crate::pager::MAX_EXPERTS];
+        let mut n_want = 0;
+        for (ex, _) in used[..ne].iter().enumerate().filter(|(_, &u)| u) {
+            want[n_want] = ex as u16;
+            n_want += 1;
+        }
+        experts.prepare(self, &want[..n_want], n)?;
+        experts.prefetch(mm, self, &xn[..n * e], n)?;
+        mm.lap(Op::ExpertWait);
         let MoeScratch {
             ids,
             weights,
@@ -277,10 +394,9 @@ impl<'a> MoeFfn<'a> {
                 }
                 &xg[..m_tok * e]
             };
-            let gate = expert(&self.gate_exps, ex, ne)?;
-            let up = expert(&self.up_exps, ex, ne)?;
-            let down = expert(&self.down_exps, ex, ne)?;
-            swiglu_ffn(mm, &gate, &up, &down, x, m_tok, &mut b)?;
+            let sw = experts.get(self, ex)?;
+            mm.lap(Op::ExpertWait);
+            swiglu_ffn(mm, &sw.gate, &sw.up, &sw.down, x, m_tok, &mut b)?;
             // llama.cpp multiplies each expert's output by its weight, then adds the
             // products (the sum starts from 0, and 0 + a = a exactly).
             for (i, &t) in tokens[..m_tok].iter().enumerate() {
@@ -597,6 +713,7 @@ mod tests {
                 down: tensor(&sd, 4, E),
             }),
             cfg: m,
+            il: 0,
         };
         let n = 7;
         let xn = noise(9, n * E);
@@ -604,7 +721,9 @@ mod tests {
         let mut arena = Arena::new(&mut region);
         let mut s = MoeScratch::new(&mut arena, &m, E, n).unwrap();
         let mut out = vec![0.0f32; n * E];
-        block.run(&mut Naive, &xn, n, &mut out, &mut s).unwrap();
+        block
+            .run(&mut Naive, &xn, n, &mut out, &mut s, &mut Resident)
+            .unwrap();
         let mut used = [false; 6];
         for t in 0..n {
             let want = one_token(&block, &xn[t * E..(t + 1) * E]);
@@ -626,7 +745,14 @@ mod tests {
         // One token alone gives the same as within the batch.
         let mut one = vec![0.0f32; E];
         block
-            .run(&mut Naive, &xn[2 * E..3 * E], 1, &mut one, &mut s)
+            .run(
+                &mut Naive,
+                &xn[2 * E..3 * E],
+                1,
+                &mut one,
+                &mut s,
+                &mut Resident,
+            )
             .unwrap();
         assert_eq!(&one[..], &out[2 * E..3 * E]);
     }
@@ -668,9 +794,17 @@ mod tests {
             down_exps: t,
             shared: None,
             cfg: m,
+            il: 0,
         };
         let mut out = vec![0.0; 3 * E];
-        let r = block.run(&mut Naive, &[0.0; 3 * E], 3, &mut out, &mut s);
+        let r = block.run(
+            &mut Naive,
+            &[0.0; 3 * E],
+            3,
+            &mut out,
+            &mut s,
+            &mut Resident,
+        );
         assert!(matches!(r, Err(ModelError::BadShape(_))));
     }
 }

@@ -90,10 +90,12 @@ pub enum Op {
     LmHead,
     /// Waiting for streamed weights (or reading them, without an I/O thread).
     StreamWait,
+    /// Reading experts the pool did not hold (and guessing the next layer's).
+    ExpertWait,
 }
 
 impl Op {
-    pub const COUNT: usize = 11;
+    pub const COUNT: usize = 12;
     pub const ALL: [Op; Op::COUNT] = [
         Op::Embed,
         Op::QkvProj,
@@ -106,6 +108,7 @@ impl Op {
         Op::NormsAndAdds,
         Op::LmHead,
         Op::StreamWait,
+        Op::ExpertWait,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -120,6 +123,7 @@ impl Op {
             Op::NormsAndAdds => "norms and residual adds",
             Op::LmHead => "output norm + LM head",
             Op::StreamWait => "waiting for streamed weights",
+            Op::ExpertWait => "reading paged experts",
         }
     }
 }
@@ -159,6 +163,8 @@ pub struct Session<'w, 'a> {
     /// Recurrent models: the state before the last token of the latest prompt (see
     /// [`Self::keep_checkpoint`]).
     checkpoint: Option<Checkpoint<'a>>,
+    /// MoE models: the expert pager (pools for paged layers, routing knobs, trace).
+    experts: Option<crate::pager::ExpertPager<'a>>,
 }
 
 impl<'w, 'a> Session<'w, 'a> {
@@ -210,6 +216,16 @@ impl<'w, 'a> Session<'w, 'a> {
             0
         };
         let embd_cache = arena.bytes("embedding cache", cache_rows * e.row_bytes)?;
+        let experts = match cfg.moe {
+            Some(_) => Some(crate::pager::ExpertPager::new(
+                arena,
+                &w.layers,
+                w.plan.experts.slots,
+                w.plan.experts.slot_bytes_max,
+                crate::pager::Policy::LFU,
+            )?),
+            None => None,
+        };
         Ok(Session {
             cfg,
             w,
@@ -225,7 +241,35 @@ impl<'w, 'a> Session<'w, 'a> {
             embd_cache,
             embd_tags: [u32::MAX; EMBD_CACHE_ROWS],
             checkpoint: None,
+            experts,
         })
+    }
+
+    /// The expert pager (MoE models): its counts, policy, knobs and trace.
+    pub fn experts(&self) -> Option<&crate::pager::ExpertPager<'a>> {
+        self.experts.as_ref()
+    }
+    pub fn experts_mut(&mut self) -> Option<&mut crate::pager::ExpertPager<'a>> {
+        self.experts.as_mut()
+    }
+
+    /// Run `f` with the expert pager and the I/O it reads through (warm starts).
+    pub fn with_expert_io<P: Platform, R>(
+        &mut self,
+        p: &P,
+        f: impl FnOnce(&mut crate::pager::ExpertPager<'a>, &crate::pager::Io<'_>) -> R,
+    ) -> Option<R> {
+        let read = self.read?;
+        let x = self.experts.as_mut()?;
+        let parallel = |k: usize, g: &(dyn Fn(usize) + Sync)| p.parallel(k, g);
+        let now = || p.now_ns();
+        let io = crate::pager::Io {
+            read,
+            workers: self.opts.threads.min(p.workers()),
+            parallel: &parallel,
+            now: &now,
+        };
+        Some(f(x, &io))
     }
 
     /// Give the session the model file's reader (needed when weights are streamed or
@@ -555,7 +599,12 @@ impl<'w, 'a> Session<'w, 'a> {
                 t0,
                 prof: &mut self.profile,
             },
+            experts: self.experts.as_mut(),
+            read: self.read,
         };
+        if let Some(x) = cx.experts.as_deref_mut() {
+            x.begin_pass(n);
+        }
         cx.clock.lap(Op::Embed);
         let w = self.w;
         for (il, state) in self.state.iter_mut().enumerate() {

@@ -76,6 +76,7 @@ impl<'a> Layer<'a> {
         c: &Config,
         il: usize,
         stream: Option<LayerStream>,
+        paged_experts: bool,
     ) -> Result<Layer<'a>, ModelError> {
         let kind = c.layer(il);
         let streamed = stream.is_some();
@@ -95,7 +96,7 @@ impl<'a> Layer<'a> {
         let ffn_norm = l.vector(n.get(c.ffn_norm_name), c.n_embd)?;
         let ffn = match kind.ffn {
             FfnKind::Dense => Ffn::Dense(DenseFfn::load(l, c, il, streamed)?),
-            FfnKind::Moe => Ffn::Moe(MoeFfn::load(l, c, il, streamed)?),
+            FfnKind::Moe => Ffn::Moe(MoeFfn::load(l, c, il, streamed, paged_experts)?),
         };
         let post_ffn_norm = l.opt_vector(n.get("post_ffw_norm.weight"), c.n_embd)?;
         if c.post_norms && (post_mixer_norm.is_none() || post_ffn_norm.is_none()) {
@@ -262,6 +263,10 @@ pub struct Cx<'c, 's, 'p, P: Platform> {
     pub opts: &'c SessionOptions,
     pub s: &'c mut Scratch<'s>,
     pub clock: Clock<'c, 'p, P>,
+    /// The expert pager (MoE models), behind the MoE block's expert access.
+    pub experts: Option<&'c mut crate::pager::ExpertPager<'s>>,
+    /// The model file's reader (for paged experts).
+    pub read: Option<&'c crate::model::stream::ReadFn<'c>>,
 }
 
 /// Charges the time since the last lap to an [`Op`] of the profile.

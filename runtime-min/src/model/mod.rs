@@ -85,6 +85,8 @@ pub enum ModelError {
     },
     /// Input embedding rows must be read from the file, but the session has no reader.
     NoReader,
+    /// The expert pager could not read or place an expert.
+    Pager(crate::pager::PagerError),
     /// `Session::truncate` to a position the session cannot return to.
     Truncate {
         to: usize,
@@ -156,6 +158,7 @@ impl core::fmt::Display for ModelError {
                 f,
                 "--verify-stream: the streamed weight byte at file offset {offset} differs from the file"
             ),
+            ModelError::Pager(e) => write!(f, "{e}"),
             ModelError::Truncate { to, n_past } => write!(
                 f,
                 "cannot return the session to position {to}: it holds {n_past} positions"

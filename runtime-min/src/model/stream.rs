@@ -119,7 +119,7 @@ impl Schedule<'_, '_> {
 
 /// Read unit span `s` into the front of `zone` with direct reads; optionally compare
 /// with a buffered read of the same bytes.
-fn fill(
+pub(crate) fn fill(
     read: &ReadFn,
     zone: &mut [u8],
     s: Span,

@@ -427,7 +427,8 @@ impl<'p, 'g, 'a, P: Platform> Loader<'p, 'g, 'a, P> {
             } else {
                 None
             };
-            let _ = layers.push(Layer::load(self, c, il, stream)?);
+            let paged = plan.experts.pages();
+            let _ = layers.push(Layer::load(self, c, il, stream, paged)?);
         }
         Ok(Weights {
             token_embd,

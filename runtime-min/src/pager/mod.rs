@@ -6,11 +6,15 @@
 //! compact record of which experts each token used ([`trace`], written by a run and
 //! replayed by `pinch moe-sim`), and the replay itself ([`sim`]), which also computes the
 //! best fixed pool for a trace (each layer's most used experts) to judge a policy by.
+//! [`paged`] is the I/O side: the pools' slots in the arena, filled from the file during
+//! the forward pass, behind the MoE block's weight access.
+pub mod paged;
 pub mod pool;
 pub mod sim;
 pub mod trace;
 
-pub use pool::{Access, Policy, Pool, PoolError};
+pub use paged::{ExpertPager, Io, PagerError, PagerStats, Routing};
+pub use pool::{Access, Policy, Pool, PoolArrays, PoolError, PoolMem};
 pub use sim::{simulate, LayerStats, SimReport};
 pub use trace::{Trace, TraceError, TraceWriter};
 

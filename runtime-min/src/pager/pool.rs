@@ -91,41 +91,134 @@ use super::MAX_EXPERTS;
 
 const NONE: u16 = u16::MAX;
 
+/// The per-expert state a [`Pool`] keeps, lent by its owner (a session takes it from
+/// its arena with [`PoolMem::from_arena`], the simulator from the stack with
+/// [`PoolArrays`]); each slice holds at least `n_expert` values.
+pub struct PoolMem<'m> {
+    /// Slot holding each expert (`NONE`: not resident).
+    pub slot_of: &'m mut [u16],
+    /// Expert in each slot (`NONE`: free).
+    pub holder: &'m mut [u16],
+    /// LFU: decayed use counts, per expert (resident or not).
+    pub count: &'m mut [f32],
+    /// LRU: the access number each expert was last used at.
+    pub last: &'m mut [u64],
+}
+
+impl<'m> PoolMem<'m> {
+    /// State for a layer of `n_expert` experts from `arena`.
+    pub fn from_arena(
+        arena: &mut crate::arena::Arena<'m>,
+        n_expert: usize,
+    ) -> Result<PoolMem<'m>, crate::arena::ArenaError> {
+        let a = "expert pool";
+        Ok(PoolMem {
+            slot_of: arena.slice(a, n_expert)?,
+            holder: arena.slice(a, n_expert)?,
+            count: arena.slice(a, n_expert)?,
+            last: arena.slice(a, n_expert)?,
+        })
+    }
+
+    /// Bytes [`Self::from_arena`] takes (with the arena's per-slice alignment).
+    pub fn bytes_needed(n_expert: usize) -> usize {
+        n_expert * (2 + 2 + 4 + 8) + 4 * 64
+    }
+}
+
+/// [`PoolMem`] for up to [`MAX_EXPERTS`] experts as arrays of their own (8 KiB).
+pub struct PoolArrays {
+    slot_of: [u16; MAX_EXPERTS],
+    holder: [u16; MAX_EXPERTS],
+    count: [f32; MAX_EXPERTS],
+    last: [u64; MAX_EXPERTS],
+}
+
+impl Default for PoolArrays {
+    fn default() -> Self {
+        PoolArrays {
+            slot_of: [0; MAX_EXPERTS],
+            holder: [0; MAX_EXPERTS],
+            count: [0.0; MAX_EXPERTS],
+            last: [0; MAX_EXPERTS],
+        }
+    }
+}
+
+impl PoolArrays {
+    pub fn mem(&mut self) -> PoolMem<'_> {
+        PoolMem {
+            slot_of: &mut self.slot_of,
+            holder: &mut self.holder,
+            count: &mut self.count,
+            last: &mut self.last,
+        }
+    }
+}
+
 /// One layer's slots.
-pub struct Pool {
+pub struct Pool<'m> {
     policy: Policy,
     n_expert: usize,
     slots: usize,
-    /// Slot holding each expert (`NONE`: not resident).
-    slot_of: [u16; MAX_EXPERTS],
-    /// Expert in each slot (`NONE`: free).
-    holder: [u16; MAX_EXPERTS],
-    /// LFU: decayed use counts, per expert (resident or not).
-    count: [f32; MAX_EXPERTS],
-    /// LRU: the access number each expert was last used at.
-    last: [u64; MAX_EXPERTS],
+    slot_of: &'m mut [u16],
+    holder: &'m mut [u16],
+    count: &'m mut [f32],
+    last: &'m mut [u64],
     clock: u64,
 }
 
-impl Pool {
-    /// A pool of `slots` (at most `n_expert`) for a layer of `n_expert` experts.
-    pub fn new(n_expert: usize, slots: usize, policy: Policy) -> Result<Pool, PoolError> {
-        if n_expert > MAX_EXPERTS {
+impl<'m> Pool<'m> {
+    /// A pool of `slots` (at most `n_expert`) for a layer of `n_expert` experts, its
+    /// state in `mem` (reset here).
+    pub fn new(
+        n_expert: usize,
+        slots: usize,
+        policy: Policy,
+        mem: PoolMem<'m>,
+    ) -> Result<Pool<'m>, PoolError> {
+        let short = [
+            mem.slot_of.len(),
+            mem.holder.len(),
+            mem.count.len(),
+            mem.last.len(),
+        ]
+        .iter()
+        .any(|&l| l < n_expert);
+        if n_expert > MAX_EXPERTS || short {
             return Err(PoolError::TooManyExperts {
                 n_expert,
-                max: MAX_EXPERTS,
+                max: MAX_EXPERTS.min(mem.slot_of.len()),
             });
         }
+        let PoolMem {
+            slot_of,
+            holder,
+            count,
+            last,
+        } = mem;
+        slot_of[..n_expert].fill(NONE);
+        holder[..n_expert].fill(NONE);
+        count[..n_expert].fill(0.0);
+        last[..n_expert].fill(0);
         Ok(Pool {
             policy,
             n_expert,
             slots: slots.min(n_expert),
-            slot_of: [NONE; MAX_EXPERTS],
-            holder: [NONE; MAX_EXPERTS],
-            count: [0.0; MAX_EXPERTS],
-            last: [0; MAX_EXPERTS],
+            slot_of: &mut slot_of[..n_expert],
+            holder: &mut holder[..n_expert],
+            count: &mut count[..n_expert],
+            last: &mut last[..n_expert],
             clock: 0,
         })
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    pub fn n_expert(&self) -> usize {
+        self.n_expert
     }
 
     pub fn slots(&self) -> usize {
@@ -198,6 +291,42 @@ impl Pool {
             .enumerate()
             .filter(|(_, &e)| e != NONE)
             .map(|(s, &e)| (e, s as u16))
+    }
+
+    /// Empty the pool, forget every count and use `policy` from now on.
+    pub fn reset(&mut self, policy: Policy) {
+        self.policy = policy;
+        self.slot_of.fill(NONE);
+        self.holder.fill(NONE);
+        self.count.fill(0.0);
+        self.last.fill(0);
+        self.clock = 0;
+    }
+
+    /// Expert `e` is no longer resident (its read failed); its slot becomes free.
+    pub fn forget(&mut self, e: u16) {
+        if let Some(s) = self.slot(e) {
+            self.holder[s as usize] = NONE;
+            self.slot_of[e as usize] = NONE;
+        }
+    }
+
+    /// A prefetch of `e` (not a use): a free slot, else the policy's victim among the
+    /// experts not in `pinned` if the policy would admit `e` over it. Returns the slot
+    /// and the expert evicted; `None`: not placed.
+    pub fn place_ahead(&mut self, e: u16, pinned: &[u16]) -> Option<(u16, Option<u16>)> {
+        if self.check(e).is_err() || self.slot(e).is_some() {
+            return None;
+        }
+        // A guess ranks as recent as a use would (LRU) but with no extra count (LFU).
+        self.last[e as usize] = self.clock;
+        match self.admit(e, pinned) {
+            Access::Miss {
+                slot: Some(s),
+                evicted,
+            } => Some((s, evicted)),
+            _ => None,
+        }
     }
 
     /// The experts by decayed use, most used first (for a hot list): fills `out`.
@@ -306,6 +435,10 @@ impl Pool {
 mod tests {
     use super::*;
 
+    fn pool(n: usize, slots: usize, policy: Policy, a: &mut PoolArrays) -> Pool<'_> {
+        Pool::new(n, slots, policy, a.mem()).unwrap()
+    }
+
     fn hits(p: &mut Pool, want: &[u16]) -> usize {
         let mut out = [Access::Hit(0); 8];
         p.access(want, &mut out).unwrap();
@@ -318,7 +451,8 @@ mod tests {
 
     #[test]
     fn first_uses_fill_free_slots_then_hit() {
-        let mut p = Pool::new(8, 2, Policy::LFU).unwrap();
+        let mut ap = PoolArrays::default();
+        let mut p = pool(8, 2, Policy::LFU, &mut ap);
         assert_eq!(hits(&mut p, &[1, 2]), 0);
         assert_eq!(hits(&mut p, &[2, 1]), 2);
         assert_eq!(p.slot(1), Some(0));
@@ -328,7 +462,8 @@ mod tests {
 
     #[test]
     fn lru_evicts_the_least_recently_used() {
-        let mut p = Pool::new(8, 2, Policy::Lru).unwrap();
+        let mut ap = PoolArrays::default();
+        let mut p = pool(8, 2, Policy::Lru, &mut ap);
         hits(&mut p, &[1]);
         hits(&mut p, &[2]);
         hits(&mut p, &[1]);
@@ -338,7 +473,8 @@ mod tests {
 
     #[test]
     fn lfu_keeps_the_frequent_expert_against_a_rare_one() {
-        let mut p = Pool::new(8, 2, Policy::LFU).unwrap();
+        let mut ap = PoolArrays::default();
+        let mut p = pool(8, 2, Policy::LFU, &mut ap);
         for _ in 0..10 {
             hits(&mut p, &[1, 2]);
         }
@@ -354,7 +490,8 @@ mod tests {
         );
         assert!(p.slot(1).is_some() && p.slot(2).is_some());
         // LRU would have taken it.
-        let mut q = Pool::new(8, 2, Policy::Lru).unwrap();
+        let mut aq = PoolArrays::default();
+        let mut q = pool(8, 2, Policy::Lru, &mut aq);
         for _ in 0..10 {
             hits(&mut q, &[1, 2]);
         }
@@ -364,7 +501,8 @@ mod tests {
 
     #[test]
     fn lfu_counts_decay_so_a_new_favourite_gets_in() {
-        let mut p = Pool::new(8, 1, Policy::Lfu { decay: 0.5 }).unwrap();
+        let mut ap = PoolArrays::default();
+        let mut p = pool(8, 1, Policy::Lfu { decay: 0.5 }, &mut ap);
         for _ in 0..5 {
             hits(&mut p, &[1]);
         }
@@ -381,7 +519,8 @@ mod tests {
 
     #[test]
     fn an_access_never_evicts_its_own_experts() {
-        let mut p = Pool::new(8, 2, Policy::Lru).unwrap();
+        let mut ap = PoolArrays::default();
+        let mut p = pool(8, 2, Policy::Lru, &mut ap);
         hits(&mut p, &[1, 2]);
         let mut out = [Access::Hit(0); 3];
         p.access(&[1, 2, 3], &mut out).unwrap();
@@ -398,7 +537,8 @@ mod tests {
 
     #[test]
     fn warm_start_places_the_hot_list() {
-        let mut p = Pool::new(8, 3, Policy::LFU).unwrap();
+        let mut ap = PoolArrays::default();
+        let mut p = pool(8, 3, Policy::LFU, &mut ap);
         let mut placed = [(0, 0); 8];
         assert_eq!(p.warm(&[7, 3, 3, 5, 1], &mut placed).unwrap(), 3);
         assert_eq!(&placed[..3], &[(7, 0), (3, 1), (5, 2)]);
@@ -411,15 +551,39 @@ mod tests {
     }
 
     #[test]
+    fn prefetch_takes_free_slots_and_evicts_only_what_the_policy_would() {
+        let mut a = PoolArrays::default();
+        let mut p = pool(8, 2, Policy::LFU, &mut a);
+        // A free slot: placed, nothing evicted, and not counted as a use.
+        assert_eq!(p.place_ahead(4, &[4]), Some((0, None)));
+        assert_eq!(p.place_ahead(4, &[4]), None, "already resident");
+        for _ in 0..5 {
+            hits(&mut p, &[1]);
+        }
+        assert!(p.slot(1).is_some() && p.slot(4).is_some());
+        // Full: the never-used guess 4 goes first, for another guess...
+        assert_eq!(p.place_ahead(6, &[6]), Some((0, Some(4))));
+        // ... but LFU does not evict an expert used five times for one.
+        assert_eq!(p.place_ahead(7, &[7, 6]), None);
+        assert!(p.slot(1).is_some() && p.slot(6).is_some());
+        let mut b = PoolArrays::default();
+        let mut q = pool(8, 1, Policy::Lru, &mut b);
+        hits(&mut q, &[2]);
+        assert_eq!(q.place_ahead(3, &[3]), Some((0, Some(2))));
+        assert_eq!(q.place_ahead(9, &[9]), None, "outside the layer");
+    }
+
+    #[test]
     fn bad_ids_and_sizes_are_typed_errors() {
         assert_eq!(
-            Pool::new(600, 4, Policy::Lru).err(),
+            Pool::new(600, 4, Policy::Lru, PoolArrays::default().mem()).err(),
             Some(PoolError::TooManyExperts {
                 n_expert: 600,
                 max: MAX_EXPERTS
             })
         );
-        let mut p = Pool::new(4, 2, Policy::Lru).unwrap();
+        let mut ap = PoolArrays::default();
+        let mut p = pool(4, 2, Policy::Lru, &mut ap);
         let mut out = [Access::Hit(0); 2];
         assert_eq!(
             p.access(&[4], &mut out),

@@ -2,7 +2,7 @@
 //! read per token for a pool size and policy, beside the best fixed pool of that size
 //! (each layer's most used experts over the whole trace, which no online policy beats
 //! by much on a stationary trace and which tells what a policy leaves on the table).
-use super::pool::{Access, Policy, Pool, PoolError};
+use super::pool::{Access, Policy, Pool, PoolArrays, PoolError};
 use super::trace::Trace;
 use super::MAX_EXPERTS;
 use crate::model::config::MAX_LAYERS;
@@ -60,8 +60,9 @@ pub fn simulate(trace: &Trace, slots: usize, policy: Policy) -> Result<SimReport
     let mut picks = [0u16; MAX_EXPERTS];
     let mut out = [Access::Hit(0); MAX_EXPERTS];
     let k = trace.picks;
+    let mut mem = PoolArrays::default();
     for l in 0..trace.layers {
-        let mut pool = Pool::new(trace.experts, slots, policy)?;
+        let mut pool = Pool::new(trace.experts, slots, policy, mem.mem())?;
         let mut stats = LayerStats::default();
         let mut freq = [0u64; MAX_EXPERTS];
         for t in 0..trace.tokens() {

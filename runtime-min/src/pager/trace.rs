@@ -159,6 +159,8 @@ pub struct TraceWriter<'a> {
     picks: usize,
     /// Layers written for the current token.
     at_layer: usize,
+    /// Records reserved for out of order writing (see [`Self::reserve`]).
+    pending: usize,
 }
 
 impl<'a> TraceWriter<'a> {
@@ -184,6 +186,7 @@ impl<'a> TraceWriter<'a> {
             layers,
             picks,
             at_layer: 0,
+            pending: 0,
         })
     }
 
@@ -205,11 +208,37 @@ impl<'a> TraceWriter<'a> {
         Ok(())
     }
 
-    /// The bytes of the whole tokens written so far.
+    /// The bytes of the whole tokens written so far (with [`Self::set`]: including the
+    /// tokens of the last [`Self::reserve`]).
     pub fn bytes(&self) -> &[u8] {
         let record = 2 * self.layers * self.picks;
-        let whole = (self.len - HEADER) / record.max(1) * record;
+        let end = (self.len + self.pending * record).min(self.buf.len());
+        let whole = (end - HEADER) / record.max(1) * record;
         &self.buf[..HEADER + whole]
+    }
+
+    /// Out of order writing for a batch: the next `tokens` records are written with
+    /// [`Self::set`] (layer by layer, as a weight pass makes them). Commits the records
+    /// of the previous reserve.
+    pub fn reserve(&mut self, tokens: usize) {
+        let record = 2 * self.layers * self.picks;
+        self.len = (self.len + self.pending * record).min(self.buf.len());
+        self.pending = tokens;
+    }
+
+    /// Token `t` of the last reserve used `ids` in MoE layer `layer`. Records past the
+    /// buffer are dropped (the trace then ends early; [`Self::bytes`] has whole tokens).
+    pub fn set(&mut self, t: usize, layer: usize, ids: &[u16]) {
+        let record = 2 * self.layers * self.picks;
+        let at = self.len + t * record + layer * 2 * self.picks;
+        if t >= self.pending || layer >= self.layers || ids.len() != self.picks {
+            return;
+        }
+        if let Some(dst) = self.buf.get_mut(at..at + 2 * self.picks) {
+            for (c, id) in dst.chunks_exact_mut(2).zip(ids) {
+                c.copy_from_slice(&id.to_le_bytes());
+            }
+        }
     }
 }
 

@@ -1,0 +1,295 @@
+//! The expert pager in the forward pass: under budgets whose pools hold fewer experts
+//! than a layer has, every MoE layer is paged, and the logits must be the all-resident
+//! run's bit for bit (one token at a time and in batches, LFU and LRU, with prefetch);
+//! the weights and pools stay under the budget; the simulator replaying the pager's own
+//! trace counts the same hits and misses.
+use pinch_runtime_min::gguf::Gguf;
+use pinch_runtime_min::model::{Config, KvType, Logits, Math, Session};
+use pinch_runtime_min::pager::{simulate, ExpertPager, PagerStats, Policy, Trace};
+use pinch_runtime_min::residency::{self, ResidencyPlan};
+use pinch_tests::{data_dir, with_session_budget, RunSpec};
+
+const MODELS: [&str; 4] = [
+    "tiny-qwen3moe-Q8_0.gguf",
+    "tiny-qwen3moe-Q4_K_M.gguf",
+    "tiny-bailingmoe2-Q8_0.gguf",
+    "tiny-bailingmoe2-Q4_K_M.gguf",
+];
+
+fn spec(batch: usize) -> RunSpec {
+    RunSpec {
+        math: Math::Fast,
+        kv: KvType::F32,
+        batch,
+        threads: 1,
+        attn_skip: false,
+    }
+}
+
+fn tokens(n: usize, n_vocab: usize) -> Vec<u32> {
+    (0..n).map(|i| ((i * 37 + 5) % n_vocab) as u32).collect()
+}
+
+fn load(name: &str) -> Vec<u8> {
+    std::fs::read(data_dir().join("tiny").join(name)).unwrap()
+}
+
+/// The weight budget whose plan gives each MoE layer `slots` expert slots, or `None`
+/// when all weights fit in less (slots are aligned reads, larger than an expert).
+fn try_budget_for(bytes: &[u8], slots: usize) -> Option<(u64, ResidencyPlan)> {
+    let g = Gguf::parse(bytes, bytes.len() as u64).unwrap();
+    let cfg = Config::from_gguf(&g).unwrap();
+    let all = residency::plan(&g, &cfg, None, None).unwrap();
+    let p = residency::plan(&g, &cfg, Some(all.bytes() - 1), None).unwrap();
+    assert!(p.experts.pages(), "the MoE plan was not chosen: {p:?}");
+    let e = p.experts;
+    let base = p.bytes() - e.slots as u64 * e.slot_bytes_sum;
+    let budget = base + slots as u64 * e.slot_bytes_sum;
+    if budget >= all.bytes() {
+        return None;
+    }
+    let q = residency::plan(&g, &cfg, Some(budget), None).unwrap();
+    assert_eq!(q.experts.slots, slots);
+    assert!(q.bytes() <= budget);
+    // One byte less holds one slot fewer (or, at 0 slots, no plan of this kind).
+    if slots > 0 {
+        let r = residency::plan(&g, &cfg, Some(budget - 1), None).unwrap();
+        assert_eq!(r.experts.slots, slots - 1);
+    }
+    Some((budget, q))
+}
+
+fn budget_for(bytes: &[u8], slots: usize) -> (u64, ResidencyPlan) {
+    try_budget_for(bytes, slots).unwrap_or_else(|| panic!("no paged plan with {slots} slots"))
+}
+
+/// Pool sizes below the expert count that some budget pages with: 0, 1 and the
+/// largest (at least 2 on every tiny fixture).
+fn pool_sizes(bytes: &[u8], n_expert: usize) -> Vec<usize> {
+    let most = (0..n_expert)
+        .rev()
+        .find(|&s| try_budget_for(bytes, s).is_some())
+        .unwrap();
+    assert!(most >= 2, "only {most} slots can be paged");
+    let mut v = vec![0, 1, most];
+    v.dedup();
+    v
+}
+
+/// What one run gives back.
+struct Run {
+    logits: Vec<Vec<f32>>,
+    layers: Vec<(usize, usize, PagerStats)>,
+    /// Arena bytes of the weights and the pools.
+    weight_bytes: u64,
+    trace: Option<Vec<u8>>,
+}
+
+fn run(
+    bytes: &[u8],
+    toks: &[u32],
+    batch: usize,
+    budget: Option<u64>,
+    setup: &dyn Fn(&mut ExpertPager),
+) -> Run {
+    with_session_budget(bytes, spec(batch), budget, |sess: &mut Session, p, acc| {
+        let weight_bytes = acc
+            .iter()
+            .filter(|(a, _)| {
+                ["weights", "load scratch", "expert pool", "embedding cache"].contains(a)
+            })
+            .map(|(_, n)| *n as u64)
+            .sum();
+        setup(sess.experts_mut().unwrap());
+        let mut logits = vec![Vec::new(); toks.len()];
+        for (c, chunk) in toks.chunks(batch).enumerate() {
+            sess.eval(p, chunk, Logits::All, &mut |i, l| {
+                logits[c * batch + i] = l.to_vec()
+            })
+            .unwrap();
+        }
+        let x = sess.experts().unwrap();
+        Run {
+            logits,
+            layers: x.layers().map(|(il, s, _, st)| (il, s, st)).collect(),
+            weight_bytes,
+            trace: x.trace_bytes().map(|b| b.to_vec()),
+        }
+    })
+    .unwrap()
+}
+
+fn assert_same_bits(name: &str, what: &str, want: &[Vec<f32>], got: &[Vec<f32>]) {
+    for (t, (a, b)) in want.iter().zip(got).enumerate() {
+        let same = a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same, "{name} {what}: logits differ at position {t}");
+    }
+}
+
+fn moe_layers(bytes: &[u8]) -> usize {
+    let g = Gguf::parse(bytes, bytes.len() as u64).unwrap();
+    let cfg = Config::from_gguf(&g).unwrap();
+    (0..cfg.n_layer)
+        .filter(|&il| residency::expert_layers(&g, cfg.n_layer).any(|(l, _, _)| l == il))
+        .count()
+}
+
+#[test]
+fn paged_experts_give_the_resident_logits_bit_for_bit() {
+    for name in MODELS {
+        let bytes = load(name);
+        let g = Gguf::parse(&bytes, bytes.len() as u64).unwrap();
+        let cfg = Config::from_gguf(&g).unwrap();
+        let ne = cfg.moe.unwrap().n_expert;
+        let toks = tokens(12, cfg.n_vocab);
+        let want = run(&bytes, &toks, 1, None, &|_| {});
+        assert!(want.layers.is_empty(), "{name}: paged without a budget");
+        for slots in pool_sizes(&bytes, ne) {
+            let (budget, plan) = budget_for(&bytes, slots);
+            for (batch, policy, prefetch) in [
+                (1, Policy::LFU, false),
+                (4, Policy::LFU, false),
+                (1, Policy::Lru, false),
+                (1, Policy::LFU, true),
+                (5, Policy::Lru, true),
+            ] {
+                let what = format!("{slots} slots, batch {batch}, {policy:?}, prefetch {prefetch}");
+                let got = run(&bytes, &toks, batch, Some(budget), &|x| {
+                    x.set_policy(policy);
+                    x.prefetch = prefetch;
+                });
+                assert_same_bits(name, &what, &want.logits, &got.logits);
+                // Every MoE layer is paged, with a pool smaller than its experts.
+                assert_eq!(got.layers.len(), moe_layers(&bytes), "{name} {what}");
+                assert_eq!(got.layers.len(), plan.experts.layers);
+                let mut t = PagerStats::default();
+                for (_, s, st) in &got.layers {
+                    assert_eq!(*s, slots);
+                    t.add(st);
+                }
+                assert!(t.misses > 0 && t.reads > 0, "{name} {what}: {t:?}");
+                if slots == 0 {
+                    assert_eq!(t.hits, 0, "{name} {what}");
+                }
+                // Weights and pools in the arena stay under the budget the plan was
+                // made for.
+                assert!(
+                    got.weight_bytes <= budget,
+                    "{name} {what}: {} bytes of weights and pools over the budget {budget}",
+                    got.weight_bytes
+                );
+                if prefetch && slots > 0 && batch == 1 && got.layers.len() > 1 {
+                    assert!(t.prefetched > 0, "{name} {what}: nothing prefetched {t:?}");
+                }
+                if !prefetch {
+                    assert_eq!(t.prefetched, 0);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_batch_reads_each_expert_once() {
+    let bytes = load("tiny-qwen3moe-Q8_0.gguf");
+    let g = Gguf::parse(&bytes, bytes.len() as u64).unwrap();
+    let cfg = Config::from_gguf(&g).unwrap();
+    let toks = tokens(8, cfg.n_vocab);
+    let (budget, _) = budget_for(&bytes, 0);
+    // No slots: every pick is a read, so reads count what each batch asked for.
+    let one = run(&bytes, &toks, 1, Some(budget), &|_| {});
+    let all = run(&bytes, &toks, 8, Some(budget), &|_| {});
+    for ((_, _, a), (_, _, b)) in one.layers.iter().zip(&all.layers) {
+        // One token at a time: two picks per token; one batch: the union, at most
+        // the layer's four experts.
+        assert_eq!(a.misses, 8 * 2);
+        assert!(b.misses <= 4 && b.misses >= 2, "{b:?}");
+        assert_eq!(b.reads, b.misses);
+    }
+}
+
+#[test]
+fn the_simulator_counts_what_the_pager_counted() {
+    for name in MODELS {
+        let bytes = load(name);
+        let g = Gguf::parse(&bytes, bytes.len() as u64).unwrap();
+        let cfg = Config::from_gguf(&g).unwrap();
+        let m = cfg.moe.unwrap();
+        let toks = tokens(40, cfg.n_vocab);
+        let record = |x: &mut ExpertPager| {
+            let buf = Box::leak(vec![0u8; 1 << 16].into_boxed_slice());
+            x.record_trace(buf, m.n_used).unwrap();
+        };
+        // At bias 0 routing does not depend on what is resident: the all-resident
+        // run records the same trace.
+        let resident = run(&bytes, &toks, 1, None, &record).trace.unwrap();
+        for slots in pool_sizes(&bytes, m.n_expert) {
+            let (budget, _) = budget_for(&bytes, slots);
+            for policy in [Policy::LFU, Policy::Lru] {
+                let got = run(&bytes, &toks, 1, Some(budget), &|x| {
+                    x.set_policy(policy);
+                    record(x);
+                });
+                let bytes = got.trace.unwrap();
+                assert_eq!(bytes, resident, "{name}: the paged run routed differently");
+                let trace = Trace::parse(&bytes).unwrap();
+                assert_eq!(trace.tokens(), toks.len());
+                let sim = simulate(&trace, slots, policy).unwrap();
+                assert_eq!(sim.layers.len(), got.layers.len());
+                for (s, (il, _, p)) in sim.layers.iter().zip(&got.layers) {
+                    assert_eq!(
+                        (s.hits, s.misses),
+                        (p.hits, p.misses),
+                        "{name} layer {il}, {slots} slots, {policy:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_budget_under_the_non_expert_weights_says_what_is_needed() {
+    let bytes = load("tiny-qwen3moe-Q8_0.gguf");
+    let g = Gguf::parse(&bytes, bytes.len() as u64).unwrap();
+    let cfg = Config::from_gguf(&g).unwrap();
+    let (zero_slots, _) = budget_for(&bytes, 0);
+    // Below the expert plan's least the dense streaming plan may still fit; below
+    // both, the error names the least of them.
+    let e = residency::plan(&g, &cfg, Some(1000), None).unwrap_err();
+    assert!(e.min_bytes > 1000 && e.min_bytes <= zero_slots, "{e:?}");
+}
+
+/// Pre-gated prefetch on the two-MoE-layer fixture: the second layer's experts guessed
+/// from the first layer's input are read ahead; what a batch then finds resident
+/// because of it is counted, every prefetched expert is either used, evicted unused or
+/// still waiting, and the logits are unchanged (checked above for every pool size).
+#[test]
+fn prefetch_reads_guesses_ahead_and_counts_them() {
+    let bytes = load("tiny-qwen3moe-Q8_0.gguf");
+    let g = Gguf::parse(&bytes, bytes.len() as u64).unwrap();
+    let cfg = Config::from_gguf(&g).unwrap();
+    let toks = tokens(40, cfg.n_vocab);
+    let (budget, _) = budget_for(&bytes, 2);
+    let plain = run(&bytes, &toks, 1, Some(budget), &|x| {
+        x.set_policy(Policy::Lru)
+    });
+    let ahead = run(&bytes, &toks, 1, Some(budget), &|x| {
+        x.set_policy(Policy::Lru);
+        x.prefetch = true;
+    });
+    assert_same_bits("qwen3moe", "prefetch", &plain.logits, &ahead.logits);
+    // Layer 0 has no layer before it: nothing is prefetched there.
+    let (l0, l1) = (ahead.layers[0].2, ahead.layers[1].2);
+    assert_eq!(l0.prefetched, 0);
+    assert!(l1.prefetched > 0 && l1.read_ahead > 0, "{l1:?}");
+    assert!(
+        l1.read_ahead + l1.prefetch_wasted <= l1.prefetched,
+        "{l1:?}"
+    );
+    // Reads: admitted misses and transient reads, plus every prefetch.
+    assert!(l1.reads >= l1.prefetched);
+    // Picks the same: every access is a hit or a miss either way.
+    let p1 = plain.layers[1].2;
+    assert_eq!(p1.hits + p1.misses, l1.hits + l1.misses);
+}
