@@ -52,6 +52,9 @@ const MIN_SECS: f64 = 0.4;
 const MAX_PASSES: usize = 10_000;
 /// Matrices of the kernel test at most.
 const MAX_BENCH: usize = 96;
+/// Arena bytes a `--head-rows` selection takes beyond its vocabulary-long lists: the
+/// corpus files and the tokenizer's scratch.
+const HEAD_SELECT_SLACK: u64 = 4 << 20;
 /// Alignment of the direct-read buffer.
 const ALIGN: usize = 4096;
 
@@ -85,9 +88,18 @@ impl Planner for EnginePlanner<'_, '_> {
             None,
             0,
         );
+        // `--head-rows` chooses its rows from the corpus at load, in the arena, which
+        // `engine::plan` does not count: three vocabulary-long u32 lists, the mask,
+        // and the corpus text and tokenizer scratch (estimated).
+        let select = if c.head_rows > 0 {
+            13 * self.cfg.n_vocab as u64 + HEAD_SELECT_SLACK
+        } else {
+            0
+        };
+        let total = p.total() + select;
         PlanCost {
-            fits: p.fits(),
-            total: p.total(),
+            fits: p.fits() && c.budget.is_none_or(|b| total <= b),
+            total,
             streamed_per_token: p.streamed_per_token(),
         }
     }
@@ -127,6 +139,11 @@ fn measure_storage<P: Platform>(
         let t0 = p.now_ns();
         read_full(p, file, 0, &mut buf[..len as usize], true)?;
         let bps = len as f64 / secs(t0, p.now_ns()).max(1e-9);
+        let _ = writeln!(
+            err,
+            "[1/4] storage: the file is under 1 MiB: one direct read, {:.0} MB/s",
+            bps / 1e6
+        );
         return Ok((bps, bps));
     }
     let _ = write!(err, "[1/4] storage: direct sequential 1 MiB reads ... ");
@@ -430,7 +447,6 @@ pub fn tune<P: Platform>(p: &P, o: &Opts, region: &mut [u8]) -> Result<(), AppEr
         available,
         guard_floor: floor,
         cores,
-        io_thread: p.io_thread(),
         layer_secs,
         head_secs,
     };
