@@ -8,6 +8,7 @@ use pinch_runtime_min::cli::Opts;
 use pinch_runtime_min::commands;
 use pinch_runtime_min::engine::PROCESS_OVERHEAD;
 use pinch_runtime_min::platform::Platform;
+use pinch_runtime_min::tune::profile::Profile;
 
 fn main() {
     let mut args = Vec::new();
@@ -26,7 +27,14 @@ fn main() {
     }
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let (workers, budget, model) = match Opts::parse(&argv) {
+    // A `--tune FILE` profile's threads and budget size the pool and the region too
+    // (commands::main reports a bad profile).
+    let tuned = Opts::parse(&argv).ok().and_then(|o| {
+        let text = std::fs::read(o.tune?).ok()?;
+        let prof = Profile::parse(&text).ok()?;
+        Opts::parse_with(&argv, &|x| prof.apply(x)).ok()
+    });
+    let (workers, budget, model) = match tuned.map_or_else(|| Opts::parse(&argv), Ok) {
         Ok(o) => {
             let t = o.bench_t.iter().copied().max().unwrap_or(o.threads);
             (

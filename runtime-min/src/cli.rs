@@ -21,6 +21,8 @@ pub enum Command {
     MoeSim,
     /// Generate long answers and score them for loops (`commands::loops`).
     Loops,
+    /// Measure the device and recommend settings (`commands::tune`).
+    Tune,
     Help,
 }
 
@@ -111,6 +113,8 @@ pub struct Opts<'s> {
     /// `--chat-template NAME`, `--chat-template-file FILE`, `--no-webui`, `--no-slots`,
     /// `--no-metrics`, `--cors-origins localhost`.
     pub serve: ServeFlags<'s>,
+    /// A `pinch tune` profile whose settings are the defaults (`--tune FILE`).
+    pub tune: Option<&'s str>,
 }
 
 /// `pinch serve`'s llama-server flags.
@@ -168,6 +172,8 @@ commands:
   recut     GGUF with a pruned head:      pinch recut -m M --head head.ids -o M2.gguf
   loops     long answers scored for loops: pinch loops -m M [-n 600] [--plain] [--repeat-penalty 1.15]
   moe-sim   replay a MoE routing trace:   pinch moe-sim TRACE --pool N --policy lfu|lru
+  tune      measure this device, recommend flags and write them to a profile:
+            pinch tune -m M [--budget SIZE] [-o M.tune]; then pinch run --tune M.tune -m M
 
 flags (llama.cpp names):
   -m, --model FILE        GGUF model
@@ -246,6 +252,8 @@ flags (llama.cpp names):
                           kernel layout); keep them in DIR/<model>.pinch-repack: the first
                           run writes it, later runs read it; rebuilt when the model changes
   --no-repack             keep Q8_0 matrices in the file's row order
+  --tune FILE             run, chat, serve: settings from a `pinch tune` profile (flags
+                          given on the command line win)
 ";
 
 /// The expert pager's options for a run.
@@ -366,11 +374,21 @@ impl<'s> Opts<'s> {
             head_lang: None,
             soft: false,
             serve: ServeFlags::default(),
+            tune: None,
         }
     }
 
     /// Parse `args` (without the program name).
     pub fn parse(args: &[&'s str]) -> Result<Opts<'s>, CliError<'s>> {
+        Opts::parse_with(args, &|_| {})
+    }
+
+    /// Parse `args` over defaults that `base` changed first (a `--tune` profile's
+    /// settings), so the flags in `args` win.
+    pub fn parse_with(
+        args: &[&'s str],
+        base: &dyn Fn(&mut Opts<'s>),
+    ) -> Result<Opts<'s>, CliError<'s>> {
         let Some((&cmd, rest)) = args.split_first() else {
             return Ok(Opts::defaults(Command::Help));
         };
@@ -386,10 +404,12 @@ impl<'s> Opts<'s> {
             "recut" => Command::Recut,
             "moe-sim" => Command::MoeSim,
             "loops" => Command::Loops,
+            "tune" => Command::Tune,
             "help" | "-h" | "--help" => Command::Help,
             other => return Err(CliError::UnknownCommand(other)),
         };
         let mut o = Opts::defaults(command);
+        base(&mut o);
         let mut i = 0;
         while i < rest.len() {
             let flag = rest[i];
@@ -526,6 +546,7 @@ impl<'s> Opts<'s> {
                 "--repack-cache" => o.repack_cache = Some(val()?),
                 "--no-repack" => o.no_repack = true,
                 "-o" | "--output" => o.output = Some(val()?),
+                "--tune" => o.tune = Some(val()?),
                 "-h" | "--help" => o.command = Command::Help,
                 other
                     if !other.starts_with('-')
@@ -735,6 +756,20 @@ mod tests {
             Opts::parse(&["bench", "--storage"]).unwrap_err(),
             CliError::MissingValue("--storage")
         );
+    }
+
+    #[test]
+    fn tune_command_and_a_base_that_flags_override() {
+        let o = Opts::parse(&["tune", "-m", "m.gguf", "--budget", "300M"]).unwrap();
+        assert_eq!((o.command, o.budget), (Command::Tune, Some(300 << 20)));
+        let args = ["run", "--tune", "p.tune", "-t", "3"];
+        let o = Opts::parse_with(&args, &|x| {
+            x.threads = 1;
+            x.n_batch = 16;
+        })
+        .unwrap();
+        assert_eq!(o.tune, Some("p.tune"));
+        assert_eq!((o.threads, o.n_batch), (3, 16));
     }
 
     #[test]

@@ -11,6 +11,8 @@
 //! - [`tokenizer`]: SentencePiece and byte-level BPE tokenizers as llama.cpp runs them.
 //! - [`chat`]: chat templates (ChatML, Gemma, Llama 3) rendered without allocation.
 //! - [`fault`]: a `Platform` wrapper that injects I/O, memory and socket faults (tests).
+//! - [`tune`]: `pinch tune`'s choice of settings from device measurements, and its
+//!   profile file.
 //!
 //! This crate has no `unsafe`: byte-to-typed views go through `pinch_kernels::blocks`.
 #![no_std]
@@ -37,6 +39,7 @@ pub mod residency;
 pub mod sampler;
 pub mod server;
 pub mod tokenizer;
+pub mod tune;
 
 pub use arena::{Arena, ArenaError};
 pub use platform::Platform;

@@ -260,7 +260,7 @@ pub struct NoPlan {
 /// Its 1-D tensors (norm gains, biases) are always resident (dequantized at load); the
 /// blocks load every matrix through `Loader::layer_matrix`, so this is what a streamed
 /// layer's read must fetch, whatever the layer's kinds.
-fn layer_matrices<'g>(g: &'g Gguf<'g>, il: usize) -> impl Iterator<Item = TensorInfo<'g>> + 'g {
+pub fn layer_matrices<'g>(g: &'g Gguf<'g>, il: usize) -> impl Iterator<Item = TensorInfo<'g>> + 'g {
     let mut prefix: heapless::String<24> = heapless::String::new();
     let _ = core::fmt::write(&mut prefix, format_args!("blk.{il}."));
     g.tensors()

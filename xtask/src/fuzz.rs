@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 /// Every target, in `fuzz/fuzz_targets/<name>.rs`.
-pub const TARGETS: [&str; 8] = [
+pub const TARGETS: [&str; 9] = [
     "gguf_parse",
     "tokenizer",
     "chat_template",
@@ -24,6 +24,7 @@ pub const TARGETS: [&str; 8] = [
     "head_ids",
     "repack_cache",
     "moe_trace",
+    "tune_profile",
 ];
 
 /// The coverage flags cargo-fuzz passes (sancov with 8-bit counters, PC table and

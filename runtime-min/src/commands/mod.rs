@@ -11,6 +11,7 @@ pub mod recut;
 pub mod run;
 pub mod serve;
 pub mod tokenize;
+pub mod tune;
 
 use core::fmt::Write;
 
@@ -51,6 +52,8 @@ pub enum AppError {
     Output(heapless::String<80>, PlatformError),
     /// `--chat-template(-file)` names no built-in template and no readable file.
     TemplateFile(heapless::String<80>, PlatformError),
+    /// `pinch tune` found nothing to recommend.
+    Tune(crate::tune::TuneError),
 }
 
 impl From<ModelError> for AppError {
@@ -87,6 +90,7 @@ impl core::fmt::Display for AppError {
             AppError::Pool(e) => write!(f, "{e}"),
             AppError::Stopped(e) => write!(f, "{e}"),
             AppError::Output(file, e) => write!(f, "{file}: {e}"),
+            AppError::Tune(e) => write!(f, "{e}"),
             AppError::TemplateFile(file, e) => write!(
                 f,
                 "chat template '{file}' is not readable ({e}); {}",
@@ -111,6 +115,24 @@ pub fn main<P: Platform>(p: &P, args: &[&str], region: &mut [u8]) -> i32 {
             return 2;
         }
     };
+    // `--tune FILE`: the profile's settings are the defaults the flags override.
+    let mut prof_buf = [0u8; crate::tune::profile::MAX_BYTES + 1];
+    let o = match o.tune {
+        None => o,
+        Some(f) => match tune::read_profile(p, f, &mut prof_buf) {
+            Ok(prof) => match Opts::parse_with(args, &|x| prof.apply(x)) {
+                Ok(o) => o,
+                Err(e) => {
+                    let _ = writeln!(err, "pinch: {e} (after the settings of {f})");
+                    return 2;
+                }
+            },
+            Err(e) => {
+                let _ = writeln!(err, "pinch: {f}: {e}");
+                return 2;
+            }
+        },
+    };
     let path = o.model.or(o.storage).or(o.file).unwrap_or("");
     let res = match o.command {
         Command::Help => {
@@ -120,6 +142,7 @@ pub fn main<P: Platform>(p: &P, args: &[&str], region: &mut [u8]) -> i32 {
         Command::HeadSelect if !o.soft => head_select::head_select(p, &o, region),
         Command::Recut => recut::recut(p, &o, region),
         Command::MoeSim => moe_sim::moe_sim(p, &o, region),
+        Command::Tune => tune::tune(p, &o, region),
         Command::Bench if o.storage.is_some() => bench::storage(p, &o, region),
         _ => with_model(p, &o, region, &mut |ctx| match ctx.o.command {
             Command::Run => run::run(ctx),
@@ -130,7 +153,9 @@ pub fn main<P: Platform>(p: &P, args: &[&str], region: &mut [u8]) -> i32 {
             Command::Serve => serve::serve(ctx),
             Command::Loops => loops::loops(ctx),
             Command::HeadSelect => head_select::head_select_soft(ctx),
-            Command::Inspect | Command::Help | Command::Recut | Command::MoeSim => Ok(()),
+            Command::Inspect | Command::Help | Command::Recut | Command::MoeSim | Command::Tune => {
+                Ok(())
+            }
         }),
     };
     match res {

@@ -449,10 +449,21 @@ pub fn read_exact<P: Platform>(
     offset: u64,
     buf: &mut [u8],
 ) -> Result<(), ModelError> {
+    read_exact_via(p, file, offset, buf, false)
+}
+
+/// [`read_exact`], uncached (`Platform::read_at`'s direct path) when `direct`.
+pub fn read_exact_via<P: Platform>(
+    p: &P,
+    file: &P::File,
+    offset: u64,
+    buf: &mut [u8],
+    direct: bool,
+) -> Result<(), ModelError> {
     let mut done = 0usize;
     while done < buf.len() {
         let got = p
-            .read_at(file, offset + done as u64, &mut buf[done..], false)
+            .read_at(file, offset + done as u64, &mut buf[done..], direct)
             .map_err(ModelError::Platform)?;
         if got == 0 {
             return Err(ModelError::ShortRead {
