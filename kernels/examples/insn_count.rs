@@ -7,33 +7,15 @@
 use pinch_kernels::{matvec, repack, CpuFeatures, GgmlType};
 
 fn features() -> CpuFeatures {
-    let mut f = CpuFeatures::SCALAR;
-    #[cfg(target_arch = "aarch64")]
-    {
-        f.neon = true;
-        f.dotprod = std::arch::is_aarch64_feature_detected!("dotprod");
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        f.avx2 = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
-        f.avx512vnni = f.avx2
-            && std::is_x86_feature_detected!("avx512bw")
-            && std::is_x86_feature_detected!("avx512vl")
-            && std::is_x86_feature_detected!("avx512vnni");
-    }
-    f
+    CpuFeatures::detect()
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let ty = match args[1].as_str() {
-        "q8_0" => GgmlType::Q8_0,
-        "q5_0" => GgmlType::Q5_0,
-        "q4_0" => GgmlType::Q4_0,
-        "q4_k" => GgmlType::Q4_K,
-        "q6_k" => GgmlType::Q6_K,
-        t => panic!("type {t}"),
-    };
+    let ty = GgmlType::ALL
+        .into_iter()
+        .find(|t| t.name().eq_ignore_ascii_case(&args[1]))
+        .unwrap_or_else(|| panic!("type {}", args[1]));
     let rows: usize = args[2].parse().unwrap();
     let cols: usize = args[3].parse().unwrap();
     let n_tok: usize = args[4].parse().unwrap();
@@ -51,7 +33,10 @@ fn main() {
     let mut w: Vec<u8> = (0..rows * row_bytes).map(|_| next() as u8).collect();
     // Small, finite f16 scales where block formats keep them first.
     let (_, bb) = ty.block_geometry();
-    if matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0) {
+    if matches!(
+        ty,
+        GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 | GgmlType::Q1_0 | GgmlType::Q2_0
+    ) {
         for b in w.chunks_mut(bb) {
             b[..2].copy_from_slice(&[0x00, 0x20]);
         }

@@ -69,14 +69,14 @@ pub fn fma_row_scalar(v: KvRow, w: f32, acc: &mut [f32]) {
 #[inline]
 pub fn dot(feat: &CpuFeatures, k: KvRow, q: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if feat.avx2 {
-        if let Some(v) = crate::arch::x86_attn::dot(k, q) {
+    if let Some(t) = feat.avx2_token() {
+        if let Some(v) = crate::arch::x86_attn::dot(t, k, q) {
             return v;
         }
     }
     #[cfg(target_arch = "aarch64")]
-    if feat.neon {
-        if let Some(v) = crate::arch::neon_attn::dot(k, q) {
+    if let Some(t) = feat.neon_token() {
+        if let Some(v) = crate::arch::neon_attn::dot(t, k, q) {
             return v;
         }
     }
@@ -88,11 +88,17 @@ pub fn dot(feat: &CpuFeatures, k: KvRow, q: &[f32]) -> f32 {
 #[inline]
 pub fn fma_row(feat: &CpuFeatures, v: KvRow, w: f32, acc: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if feat.avx2 && crate::arch::x86_attn::fma_row(v, w, acc) {
+    if feat
+        .avx2_token()
+        .is_some_and(|t| crate::arch::x86_attn::fma_row(t, v, w, acc))
+    {
         return;
     }
     #[cfg(target_arch = "aarch64")]
-    if feat.neon && crate::arch::neon_attn::fma_row(v, w, acc) {
+    if feat
+        .neon_token()
+        .is_some_and(|t| crate::arch::neon_attn::fma_row(t, v, w, acc))
+    {
         return;
     }
     let _ = feat;
@@ -171,11 +177,17 @@ pub fn dots_scalar(k: &KvRows, qs: &[&[f32]], outs: &mut [&mut [f32]]) {
 pub fn dots(feat: &CpuFeatures, k: &KvRows, qs: &[&[f32]], outs: &mut [&mut [f32]]) {
     for (qc, oc) in qs.chunks(MAX_QUERIES).zip(outs.chunks_mut(MAX_QUERIES)) {
         #[cfg(target_arch = "x86_64")]
-        if feat.avx2 && crate::arch::x86_attn::dots(k, qc, oc) {
+        if feat
+            .avx2_token()
+            .is_some_and(|t| crate::arch::x86_attn::dots(t, k, qc, oc))
+        {
             continue;
         }
         #[cfg(target_arch = "aarch64")]
-        if feat.neon && crate::arch::neon_attn::dots(k, qc, oc) {
+        if feat
+            .neon_token()
+            .is_some_and(|t| crate::arch::neon_attn::dots(t, k, qc, oc))
+        {
             continue;
         }
         let _ = feat;
@@ -224,11 +236,17 @@ pub(crate) fn weighted_sum_cols(v: &KvRows, ws: &[&[f32]], outs: &mut [&mut [f32
 pub fn weighted_sum(feat: &CpuFeatures, v: &KvRows, ws: &[&[f32]], outs: &mut [&mut [f32]]) {
     for (wc, oc) in ws.chunks(MAX_QUERIES).zip(outs.chunks_mut(MAX_QUERIES)) {
         #[cfg(target_arch = "x86_64")]
-        if feat.avx2 && crate::arch::x86_attn::weighted_sum(v, wc, oc) {
+        if feat
+            .avx2_token()
+            .is_some_and(|t| crate::arch::x86_attn::weighted_sum(t, v, wc, oc))
+        {
             continue;
         }
         #[cfg(target_arch = "aarch64")]
-        if feat.neon && crate::arch::neon_attn::weighted_sum(v, wc, oc) {
+        if feat
+            .neon_token()
+            .is_some_and(|t| crate::arch::neon_attn::weighted_sum(t, v, wc, oc))
+        {
             continue;
         }
         let _ = feat;
@@ -242,17 +260,8 @@ mod tests {
     use crate::testutil::Rng;
 
     fn feats() -> [CpuFeatures; 2] {
-        let mut f = CpuFeatures::SCALAR;
-        #[cfg(target_arch = "x86_64")]
-        {
-            f.avx2 = std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-                && std::arch::is_x86_feature_detected!("f16c");
-        }
-        #[cfg(target_arch = "aarch64")]
-        {
-            f.neon = true;
-        }
+        use crate::cpu::Feature;
+        let f = CpuFeatures::detect().only(&[Feature::Neon, Feature::Avx2]);
         [CpuFeatures::SCALAR, f]
     }
 

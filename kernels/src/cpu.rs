@@ -1,44 +1,292 @@
-//! CPU features as a run-time value.
+//! CPU features as a run-time value that only detection can make.
 //!
-//! The platform crate detects them (HWCAP, sysctl, cpuid) and passes a `CpuFeatures`
-//! down; kernels pick their path from it. `CpuFeatures::default()` is the scalar
+//! A kernel that uses AVX2 or `sdot` on a CPU without it dies of an illegal instruction,
+//! so the ISA paths must be unreachable from safe code unless the CPU was proven to have
+//! them. `CpuFeatures` is that proof (memchr's shape): its fields are private, and a value
+//! with a feature set comes only from
+//! - [`CpuFeatures::detect`] (feature `std`: the OS's own report through
+//!   `is_x86_feature_detected!` / `is_aarch64_feature_detected!`, i.e. cpuid and xgetbv
+//!   on x86, HWCAP on Linux, sysctl on Apple), or
+//! - [`CpuFeatures::baseline`]: what the build target guarantees (Advanced SIMD on every
+//!   aarch64 target pinch builds for), for no_std callers.
+//!
+//! Everything else can only *remove* features ([`CpuFeatures::only`],
+//! [`CpuFeatures::without`]), so `PINCH_CPU=neon-nodot` or a test that wants the A53 path
+//! cannot enable an instruction the CPU lacks. `CpuFeatures::default()` is the scalar
 //! baseline and is always safe.
+//!
+//! The ISA tables of [`crate::arch`] are chosen from these bits, and the public ISA entry
+//! points that are not behind a table take a zero-sized token ([`Avx2`], [`Neon`],
+//! [`NeonDot`]) that only a `CpuFeatures` with the feature hands out.
 
-/// The instruction-set extensions a kernel may use. All `false` = scalar only.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CpuFeatures {
-    /// aarch64 Advanced SIMD (always present on aarch64, but kept explicit).
-    pub neon: bool,
+/// One instruction-set extension a kernel may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Feature {
+    /// aarch64 Advanced SIMD (architectural on aarch64, but kept explicit).
+    Neon = 1,
     /// aarch64 `sdot`/`udot` (ARMv8.2 dotprod): Cortex-A55 yes, A53 and Apple A7 no.
-    pub dotprod: bool,
+    Dotprod = 2,
     /// aarch64 half-precision arithmetic.
-    pub fp16: bool,
+    Fp16 = 4,
     /// aarch64 int8 matrix multiply (`smmla`).
-    pub i8mm: bool,
-    /// x86 AVX2 (with FMA and F16C, which every AVX2 CPU we target has).
-    pub avx2: bool,
-    /// x86 AVX-512 VNNI.
-    pub avx512vnni: bool,
+    I8mm = 8,
+    /// x86 AVX2 together with FMA and F16C (every AVX2 CPU pinch targets has all three).
+    Avx2 = 16,
+    /// x86 AVX-512 F/BW/VL with VNNI (only ever set together with [`Feature::Avx2`]).
+    Avx512Vnni = 32,
 }
+
+/// The instruction-set extensions this CPU was proven to have. All off = scalar only.
+///
+/// # Invariants
+/// Every bit set was reported by the CPU/OS ([`CpuFeatures::detect`]) or is guaranteed by
+/// the build target ([`CpuFeatures::baseline`]); `Avx512Vnni` implies `Avx2` and
+/// `Dotprod`/`Fp16`/`I8mm` imply `Neon`. Safe code cannot set a bit (the field is
+/// private and every public method only clears bits):
+///
+/// ```compile_fail
+/// // A forged feature set does not compile: the field is private.
+/// let f = pinch_kernels::CpuFeatures { bits: 0xff };
+/// ```
+/// ```compile_fail
+/// // Nor does a forged token.
+/// let t = pinch_kernels::cpu::Avx2(());
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CpuFeatures {
+    bits: u8,
+}
+
+/// Proof that the CPU runs AVX2 with FMA and F16C (from [`CpuFeatures::avx2_token`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Avx2(());
+
+/// Proof that the CPU runs Advanced SIMD (from [`CpuFeatures::neon_token`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Neon(());
+
+/// Proof that the CPU runs Advanced SIMD with `sdot` (from
+/// [`CpuFeatures::neon_dot_token`]).
+#[derive(Clone, Copy, Debug)]
+pub struct NeonDot(());
 
 impl CpuFeatures {
     /// Scalar only: the reference path.
-    pub const SCALAR: CpuFeatures = CpuFeatures {
-        neon: false,
-        dotprod: false,
-        fp16: false,
-        i8mm: false,
-        avx2: false,
-        avx512vnni: false,
-    };
+    pub const SCALAR: CpuFeatures = CpuFeatures { bits: 0 };
+
+    /// What the build target guarantees without asking the OS: Advanced SIMD on aarch64
+    /// targets compiled with it (all of pinch's), nothing on x86.
+    pub const fn baseline() -> CpuFeatures {
+        if cfg!(all(target_arch = "aarch64", target_feature = "neon")) {
+            CpuFeatures {
+                bits: Feature::Neon as u8,
+            }
+        } else {
+            CpuFeatures::SCALAR
+        }
+    }
+
+    /// The features of the CPU running this, as the OS reports them.
+    #[cfg(any(test, feature = "std"))]
+    pub fn detect() -> CpuFeatures {
+        #[allow(unused_mut)]
+        let mut bits = CpuFeatures::baseline().bits;
+        #[cfg(target_arch = "aarch64")]
+        {
+            if std::arch::is_aarch64_feature_detected!("neon") {
+                bits |= Feature::Neon as u8;
+                if std::arch::is_aarch64_feature_detected!("dotprod") {
+                    bits |= Feature::Dotprod as u8;
+                }
+                if std::arch::is_aarch64_feature_detected!("fp16") {
+                    bits |= Feature::Fp16 as u8;
+                }
+                if std::arch::is_aarch64_feature_detected!("i8mm") {
+                    bits |= Feature::I8mm as u8;
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
+            {
+                bits |= Feature::Avx2 as u8;
+                if std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("avx512vl")
+                    && std::arch::is_x86_feature_detected!("avx512vnni")
+                {
+                    bits |= Feature::Avx512Vnni as u8;
+                }
+            }
+        }
+        CpuFeatures { bits }
+    }
+
+    /// Whether `f` is available.
+    #[inline]
+    pub const fn has(self, f: Feature) -> bool {
+        self.bits & f as u8 != 0
+    }
+
+    /// These features minus `f` (and what depends on it: no `Dotprod` without `Neon`, no
+    /// `Avx512Vnni` without `Avx2`).
+    pub const fn without(self, f: Feature) -> CpuFeatures {
+        let mut bits = self.bits & !(f as u8);
+        if bits & Feature::Neon as u8 == 0 {
+            bits &= !(Feature::Dotprod as u8 | Feature::Fp16 as u8 | Feature::I8mm as u8);
+        }
+        if bits & Feature::Avx2 as u8 == 0 {
+            bits &= !(Feature::Avx512Vnni as u8);
+        }
+        CpuFeatures { bits }
+    }
+
+    /// These features restricted to `keep` (never more than `self`).
+    pub fn only(self, keep: &[Feature]) -> CpuFeatures {
+        let mut out = self;
+        for f in [
+            Feature::Neon,
+            Feature::Dotprod,
+            Feature::Fp16,
+            Feature::I8mm,
+            Feature::Avx2,
+            Feature::Avx512Vnni,
+        ] {
+            if !keep.contains(&f) {
+                out = out.without(f);
+            }
+        }
+        out
+    }
+
+    /// Every SIMD level these features allow, scalar first, each a real path of the
+    /// kernel tables (for tests that compare every path with the scalar reference):
+    /// scalar, then NEON and NEON + dotprod, or AVX2 and AVX2 + AVX-512 VNNI.
+    pub fn levels(self) -> impl Iterator<Item = CpuFeatures> {
+        let steps = [
+            CpuFeatures::SCALAR,
+            self.only(&[Feature::Neon, Feature::Avx2]),
+            self.only(&[
+                Feature::Neon,
+                Feature::Dotprod,
+                Feature::Avx2,
+                Feature::Avx512Vnni,
+            ]),
+        ];
+        steps
+            .into_iter()
+            .enumerate()
+            .filter(move |&(i, f)| i == 0 || f != steps[i - 1])
+            .map(|(_, f)| f)
+    }
+
+    /// aarch64 Advanced SIMD.
+    #[inline]
+    pub const fn neon(&self) -> bool {
+        self.has(Feature::Neon)
+    }
+    /// aarch64 `sdot` (ARMv8.2 dotprod).
+    #[inline]
+    pub const fn dotprod(&self) -> bool {
+        self.has(Feature::Dotprod)
+    }
+    /// aarch64 half-precision arithmetic.
+    #[inline]
+    pub const fn fp16(&self) -> bool {
+        self.has(Feature::Fp16)
+    }
+    /// aarch64 `smmla`.
+    #[inline]
+    pub const fn i8mm(&self) -> bool {
+        self.has(Feature::I8mm)
+    }
+    /// x86 AVX2 with FMA and F16C.
+    #[inline]
+    pub const fn avx2(&self) -> bool {
+        self.has(Feature::Avx2)
+    }
+    /// x86 AVX-512 F/BW/VL + VNNI (implies [`CpuFeatures::avx2`]).
+    #[inline]
+    pub const fn avx512vnni(&self) -> bool {
+        self.has(Feature::Avx512Vnni)
+    }
+
+    /// The AVX2 token, if the CPU has AVX2 (with FMA and F16C).
+    #[inline]
+    pub const fn avx2_token(&self) -> Option<Avx2> {
+        if self.avx2() {
+            Some(Avx2(()))
+        } else {
+            None
+        }
+    }
+    /// The Advanced SIMD token, if the CPU has it.
+    #[inline]
+    pub const fn neon_token(&self) -> Option<Neon> {
+        if self.neon() {
+            Some(Neon(()))
+        } else {
+            None
+        }
+    }
+    /// The dotprod token, if the CPU has Advanced SIMD with `sdot`.
+    #[inline]
+    pub const fn neon_dot_token(&self) -> Option<NeonDot> {
+        if self.neon() && self.dotprod() {
+            Some(NeonDot(()))
+        } else {
+            None
+        }
+    }
 
     /// A short human-readable list, e.g. `"neon dotprod"` or `"scalar"`.
     pub fn describe(&self) -> &'static str {
-        match (self.avx2, self.neon, self.dotprod) {
+        match (self.avx2(), self.neon(), self.dotprod()) {
             (true, _, _) => "avx2",
             (false, true, true) => "neon+dotprod",
             (false, true, false) => "neon",
             _ => "scalar",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restricting_never_adds_a_feature() {
+        // The only features safe code can start from without detection.
+        for start in [CpuFeatures::SCALAR, CpuFeatures::baseline()] {
+            let all = start.only(&[
+                Feature::Neon,
+                Feature::Dotprod,
+                Feature::Fp16,
+                Feature::I8mm,
+                Feature::Avx2,
+                Feature::Avx512Vnni,
+            ]);
+            assert_eq!(all, start);
+            assert!(!all.avx2() && all.avx2_token().is_none());
+            assert!(!all.dotprod() && all.neon_dot_token().is_none());
+        }
+        assert!(!CpuFeatures::default().neon());
+    }
+
+    #[test]
+    fn without_drops_what_depends_on_the_feature() {
+        let f = CpuFeatures {
+            bits: Feature::Neon as u8 | Feature::Dotprod as u8,
+        };
+        assert_eq!(f.without(Feature::Neon), CpuFeatures::SCALAR);
+        let x = CpuFeatures {
+            bits: Feature::Avx2 as u8 | Feature::Avx512Vnni as u8,
+        };
+        assert_eq!(x.without(Feature::Avx2), CpuFeatures::SCALAR);
+        assert_eq!(x.levels().count(), 3);
     }
 }

@@ -165,28 +165,31 @@ impl GgmlType {
         }
     }
 
-    /// (weights per block, bytes per block).
+    /// (weights per block, bytes per block). Formats pinch implements take the numbers
+    /// from their module in [`crate::quant`]; the others (listed, not computed) are
+    /// llama.cpp's.
     pub const fn block_geometry(self) -> (usize, usize) {
+        use crate::quant as q;
         match self {
             GgmlType::F32 => (1, 4),
             GgmlType::F16 | GgmlType::BF16 => (1, 2),
-            GgmlType::Q4_0 => (32, 18),
-            GgmlType::Q4_1 => (32, 20),
-            GgmlType::Q5_0 => (32, 22),
-            GgmlType::Q5_1 => (32, 24),
-            GgmlType::Q8_0 => (32, 34),
+            GgmlType::Q4_0 => (q::q4_0::QK, q::q4_0::BLOCK_BYTES),
+            GgmlType::Q4_1 => (q::q4_1::QK, q::q4_1::BLOCK_BYTES),
+            GgmlType::Q5_0 => (q::q5_0::QK, q::q5_0::BLOCK_BYTES),
+            GgmlType::Q5_1 => (q::q5_1::QK, q::q5_1::BLOCK_BYTES),
+            GgmlType::Q8_0 => (q::q8_0::QK, q::q8_0::BLOCK_BYTES),
             GgmlType::Q8_1 => (32, 36),
-            GgmlType::Q2_K => (256, 84),
-            GgmlType::Q3_K => (256, 110),
-            GgmlType::Q4_K => (256, 144),
-            GgmlType::Q5_K => (256, 176),
-            GgmlType::Q6_K => (256, 210),
-            GgmlType::Q8_K => (256, 292),
+            GgmlType::Q2_K => (q::q2_k::QK, q::q2_k::BLOCK_BYTES),
+            GgmlType::Q3_K => (q::q3_k::QK, q::q3_k::BLOCK_BYTES),
+            GgmlType::Q4_K => (q::q4_k::QK, q::q4_k::BLOCK_BYTES),
+            GgmlType::Q5_K => (q::q5_k::QK, q::q5_k::BLOCK_BYTES),
+            GgmlType::Q6_K => (q::q6_k::QK, q::q6_k::BLOCK_BYTES),
+            GgmlType::Q8_K => (q::q8_k::QK, q::q8_k::BLOCK_BYTES),
             GgmlType::IQ2_XXS => (256, 66),
             GgmlType::IQ2_XS => (256, 74),
             GgmlType::IQ3_XXS => (256, 98),
             GgmlType::IQ1_S => (256, 50),
-            GgmlType::IQ4_NL => (32, 18),
+            GgmlType::IQ4_NL => (q::iq4_nl::QK, q::iq4_nl::BLOCK_BYTES),
             GgmlType::IQ3_S => (256, 110),
             GgmlType::IQ2_S => (256, 82),
             GgmlType::IQ4_XS => (256, 136),
@@ -195,11 +198,11 @@ impl GgmlType {
             GgmlType::I32 => (1, 4),
             GgmlType::I64 | GgmlType::F64 => (1, 8),
             GgmlType::IQ1_M => (256, 56),
-            GgmlType::TQ1_0 => (256, 54),
-            GgmlType::TQ2_0 => (256, 66),
+            GgmlType::TQ1_0 => (q::tq1_0::QK, q::tq1_0::BLOCK_BYTES),
+            GgmlType::TQ2_0 => (q::tq2_0::QK, q::tq2_0::BLOCK_BYTES),
             GgmlType::MXFP4 => (32, 17),
-            GgmlType::Q1_0 => (128, 18),
-            GgmlType::Q2_0 => (64, 18),
+            GgmlType::Q1_0 => (q::q1_0::QK, q::q1_0::BLOCK_BYTES),
+            GgmlType::Q2_0 => (q::q2_0::QK, q::q2_0::BLOCK_BYTES),
         }
     }
 

@@ -24,6 +24,9 @@
 #![no_std]
 #![deny(unsafe_code)]
 
+#[cfg(any(test, feature = "std"))]
+extern crate std;
+
 pub mod arch;
 pub mod attn;
 pub mod blocks;

@@ -11,7 +11,7 @@
 //! token). Both paths give the scalar reference's bits for every (row, token).
 use core::ops::Range;
 
-use crate::quant::*;
+use crate::quant::{q5_0, q8_0, q8_k};
 use crate::{ActFormat, CpuFeatures, GgmlType};
 
 /// What went wrong in a kernel call. Shapes are checked once per call, not per block.
@@ -60,6 +60,9 @@ fn check(what: &'static str, expected: usize, found: usize) -> Result<(), Kernel
 /// Scalar dequantization of a whole row (or several rows back to back) of type `ty`.
 pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), KernelError> {
     let (qk, bytes) = ty.block_geometry();
+    if crate::quant::scalar_kernels(ty).is_none() {
+        return Err(KernelError::Unsupported(ty));
+    }
     if !dst.len().is_multiple_of(qk) {
         return Err(KernelError::BadLength {
             what: "dequantize output",
@@ -68,28 +71,8 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), K
         });
     }
     check("dequantize input", dst.len() / qk * bytes, src.len())?;
-    match ty {
-        GgmlType::F32 => float::dequantize_row_f32(src, dst),
-        GgmlType::F16 => float::dequantize_row_f16(src, dst),
-        GgmlType::BF16 => float::dequantize_row_bf16(src, dst),
-        GgmlType::Q4_0 => q4_0::dequantize_row(src, dst),
-        GgmlType::Q4_1 => q4_1::dequantize_row(src, dst),
-        GgmlType::Q5_0 => q5_0::dequantize_row(src, dst),
-        GgmlType::Q5_1 => q5_1::dequantize_row(src, dst),
-        GgmlType::Q8_0 => q8_0::dequantize_row(src, dst),
-        GgmlType::IQ4_NL => iq4_nl::dequantize_row(src, dst),
-        GgmlType::Q1_0 => q1_0::dequantize_row(src, dst),
-        GgmlType::Q2_0 => q2_0::dequantize_row(src, dst),
-        GgmlType::TQ1_0 => tq1_0::dequantize_row(src, dst),
-        GgmlType::TQ2_0 => tq2_0::dequantize_row(src, dst),
-        GgmlType::Q2_K => q2_k::dequantize_row(src, dst),
-        GgmlType::Q3_K => q3_k::dequantize_row(src, dst),
-        GgmlType::Q4_K => q4_k::dequantize_row(src, dst),
-        GgmlType::Q5_K => q5_k::dequantize_row(src, dst),
-        GgmlType::Q6_K => q6_k::dequantize_row(src, dst),
-        GgmlType::Q8_K => q8_k::dequantize_row(src, dst),
-        other => return Err(KernelError::Unsupported(other)),
-    }
+    let k = crate::quant::scalar_kernels(ty).ok_or(KernelError::Unsupported(ty))?;
+    (k.dequantize_row)(src, dst);
     Ok(())
 }
 
@@ -123,48 +106,46 @@ pub fn quantize_activation(fmt: ActFormat, x: &[f32], dst: &mut [u8]) -> Result<
     Ok(())
 }
 
-/// Scalar reference dot product of one weight row with one activation row.
-pub fn vec_dot_scalar(ty: GgmlType, w: &[u8], act: &[u8]) -> f32 {
-    match ty {
-        GgmlType::F32 => float::vec_dot_f32(w, act),
-        GgmlType::F16 => float::vec_dot_f16(w, act),
-        GgmlType::BF16 => float::vec_dot_bf16(w, act),
-        GgmlType::Q4_0 => q4_0::vec_dot(w, act),
-        GgmlType::Q4_1 => q4_1::vec_dot(w, act),
-        GgmlType::Q5_0 => q5_0::vec_dot(w, act),
-        GgmlType::Q5_1 => q5_1::vec_dot(w, act),
-        GgmlType::Q8_0 => q8_0::vec_dot(w, act),
-        GgmlType::IQ4_NL => iq4_nl::vec_dot(w, act),
-        GgmlType::Q1_0 => q1_0::vec_dot(w, act),
-        GgmlType::Q2_0 => q2_0::vec_dot(w, act),
-        GgmlType::TQ1_0 => tq1_0::vec_dot(w, act),
-        GgmlType::TQ2_0 => tq2_0::vec_dot(w, act),
-        GgmlType::Q2_K => q2_k::vec_dot(w, act),
-        GgmlType::Q3_K => q3_k::vec_dot(w, act),
-        GgmlType::Q4_K => q4_k::vec_dot(w, act),
-        GgmlType::Q5_K => q5_k::vec_dot(w, act),
-        GgmlType::Q6_K => q6_k::vec_dot(w, act),
-        _ => 0.0, // unreachable: callers check `act_format()` first
-    }
+/// Scalar reference dot product of one weight row with one activation row
+/// ([`crate::quant::WeightBlock::vec_dot`] of `ty`'s block).
+///
+/// # Errors
+/// [`KernelError::Unsupported`] when pinch has no kernel for `ty`.
+pub fn vec_dot_scalar(ty: GgmlType, w: &[u8], act: &[u8]) -> Result<f32, KernelError> {
+    let dot = crate::quant::scalar_kernels(ty)
+        .and_then(|k| k.vec_dot)
+        .ok_or(KernelError::Unsupported(ty))?;
+    Ok(dot(w, act))
 }
 
 /// Scalar reference of the arithmetic the SIMD kernels for `feat` compute: what
 /// [`vec_dot`] returns bit for bit. The same as [`vec_dot_scalar`] except Q8_0/Q5_0 on
 /// NEON, which sum per block ([`q8_0::Order::BlockSum`]).
-pub fn vec_dot_reference(ty: GgmlType, feat: &CpuFeatures, w: &[u8], act: &[u8]) -> f32 {
+///
+/// # Errors
+/// [`KernelError::Unsupported`] when pinch has no kernel for `ty`.
+pub fn vec_dot_reference(
+    ty: GgmlType,
+    feat: &CpuFeatures,
+    w: &[u8],
+    act: &[u8],
+) -> Result<f32, KernelError> {
     let order = q8_0::Order::of(feat);
     match ty {
-        GgmlType::Q8_0 => q8_0::vec_dot_in(order, w, act),
-        GgmlType::Q5_0 => q5_0::vec_dot_in(order, w, act),
+        GgmlType::Q8_0 => Ok(q8_0::vec_dot_in(order, w, act)),
+        GgmlType::Q5_0 => Ok(q5_0::vec_dot_in(order, w, act)),
         _ => vec_dot_scalar(ty, w, act),
     }
 }
 
 /// Dot product on the fastest path `feat` allows.
+///
+/// # Errors
+/// [`KernelError::Unsupported`] when pinch has no kernel for `ty`.
 #[inline]
-pub fn vec_dot(ty: GgmlType, feat: &CpuFeatures, w: &[u8], act: &[u8]) -> f32 {
+pub fn vec_dot(ty: GgmlType, feat: &CpuFeatures, w: &[u8], act: &[u8]) -> Result<f32, KernelError> {
     match crate::arch::vec_dot(ty, feat, w, act) {
-        Some(v) => v,
+        Some(v) => Ok(v),
         None => vec_dot_reference(ty, feat, w, act),
     }
 }
@@ -240,15 +221,16 @@ pub fn matmul_rows(
     ) {
         return Ok(());
     }
+    // The one-row kernel, looked up once; the reference where it has no answer.
+    let fast = crate::arch::table(feat).dot_kernel(ty);
     for (i, r) in rows.enumerate() {
         let wr = &w[r * row_bytes..(r + 1) * row_bytes];
         for t in 0..n_tok {
-            out[i * n_tok + t] = vec_dot(
-                ty,
-                feat,
-                wr,
-                &acts[t * act_row_bytes..(t + 1) * act_row_bytes],
-            );
+            let act = &acts[t * act_row_bytes..(t + 1) * act_row_bytes];
+            out[i * n_tok + t] = match fast.and_then(|k| k.call(wr, act)) {
+                Some(v) => v,
+                None => vec_dot_reference(ty, feat, wr, act)?,
+            };
         }
     }
     Ok(())

@@ -221,7 +221,7 @@ pub fn softmax_skip_on(feat: &crate::CpuFeatures, x: &mut [f32], log_ratio: f32)
     for chunk in x.chunks_mut(16) {
         let mut e = [0.0f32; 16];
         #[cfg(target_arch = "x86_64")]
-        if feat.avx2 {
+        if let Some(t) = feat.avx2_token() {
             // Entries below the floor are exponentiated at the floor (in range) and
             // lanes past the end at the max, then both get 0 as in the scalar loop.
             let xs: [f32; 16] = core::array::from_fn(|i| match chunk.get(i) {
@@ -229,7 +229,7 @@ pub fn softmax_skip_on(feat: &crate::CpuFeatures, x: &mut [f32], log_ratio: f32)
                 Some(v) => *v,
                 None => max,
             });
-            if crate::arch::x86_attn::exp16_minus(&xs, max, &mut e) {
+            if crate::arch::x86_attn::exp16_minus(t, &xs, max, &mut e) {
                 for (i, ei) in e.iter_mut().enumerate() {
                     if chunk.get(i).is_none_or(|v| *v < floor) {
                         *ei = 0.0;

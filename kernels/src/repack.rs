@@ -93,15 +93,10 @@ impl Layout {
         }
     }
     /// The repacked layout pinch uses for weights of type `ty` on a CPU with `feat`, if
-    /// any (only layouts with a SIMD kernel there: without one, plain rows are faster).
+    /// any: the first one the CPU's kernel table lists for `ty` (only layouts with a SIMD
+    /// kernel there: without one, plain rows are faster).
     pub fn preferred(ty: GgmlType, feat: &CpuFeatures) -> Option<Layout> {
-        let l = match ty {
-            GgmlType::Q8_0 if feat.dotprod => Layout::Q8_0x4s,
-            GgmlType::Q8_0 => Layout::Q8_0x4,
-            GgmlType::Q5_0 => Layout::Q5_0x4s,
-            _ => return None,
-        };
-        has_fast_kernel(l, feat).then_some(l)
+        crate::arch::table(feat).preferred_layout(ty)
     }
     /// The type tensors in this layout have (`None` for [`Layout::Plain`]: any).
     fn ty(self) -> Option<GgmlType> {
@@ -125,13 +120,7 @@ impl Layout {
 /// Whether `layout` has a SIMD kernel on this CPU (without one, [`matmul_rows`] falls
 /// back to a scalar loop slower than the plain scalar path: do not repack then).
 pub fn has_fast_kernel(layout: Layout, feat: &CpuFeatures) -> bool {
-    let arm = cfg!(target_arch = "aarch64") && feat.neon;
-    match layout {
-        Layout::Plain => true,
-        Layout::Q8_0x4 => (cfg!(target_arch = "x86_64") && feat.avx2) || arm,
-        Layout::Q8_0x4s => arm && feat.dotprod,
-        Layout::Q5_0x4s => arm,
-    }
+    layout == Layout::Plain || crate::arch::table(feat).has_packed(layout)
 }
 
 /// One block of four Q8_0 rows: the four rows' quants, then their four scales (last,

@@ -77,7 +77,7 @@ fn simd_geglu_equals_scalar_bits() {
 fn avx2_geglu_runs() {
     let mut table = vec![0f32; GELU_TABLE_LEN];
     gelu_table_fill(&mut table);
-    for feat in feature_sets().into_iter().filter(|f| f.avx2) {
+    for feat in feature_sets().into_iter().filter(|f| f.avx2()) {
         let mut g = vec![0.5f32; 20];
         let done = pinch_kernels::arch::x86_act::geglu_table(&feat, &mut g, &[1.0; 20], &table);
         assert_eq!(done, 16);

@@ -132,43 +132,11 @@ fn tolerance(nb: usize, b: f64) -> f64 {
 
 /// The SIMD feature sets this machine can run, each named.
 fn feature_sets() -> Vec<(&'static str, CpuFeatures)> {
-    #[allow(unused_mut)]
-    let mut v = Vec::new();
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            v.push((
-                "avx2",
-                CpuFeatures {
-                    avx2: true,
-                    ..CpuFeatures::SCALAR
-                },
-            ));
-        }
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        // Baseline NEON without dotprod is always tested, even on a CPU that has dotprod
-        // (the A7 / A53 path).
-        v.push((
-            "neon",
-            CpuFeatures {
-                neon: true,
-                dotprod: false,
-                ..CpuFeatures::SCALAR
-            },
-        ));
-        if std::arch::is_aarch64_feature_detected!("dotprod") {
-            v.push((
-                "neon+dotprod",
-                CpuFeatures {
-                    neon: true,
-                    dotprod: true,
-                    ..CpuFeatures::SCALAR
-                },
-            ));
-        }
-    }
+    let v: Vec<_> = CpuFeatures::detect()
+        .levels()
+        .skip(1)
+        .map(|f| (f.describe(), f))
+        .collect();
     if v.is_empty() {
         eprintln!("note: no SIMD feature set on this machine; nothing to compare");
     }
@@ -191,7 +159,7 @@ fn check(ty: GgmlType, seed: u64, fill: Option<u8>) -> usize {
         for _trial in 0..4 {
             let w = random_weights(&mut rng, ty, nb, fill);
             let act = random_act(&mut rng, nb * 256);
-            let scalar = matvec::vec_dot_scalar(ty, &w, &act);
+            let scalar = matvec::vec_dot_scalar(ty, &w, &act).unwrap();
             let (b, exact) = magnitude(ty, &w, &act);
             let tol = tolerance(nb, b);
             assert!(
@@ -203,7 +171,7 @@ fn check(ty: GgmlType, seed: u64, fill: Option<u8>) -> usize {
                     arch::has_fast_kernel(ty, &feat),
                     "{ty:?} has no {name} kernel: the test would compare scalar with scalar"
                 );
-                let fast = matvec::vec_dot(ty, &feat, &w, &act);
+                let fast = matvec::vec_dot(ty, &feat, &w, &act).unwrap();
                 note_ratio((fast as f64 - scalar as f64).abs(), tol);
                 assert_eq!(
                     fast.to_bits(),
@@ -276,7 +244,7 @@ fn kterms_reassemble_the_scalar_dot() {
                 isum -= t.offset as i64;
                 total += t.d as f64 * isum as f64 - t.dmin as f64 * t.mins as f64;
             }
-            let scalar = matvec::vec_dot_scalar(ty, &w, &act);
+            let scalar = matvec::vec_dot_scalar(ty, &w, &act).unwrap();
             let (b, _) = magnitude(ty, &w, &act);
             assert!(
                 (total - scalar as f64).abs() <= tolerance(nb, b),
@@ -306,10 +274,10 @@ fn kquant_simd_extreme_activations_do_not_saturate() {
             let x = vec![sign; 3 * 256];
             let mut act = vec![0u8; 3 * q8_k::BLOCK_BYTES];
             q8_k::quantize_row(&x, &mut act);
-            let scalar = matvec::vec_dot_scalar(ty, &w, &act);
+            let scalar = matvec::vec_dot_scalar(ty, &w, &act).unwrap();
             let (b, _) = magnitude(ty, &w, &act);
             for (name, feat) in feature_sets() {
-                let fast = matvec::vec_dot(ty, &feat, &w, &act);
+                let fast = matvec::vec_dot(ty, &feat, &w, &act).unwrap();
                 note_ratio((fast as f64 - scalar as f64).abs(), tolerance(3, b));
                 assert!(
                     (fast as f64 - scalar as f64).abs() <= tolerance(3, b),
@@ -350,7 +318,7 @@ fn kquant_speed() {
             let t = std::time::Instant::now();
             let mut s = 0f32;
             for _ in 0..iters {
-                s += matvec::vec_dot(ty, &feat, std::hint::black_box(&w), &act);
+                s += matvec::vec_dot(ty, &feat, std::hint::black_box(&w), &act).unwrap();
             }
             let ns = t.elapsed().as_nanos() as f64 / (iters * nb) as f64;
             eprintln!("{ty:?} {name:13} {ns:7.1} ns/block ({s:.1})");

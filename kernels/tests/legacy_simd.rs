@@ -40,34 +40,7 @@ fn f16_bytes(v: f32) -> [u8; 2] {
 
 /// Feature sets to try on this CPU (each one a real SIMD path).
 fn feature_sets() -> Vec<CpuFeatures> {
-    #[allow(unused_mut)]
-    let mut v = Vec::new();
-    #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-        {
-            v.push(CpuFeatures {
-                avx2: true,
-                ..CpuFeatures::SCALAR
-            });
-        }
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        v.push(CpuFeatures {
-            neon: true,
-            ..CpuFeatures::SCALAR
-        });
-        if std::arch::is_aarch64_feature_detected!("dotprod") {
-            v.push(CpuFeatures {
-                neon: true,
-                dotprod: true,
-                ..CpuFeatures::SCALAR
-            });
-        }
-    }
+    let v: Vec<CpuFeatures> = CpuFeatures::detect().levels().skip(1).collect();
     if v.is_empty() {
         eprintln!("no SIMD feature on this CPU: nothing to compare");
     }
@@ -172,8 +145,8 @@ fn check_type(ty: GgmlType, lengths: &[usize]) {
                     weights(&mut rng, ty, n / qk)
                 };
                 let act = activations(&mut rng, ty, n);
-                let fast = vec_dot(ty, feat, &w, &act);
-                let slow = vec_dot_reference(ty, feat, &w, &act);
+                let fast = vec_dot(ty, feat, &w, &act).unwrap();
+                let slow = vec_dot_reference(ty, feat, &w, &act).unwrap();
                 if ty == GgmlType::F32 {
                     let tol = 1e-6 * float_abs_sum(ty, &w, &act) + 1e-30;
                     assert!(
@@ -245,7 +218,7 @@ fn simd_kernel_declines_mismatched_shapes() {
             pinch_kernels::arch::vec_dot(GgmlType::Q8_0, &feat, &w, &act),
             None
         );
-        let _ = vec_dot(GgmlType::Q8_0, &feat, &w, &act);
+        let _ = vec_dot(GgmlType::Q8_0, &feat, &w, &act).unwrap();
     }
 }
 
@@ -287,7 +260,7 @@ fn timing_scalar_vs_simd() {
             let t = std::time::Instant::now();
             let mut s = 0.0f32;
             for _ in 0..iters {
-                s += vec_dot(ty, feat, std::hint::black_box(&w), &act);
+                s += vec_dot(ty, feat, std::hint::black_box(&w), &act).unwrap();
             }
             std::hint::black_box(s);
             t.elapsed().as_nanos() as f64 / iters as f64

@@ -19,25 +19,7 @@ impl Rng {
 }
 
 fn detect() -> CpuFeatures {
-    #[allow(unused_mut)]
-    let mut f = CpuFeatures::SCALAR;
-    #[cfg(target_arch = "x86_64")]
-    {
-        f.avx2 = is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c");
-        f.avx512vnni = f.avx2
-            && is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl")
-            && is_x86_feature_detected!("avx512vnni");
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        f.neon = true;
-        f.dotprod = std::arch::is_aarch64_feature_detected!("dotprod");
-    }
-    f
+    CpuFeatures::detect()
 }
 
 /// Weight rows whose scale fields hold plausible f16 values and whose other bytes are
@@ -106,7 +88,8 @@ fn bench(feat: &CpuFeatures, ty: GgmlType, rows: usize, cols: usize, n_tok: usiz
                         feat,
                         std::hint::black_box(&w[r * rb..(r + 1) * rb]),
                         &acts[t * arb..(t + 1) * arb],
-                    );
+                    )
+                    .unwrap();
                 }
             }
         }
@@ -121,7 +104,7 @@ fn bench(feat: &CpuFeatures, ty: GgmlType, rows: usize, cols: usize, n_tok: usiz
     eprintln!(
         "{:5} {rows:6}x{cols:4} tok {n_tok:3} [{:12}]: {:9.3} ms  {:6.2} GB/s  {:8.1} tok/s-equiv",
         ty.name(),
-        if feat.avx512vnni {
+        if feat.avx512vnni() {
             "avx512vnni"
         } else {
             feat.describe()
@@ -137,7 +120,7 @@ fn bench(feat: &CpuFeatures, ty: GgmlType, rows: usize, cols: usize, n_tok: usiz
 fn gemma3_270m_shapes() {
     let mut feat = detect();
     if std::env::var("PINCH_NO_VNNI").is_ok() {
-        feat.avx512vnni = false;
+        feat = feat.without(pinch_kernels::cpu::Feature::Avx512Vnni);
     }
     let filter = std::env::var("PINCH_BENCH").unwrap_or_default();
     let cases: &[(GgmlType, usize, usize, usize)] = &[

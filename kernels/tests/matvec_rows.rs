@@ -76,7 +76,8 @@ fn check(ty: GgmlType, w: &[u8], rows: usize, a: &[u8], arb: usize, what: &str) 
                         &feat,
                         &w[row * rb..(row + 1) * rb],
                         &a[t * arb..(t + 1) * arb],
-                    );
+                    )
+                    .unwrap();
                     let got = out[i * n_tok + t];
                     let ok = if ty == GgmlType::F32 {
                         (got - want).abs() <= 1e-5 * want.abs().max(1.0)

@@ -44,18 +44,11 @@ impl IosPlatform {
     }
 }
 
-/// What this CPU can run. The A7 (iPad Air 2013) has NEON but no dotprod or fp16.
+/// What this CPU can run. The A7 (iPad Air 2013) has NEON but no dotprod or fp16
+/// (detected through the standard library, sysctl on Apple; see
+/// [`CpuFeatures::detect`]).
 pub fn detect_cpu() -> CpuFeatures {
-    #[allow(unused_mut)]
-    let mut f = CpuFeatures::SCALAR;
-    #[cfg(target_arch = "aarch64")]
-    {
-        f.neon = true;
-        f.dotprod = std::arch::is_aarch64_feature_detected!("dotprod");
-        f.fp16 = std::arch::is_aarch64_feature_detected!("fp16");
-        f.i8mm = std::arch::is_aarch64_feature_detected!("i8mm");
-    }
-    f
+    CpuFeatures::detect()
 }
 
 #[cfg(target_vendor = "apple")]

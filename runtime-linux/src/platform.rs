@@ -91,57 +91,23 @@ impl LinuxPlatform {
     }
 }
 
-/// What this CPU can run, detected at run time.
+/// What this CPU can run, detected at run time (HWCAP on Linux/Android, cpuid on x86,
+/// through the standard library; see [`CpuFeatures::detect`]).
 pub fn detect_cpu() -> CpuFeatures {
-    #[allow(unused_mut)]
-    let mut f = CpuFeatures::SCALAR;
-    #[cfg(target_arch = "aarch64")]
-    {
-        f.neon = true; // Advanced SIMD is mandatory in AArch64
-        f.dotprod = std::arch::is_aarch64_feature_detected!("dotprod");
-        f.fp16 = std::arch::is_aarch64_feature_detected!("fp16");
-        f.i8mm = std::arch::is_aarch64_feature_detected!("i8mm");
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        f.avx2 = std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c");
-        f.avx512vnni = f.avx2
-            && std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-            && std::arch::is_x86_feature_detected!("avx512vnni");
-    }
-    f
+    CpuFeatures::detect()
 }
 
-/// Apply a `PINCH_CPU` value to the detected features. It only ever removes features, so
-/// it cannot enable an instruction the CPU lacks. `None` for an unknown value.
+/// Apply a `PINCH_CPU` value to the detected features. It only ever removes features
+/// (`CpuFeatures` cannot gain one), so it cannot enable an instruction the CPU lacks.
+/// `None` for an unknown value.
 pub fn cpu_override(detected: CpuFeatures, value: &str) -> Option<CpuFeatures> {
-    let keep = match value.trim() {
-        "" | "auto" | "native" => return Some(detected),
+    use pinch_kernels::cpu::Feature::*;
+    Some(match value.trim() {
+        "" | "auto" | "native" => detected,
         "scalar" => CpuFeatures::SCALAR,
-        "neon" => CpuFeatures {
-            neon: true,
-            dotprod: true,
-            fp16: true,
-            i8mm: true,
-            ..CpuFeatures::SCALAR
-        },
-        "neon-nodot" => CpuFeatures {
-            neon: true,
-            ..CpuFeatures::SCALAR
-        },
+        "neon" => detected.only(&[Neon, Dotprod, Fp16, I8mm]),
+        "neon-nodot" => detected.only(&[Neon]),
         _ => return None,
-    };
-    Some(CpuFeatures {
-        neon: detected.neon && keep.neon,
-        dotprod: detected.dotprod && keep.dotprod,
-        fp16: detected.fp16 && keep.fp16,
-        i8mm: detected.i8mm && keep.i8mm,
-        avx2: detected.avx2 && keep.avx2,
-        avx512vnni: detected.avx512vnni && keep.avx512vnni,
     })
 }
 
@@ -661,36 +627,27 @@ mod tests {
 
     #[test]
     fn cpu_override_only_lowers() {
-        let all = CpuFeatures {
-            neon: true,
-            dotprod: true,
-            fp16: true,
-            i8mm: true,
-            avx2: false,
-            avx512vnni: false,
-        };
+        let all = detect_cpu();
         assert_eq!(cpu_override(all, "scalar"), Some(CpuFeatures::SCALAR));
+        assert_eq!(cpu_override(all, "auto"), Some(all));
         let nodot = cpu_override(all, "neon-nodot").unwrap();
-        assert!(nodot.neon && !nodot.dotprod && !nodot.i8mm);
-        assert_eq!(cpu_override(all, "neon"), Some(all));
+        assert!(!nodot.dotprod() && !nodot.i8mm() && !nodot.avx2());
+        assert_eq!(nodot.neon(), all.neon());
+        let neon = cpu_override(all, "neon").unwrap();
+        assert!(!neon.avx2() && neon.dotprod() == all.dotprod());
         assert_eq!(
             cpu_override(CpuFeatures::SCALAR, "neon"),
             Some(CpuFeatures::SCALAR)
         );
-        let x86 = CpuFeatures {
-            avx2: true,
-            ..CpuFeatures::SCALAR
-        };
-        assert_eq!(cpu_override(x86, "neon"), Some(CpuFeatures::SCALAR));
         assert_eq!(cpu_override(all, "turbo"), None);
     }
 
     #[test]
     fn detected_features_match_the_architecture() {
         let f = detect_cpu();
-        assert_eq!(f.neon, cfg!(target_arch = "aarch64"));
+        assert_eq!(f.neon(), cfg!(target_arch = "aarch64"));
         if !cfg!(target_arch = "x86_64") {
-            assert!(!f.avx2);
+            assert!(!f.avx2());
         }
     }
 
@@ -703,8 +660,8 @@ mod tests {
         }
         let f = detect_cpu();
         match std::env::var("QEMU_CPU").as_deref() {
-            Ok("cortex-a53") => assert!(!f.dotprod && !f.fp16 && !f.i8mm, "{f:?}"),
-            Ok("max") => assert!(f.dotprod && f.fp16 && f.i8mm, "{f:?}"),
+            Ok("cortex-a53") => assert!(!f.dotprod() && !f.fp16() && !f.i8mm(), "{f:?}"),
+            Ok("max") => assert!(f.dotprod() && f.fp16() && f.i8mm(), "{f:?}"),
             _ => {}
         }
     }

@@ -935,19 +935,9 @@ mod tests {
             }
         }
         fn cpu(&self) -> CpuFeatures {
-            // Repacking needs a SIMD kernel: what the test machine has.
-            let mut f = CpuFeatures::SCALAR;
-            #[cfg(target_arch = "x86_64")]
-            {
-                f.avx2 = std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-                    && std::arch::is_x86_feature_detected!("f16c");
-            }
-            #[cfg(target_arch = "aarch64")]
-            {
-                f.neon = true;
-            }
-            f
+            // Repacking needs a SIMD kernel: what the test machine has, without dotprod
+            // (the tests expect the Q8_0x4 layout).
+            CpuFeatures::detect().without(pinch_kernels::cpu::Feature::Dotprod)
         }
         fn now_ns(&self) -> u64 {
             0

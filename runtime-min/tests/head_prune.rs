@@ -172,18 +172,7 @@ fn bpe_gpt2_restricted_encoding_stays_in_head_and_round_trips() {
 }
 
 fn host_cpu() -> CpuFeatures {
-    let mut f = CpuFeatures::default();
-    #[cfg(target_arch = "x86_64")]
-    {
-        f.avx2 = std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma");
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        f.neon = true;
-        f.dotprod = std::arch::is_aarch64_feature_detected!("dotprod");
-    }
-    f
+    CpuFeatures::detect()
 }
 
 /// Logits of `tokens` (every position) with the full head and with the head `ids`.

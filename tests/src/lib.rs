@@ -22,18 +22,7 @@ pub fn data_dir() -> PathBuf {
 
 /// The CPU features of the machine running the test (the fast path uses them).
 pub fn host_cpu() -> CpuFeatures {
-    let mut f = CpuFeatures::default();
-    #[cfg(target_arch = "x86_64")]
-    {
-        f.avx2 = std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma");
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        f.neon = true;
-        f.dotprod = std::arch::is_aarch64_feature_detected!("dotprod");
-    }
-    f
+    CpuFeatures::detect()
 }
 
 /// How a test wants the model run.

@@ -1,23 +1,34 @@
 //! ISA kernels: the only modules of this crate allowed `unsafe`.
 //!
-//! Each file instantiates the formats' dot products for one ISA. Entry points return
-//! `None` when they have no kernel for the type or the CPU lacks the feature, and the
-//! caller falls back to the scalar reference. Files are split by format family so the
-//! legacy (block-32, ternary, 1/2-bit) and K-quant kernels evolve independently.
+//! [`table`] is the one dispatch: per ISA level a `static` [`KernelTable`] of (weight
+//! type, layout) → one-row kernel, row-range tile kernel, repacked-layout kernel,
+//! picked from a [`CpuFeatures`] value that only detection can make
+//! ([`x86_table`]: AVX2, AVX2 + AVX-512 VNNI; [`neon_table`]: NEON, NEON + dotprod).
+//! A type without an entry takes the scalar reference in [`crate::quant`].
+//!
+//! The kernels live in files split by format family (legacy block-32 and 1/2-bit,
+//! K-quants, tiles, repacked layouts, attention), so each evolves on its own; the
+//! attention and activation entry points that are not in the table take a feature token
+//! ([`crate::cpu::Avx2`], [`crate::cpu::Neon`]).
 use core::ops::Range;
 
 use crate::{CpuFeatures, GgmlType};
 
+pub mod table;
+pub use table::{table, KernelTable};
+
 #[cfg(target_arch = "aarch64")]
 pub mod neon_attn;
 #[cfg(target_arch = "aarch64")]
-pub mod neon_kquant;
+mod neon_kquant;
 #[cfg(target_arch = "aarch64")]
-pub mod neon_legacy;
+mod neon_legacy;
 #[cfg(target_arch = "aarch64")]
-pub mod neon_repack;
+mod neon_repack;
 #[cfg(target_arch = "aarch64")]
-pub mod neon_rows;
+mod neon_rows;
+#[cfg(target_arch = "aarch64")]
+mod neon_table;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_act;
 #[cfg(target_arch = "x86_64")]
@@ -27,38 +38,21 @@ mod x86_gemm;
 #[cfg(target_arch = "x86_64")]
 mod x86_gemm_lanes;
 #[cfg(target_arch = "x86_64")]
-pub mod x86_kquant;
+mod x86_kquant;
 #[cfg(target_arch = "x86_64")]
-pub mod x86_legacy;
+mod x86_legacy;
 #[cfg(target_arch = "x86_64")]
-pub mod x86_repack;
+mod x86_repack;
 #[cfg(target_arch = "x86_64")]
-pub mod x86_rows;
+mod x86_rows;
+#[cfg(target_arch = "x86_64")]
+mod x86_table;
 
 /// Dot product of one weight row with one activation row on the best ISA path that
-/// `feat` allows, or `None` if there is none for `ty`.
+/// `feat` allows, or `None` if there is none for `ty` (or the shapes do not fit it).
 #[inline]
 pub fn vec_dot(ty: GgmlType, feat: &CpuFeatures, w: &[u8], act: &[u8]) -> Option<f32> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if let Some(v) = x86_legacy::vec_dot(ty, feat, w, act) {
-            return Some(v);
-        }
-        if let Some(v) = x86_kquant::vec_dot(ty, feat, w, act) {
-            return Some(v);
-        }
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        if let Some(v) = neon_legacy::vec_dot(ty, feat, w, act) {
-            return Some(v);
-        }
-        if let Some(v) = neon_kquant::vec_dot(ty, feat, w, act) {
-            return Some(v);
-        }
-    }
-    let _ = (ty, feat, w, act);
-    None
+    table(feat).dot_kernel(ty)?.call(w, act)
 }
 
 /// Row-range product (`crate::matvec::matmul_rows`) on the best ISA path `feat` allows,
@@ -76,19 +70,7 @@ pub fn matmul_rows(
     act_row_bytes: usize,
     out: &mut [f32],
 ) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        x86_rows::matmul(ty, feat, w, row_bytes, rows, acts, act_row_bytes, out)
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        neon_rows::matmul(ty, feat, w, row_bytes, rows, acts, act_row_bytes, out)
-    }
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    {
-        let _ = (ty, feat, w, row_bytes, rows, acts, act_row_bytes, out);
-        false
-    }
+    table(feat).rows(ty, w, row_bytes, rows, acts, act_row_bytes, out)
 }
 
 /// Row-range product over a repacked tensor (`crate::repack::matmul_rows`; `w` holds all
@@ -104,19 +86,7 @@ pub fn repack_matmul_rows(
     acts: &[u8],
     out: &mut [f32],
 ) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        x86_repack::matmul(layout, feat, w, row_bytes, rows, acts, out)
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        neon_repack::matmul(layout, feat, w, row_bytes, rows, acts, out)
-    }
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    {
-        let _ = (layout, feat, w, row_bytes, rows, acts, out);
-        false
-    }
+    table(feat).packed(layout, w, row_bytes, rows, acts, out)
 }
 
 /// Shapes of one row-range call, checked once: every row and activation slice the
@@ -159,17 +129,5 @@ impl Job {
 
 /// Whether [`vec_dot`] has a SIMD kernel for `ty` on this CPU.
 pub fn has_fast_kernel(ty: GgmlType, feat: &CpuFeatures) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        x86_legacy::supports(ty, feat) || x86_kquant::supports(ty, feat)
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        neon_legacy::supports(ty, feat) || neon_kquant::supports(ty, feat)
-    }
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    {
-        let _ = (ty, feat);
-        false
-    }
+    table(feat).has_dot(ty)
 }

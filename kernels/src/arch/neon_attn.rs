@@ -4,20 +4,21 @@
 use core::arch::aarch64::*;
 
 use crate::attn::{KvRow, KvRows};
+use crate::cpu::Neon;
 use crate::f16::f16_to_f32;
 use crate::quant::float::hsum16;
 
 /// Dot product; `None` if lengths differ.
-pub fn dot(k: KvRow, q: &[f32]) -> Option<f32> {
+pub fn dot(_: Neon, k: KvRow, q: &[f32]) -> Option<f32> {
     if k.len() != q.len() {
         return None;
     }
-    // SAFETY: NEON is part of AArch64; loads stay inside the slices (lengths checked).
+    // SAFETY: the `Neon` token proves Advanced SIMD; loads stay inside the slices (lengths checked).
     Some(unsafe { dot_neon(k, q) })
 }
 
 /// `acc += v * w` fused; `false` if lengths differ.
-pub fn fma_row(v: KvRow, w: f32, acc: &mut [f32]) -> bool {
+pub fn fma_row(_: Neon, v: KvRow, w: f32, acc: &mut [f32]) -> bool {
     if v.len() < acc.len() {
         return false;
     }
@@ -145,7 +146,7 @@ fn ptrs(ins: &[&[f32]], outs: &mut [&mut [f32]]) -> ([*const f32; 4], [*mut f32;
 }
 
 /// `crate::attn::dots` for 1 to 4 queries; `false` if the shapes do not fit.
-pub fn dots(k: &KvRows, qs: &[&[f32]], outs: &mut [&mut [f32]]) -> bool {
+pub fn dots(_: Neon, k: &KvRows, qs: &[&[f32]], outs: &mut [&mut [f32]]) -> bool {
     let g = qs.len();
     if !(1..=4).contains(&g)
         || outs.len() != g
@@ -156,7 +157,7 @@ pub fn dots(k: &KvRows, qs: &[&[f32]], outs: &mut [&mut [f32]]) -> bool {
     }
     let (qp, op) = ptrs(qs, outs);
     let (s, len, n) = (k.stride(), k.row_len(), k.rows());
-    // SAFETY: NEON is part of AArch64. `KvRows::new` checked that `n` rows of `len`
+    // SAFETY: the `Neon` token proves Advanced SIMD. `KvRows::new` checked that `n` rows of `len`
     // values at stride `s` lie inside the data; each of the first `g` query pointers has
     // `len` values and each output at least `n` (checked above); the kernels touch only
     // the first `g` pointers.
@@ -242,7 +243,7 @@ unsafe fn dots_neon<E: Elem, const G: usize, const R: usize>(
 /// an output is not finite (the caller then takes the scalar path). As on x86 (see
 /// `x86_attn::weighted_sum`), a row is read for every query once any query weighs it,
 /// which matches the reference exactly whenever the outputs are finite.
-pub fn weighted_sum(v: &KvRows, ws: &[&[f32]], outs: &mut [&mut [f32]]) -> bool {
+pub fn weighted_sum(_: Neon, v: &KvRows, ws: &[&[f32]], outs: &mut [&mut [f32]]) -> bool {
     let g = ws.len();
     let (len, n) = (v.row_len(), v.rows());
     if !(1..=4).contains(&g)

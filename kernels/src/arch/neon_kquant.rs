@@ -22,53 +22,8 @@
 #![allow(unsafe_code)]
 use core::arch::aarch64::*;
 
-use crate::quant::q8_k::{self, BlockQ8K, KTerms};
+use crate::quant::q8_k::{BlockQ8K, KTerms};
 use crate::quant::{q2_k, q3_k, q4_k, q5_k, q6_k};
-use crate::{CpuFeatures, GgmlType};
-
-/// SIMD dot product for `ty`, or `None` when there is no kernel here.
-pub fn vec_dot(ty: GgmlType, feat: &CpuFeatures, w: &[u8], act: &[u8]) -> Option<f32> {
-    if !supports(ty, feat) {
-        return None;
-    }
-    let a = q8_k::act_blocks(act);
-    if feat.dotprod {
-        // SAFETY: the platform reports `dotprod` only when the CPU executes `sdot`; the
-        // kernels read only through the block slices they are given.
-        unsafe {
-            Some(match ty {
-                GgmlType::Q2_K => dot_sdot(q2_k::blocks(w), a),
-                GgmlType::Q3_K => dot_sdot(q3_k::blocks(w), a),
-                GgmlType::Q4_K => dot_sdot(q4_k::blocks(w), a),
-                GgmlType::Q5_K => dot_sdot(q5_k::blocks(w), a),
-                GgmlType::Q6_K => dot_sdot(q6_k::blocks(w), a),
-                _ => return None,
-            })
-        }
-    } else {
-        // SAFETY: Advanced SIMD is part of the aarch64 baseline; the kernels read only
-        // through the block slices they are given.
-        unsafe {
-            Some(match ty {
-                GgmlType::Q2_K => dot_neon(q2_k::blocks(w), a),
-                GgmlType::Q3_K => dot_neon(q3_k::blocks(w), a),
-                GgmlType::Q4_K => dot_neon(q4_k::blocks(w), a),
-                GgmlType::Q5_K => dot_neon(q5_k::blocks(w), a),
-                GgmlType::Q6_K => dot_neon(q6_k::blocks(w), a),
-                _ => return None,
-            })
-        }
-    }
-}
-
-/// Whether this file has a kernel for `ty` on `feat`.
-pub fn supports(ty: GgmlType, feat: &CpuFeatures) -> bool {
-    (feat.neon || feat.dotprod)
-        && matches!(
-            ty,
-            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K
-        )
-}
 
 /// How 16 unsigned quants (< 128) meet 16 int8 activations: four int32 sums, lane `k`
 /// over bytes `4k..4k+4`.
@@ -188,12 +143,12 @@ unsafe fn dot_body<B: KBlock, D: Dot16>(w: &[B], a: &[BlockQ8K]) -> f32 {
         - mins
 }
 
-unsafe fn dot_neon<B: KBlock>(w: &[B], a: &[BlockQ8K]) -> f32 {
+pub(super) unsafe fn dot_neon<B: KBlock>(w: &[B], a: &[BlockQ8K]) -> f32 {
     dot_body::<B, Mull>(w, a)
 }
 
 #[target_feature(enable = "dotprod")]
-unsafe fn dot_sdot<B: KBlock>(w: &[B], a: &[BlockQ8K]) -> f32 {
+pub(super) unsafe fn dot_sdot<B: KBlock>(w: &[B], a: &[BlockQ8K]) -> f32 {
     dot_body::<B, Sdot>(w, a)
 }
 

@@ -20,7 +20,6 @@
 
 use core::arch::aarch64::*;
 
-use crate::blocks::cast;
 use crate::quant::q1_0::BlockQ1_0;
 use crate::quant::q2_0::BlockQ2_0;
 use crate::quant::q4_0::BlockQ4_0;
@@ -28,97 +27,6 @@ use crate::quant::q5_0::BlockQ5_0;
 use crate::quant::q8_0::BlockQ8_0;
 use crate::quant::q8_k::BlockQ8K;
 use crate::quant::tq2_0::BlockTq2_0;
-use crate::{CpuFeatures, GgmlType};
-
-/// Whether this file has a kernel for `ty` on `feat`.
-pub fn supports(ty: GgmlType, feat: &CpuFeatures) -> bool {
-    feat.neon
-        && matches!(
-            ty,
-            GgmlType::Q8_0
-                | GgmlType::Q4_0
-                | GgmlType::Q5_0
-                | GgmlType::Q1_0
-                | GgmlType::Q2_0
-                | GgmlType::TQ2_0
-                | GgmlType::F32
-                | GgmlType::F16
-        )
-}
-
-/// Weight blocks and activation blocks of one row, if their counts agree
-/// (`per` activation blocks per weight block).
-fn pair<'a, W: crate::blocks::Pod, A: crate::blocks::Pod>(
-    w: &'a [u8],
-    act: &'a [u8],
-    per: usize,
-) -> Option<(&'a [W], &'a [A])> {
-    let wb = cast::<W>(w)?;
-    let ab = cast::<A>(act)?;
-    (ab.len() == wb.len() * per).then_some((wb, ab))
-}
-
-/// SIMD dot product for `ty`, or `None` when there is no kernel here or the shapes are
-/// not whole, matching blocks.
-pub fn vec_dot(ty: GgmlType, feat: &CpuFeatures, w: &[u8], act: &[u8]) -> Option<f32> {
-    if !supports(ty, feat) {
-        return None;
-    }
-    let dot = feat.dotprod;
-    // SAFETY (all arms): `supports` checked `feat.neon` (always true on aarch64, where
-    // Advanced SIMD is architectural); the `dot` kernels run only when `feat.dotprod`
-    // says the CPU has `sdot`. The kernels only read inside the slices they are given.
-    macro_rules! run {
-        ($f:ident, $x:expr, $y:expr) => {
-            if dot {
-                unsafe { dot::$f($x, $y) }
-            } else {
-                unsafe { base::$f($x, $y) }
-            }
-        };
-    }
-    match ty {
-        GgmlType::Q8_0 => {
-            let (x, y) = pair::<BlockQ8_0, BlockQ8_0>(w, act, 1)?;
-            Some(run!(q8_0, x, y))
-        }
-        GgmlType::Q4_0 => {
-            let (x, y) = pair::<BlockQ4_0, BlockQ8_0>(w, act, 1)?;
-            Some(run!(q4_0, x, y))
-        }
-        GgmlType::Q5_0 => {
-            let (x, y) = pair::<BlockQ5_0, BlockQ8_0>(w, act, 1)?;
-            Some(run!(q5_0, x, y))
-        }
-        GgmlType::Q1_0 => {
-            let (x, y) = pair::<BlockQ1_0, BlockQ8_0>(w, act, 4)?;
-            Some(run!(q1_0, x, y))
-        }
-        GgmlType::Q2_0 => {
-            let (x, y) = pair::<BlockQ2_0, BlockQ8_0>(w, act, 2)?;
-            Some(run!(q2_0, x, y))
-        }
-        GgmlType::TQ2_0 => {
-            let (x, y) = pair::<BlockTq2_0, BlockQ8K>(w, act, 1)?;
-            Some(run!(tq2_0, x, y))
-        }
-        GgmlType::F32 => {
-            if !w.len().is_multiple_of(4) || act.len() != w.len() {
-                return None;
-            }
-            // SAFETY: as above (plain NEON).
-            Some(unsafe { f32_row(w, act) })
-        }
-        GgmlType::F16 => {
-            if !w.len().is_multiple_of(2) || act.len() != w.len() * 2 {
-                return None;
-            }
-            // SAFETY: as above (plain NEON).
-            Some(unsafe { f16_row(w, act) })
-        }
-        _ => None,
-    }
-}
 
 /// f16 scale to f32 with the baseline `fcvt` (exact, like the software conversion the
 /// scalar reference uses, but one instruction instead of a dozen on the per-block path).
@@ -221,7 +129,7 @@ mod dot_dot {
 /// behind a call).
 macro_rules! kernels {
     ($name:ident, $feat:literal, $dot:path) => {
-        mod $name {
+        pub(super) mod $name {
             use super::h2f as read_f16;
             use super::*;
             use $dot as dot32;
@@ -389,7 +297,7 @@ kernels!(dot, "neon,dotprod", super::dot_dot::dot32);
 
 /// F32 weights: the same f32 products as the reference, f64 sums in two lanes.
 #[target_feature(enable = "neon")]
-unsafe fn f32_row(w: &[u8], act: &[u8]) -> f32 {
+pub(super) unsafe fn f32_row(w: &[u8], act: &[u8]) -> f32 {
     let n = w.len() / 4;
     let mut acc0 = vdupq_n_f64(0.0);
     let mut acc1 = vdupq_n_f64(0.0);
@@ -435,7 +343,7 @@ pub(super) fn h2f4(h: uint16x4_t) -> float32x4_t {
 /// by [`crate::quant::float::hsum16`]; a tail of fewer than 16 goes through f64 like the
 /// reference.
 #[target_feature(enable = "neon")]
-unsafe fn f16_row(w: &[u8], act: &[u8]) -> f32 {
+pub(super) unsafe fn f16_row(w: &[u8], act: &[u8]) -> f32 {
     let n = w.len() / 2;
     let body = n / 16 * 16;
     let mut acc = [vdupq_n_f32(0.0); 4];

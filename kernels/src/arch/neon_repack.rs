@@ -26,51 +26,45 @@ use core::ops::Range;
 use super::neon_kquant::load16;
 use super::neon_legacy::{h2f, h2f4};
 use super::neon_rows::{lane, rows4, Dot, Mull, Sdot};
+use super::table::{KernelTable, PackedJob};
 use crate::blocks::{cast, Pod};
+use crate::quant::q5_0;
 use crate::quant::q8_0::{BlockQ8_0, BLOCK_BYTES};
-use crate::repack::{BlockQ5_0x4s, BlockQ8_0x4, BlockQ8_0x4s, Layout};
-use crate::{CpuFeatures, GgmlType};
+use crate::repack::{BlockQ5_0x4s, BlockQ8_0x4, BlockQ8_0x4s};
+use crate::GgmlType;
 
 /// Tokens per tile.
 const T: usize = 2;
 
-/// Product over a repacked tensor (`w`: all of its rows) for `rows`, or `false` (nothing
-/// written) without NEON (or dotprod for Q8_0x4s), for the plain layout, or when the
-/// shapes do not fit.
-pub fn matmul(
-    layout: Layout,
-    feat: &CpuFeatures,
+/// Product over a repacked tensor (`w`: all of its rows) of plain type `ty` with `block`
+/// bytes per plain block for `rows`, with tile `K` over the whole groups, or `false`
+/// (nothing written) when the shapes do not fit. Rows past the last whole group are
+/// plain; they go to `table`'s plain kernel.
+///
+/// # Safety
+/// The CPU has Advanced SIMD (and dotprod when `K` or `DOT` use `sdot`); `table` is a
+/// table for this CPU.
+#[allow(clippy::too_many_arguments)]
+unsafe fn run<K: Tile, const DOT: bool>(
+    table: &'static KernelTable,
+    ty: GgmlType,
+    block: usize,
     w: &[u8],
     row_bytes: usize,
     rows: Range<usize>,
     acts: &[u8],
     out: &mut [f32],
 ) -> bool {
-    let (ty, block) = match layout {
-        Layout::Q8_0x4 => (GgmlType::Q8_0, BLOCK_BYTES),
-        Layout::Q8_0x4s if feat.dotprod => (GgmlType::Q8_0, BLOCK_BYTES),
-        Layout::Q5_0x4s => (GgmlType::Q5_0, crate::quant::q5_0::BLOCK_BYTES),
-        _ => return false,
+    let Some(PackedJob { n_tok, arb, split }) = PackedJob::new(
+        w,
+        row_bytes,
+        &rows,
+        acts,
+        out.len(),
+        (block, BLOCK_BYTES, 4),
+    ) else {
+        return false;
     };
-    if !feat.neon
-        || row_bytes == 0
-        || !row_bytes.is_multiple_of(block)
-        || !w.len().is_multiple_of(row_bytes)
-        || rows.start > rows.end
-        || rows.end > w.len() / row_bytes
-    {
-        return false;
-    }
-    let arb = row_bytes / block * BLOCK_BYTES;
-    if !acts.len().is_multiple_of(arb) {
-        return false;
-    }
-    let n_tok = acts.len() / arb;
-    if rows.len().checked_mul(n_tok) != Some(out.len()) {
-        return false;
-    }
-    let n4 = w.len() / row_bytes / 4 * 4;
-    let split = rows.end.min(n4).max(rows.start);
     let (head, tail) = out.split_at_mut((split - rows.start) * n_tok);
     if split > rows.start {
         let j = Job {
@@ -79,25 +73,46 @@ pub fn matmul(
             arb,
             n_tok,
         };
-        // SAFETY (all arms): the checks above put every group-block of the groups of
-        // `j.rows` (all below `n4`) inside `w`, every activation row inside `acts`, and
-        // `head` has one value per (row, token). `jobs::dot*` run only with
-        // `feat.dotprod` (the CPU executes `sdot`); Advanced SIMD is architectural.
+        // SAFETY: the checks above put every group-block of the groups of `j.rows` (all
+        // in whole groups) inside `w`, every activation row inside `acts`, and `head` has one
+        // value per (row, token); the caller guarantees the ISA.
         unsafe {
-            match (layout, feat.dotprod) {
-                (Layout::Q8_0x4, false) => jobs::base::<RowsTile<Mull>>(&j, w, acts, head),
-                (Layout::Q8_0x4, true) => jobs::dot::<RowsTile<Sdot>>(&j, w, acts, head),
-                (Layout::Q5_0x4s, false) => jobs::base::<Q5Tile<Mull>>(&j, w, acts, head),
-                (Layout::Q5_0x4s, true) => jobs::dot::<Q5Tile<Sdot>>(&j, w, acts, head),
-                _ => jobs::dot::<LaneTile>(&j, w, acts, head),
+            if DOT {
+                jobs::dot::<K>(&j, w, acts, head)
+            } else {
+                jobs::base::<K>(&j, w, acts, head)
             }
         }
     }
     if split < rows.end {
-        return super::neon_rows::matmul(ty, feat, w, row_bytes, split..rows.end, acts, arb, tail);
+        return table.rows(ty, w, row_bytes, split..rows.end, acts, arb, tail);
     }
     true
 }
+
+/// A `PackedFn` for layout tile `$k` (`$dot`: compiled with dotprod).
+macro_rules! packed_fn {
+    ($name:ident, $k:ty, $dot:literal, $ty:ident, $block:expr) => {
+        /// # Safety
+        /// The CPU has the ISA of the table that lists this function.
+        pub(super) unsafe fn $name(
+            table: &'static KernelTable,
+            w: &[u8],
+            row_bytes: usize,
+            rows: Range<usize>,
+            acts: &[u8],
+            out: &mut [f32],
+        ) -> bool {
+            // SAFETY: the caller's contract.
+            unsafe { run::<$k, $dot>(table, GgmlType::$ty, $block, w, row_bytes, rows, acts, out) }
+        }
+    };
+}
+packed_fn!(q8_0x4_base, RowsTile<Mull>, false, Q8_0, BLOCK_BYTES);
+packed_fn!(q8_0x4_dot, RowsTile<Sdot>, true, Q8_0, BLOCK_BYTES);
+packed_fn!(q8_0x4s_dot, LaneTile, true, Q8_0, BLOCK_BYTES);
+packed_fn!(q5_0x4s_base, Q5Tile<Mull>, false, Q5_0, q5_0::BLOCK_BYTES);
+packed_fn!(q5_0x4s_dot, Q5Tile<Sdot>, true, Q5_0, q5_0::BLOCK_BYTES);
 
 /// `sdot` by element: `acc[i] += dot(w[4i..4i+4], a[4L..4L+4])`.
 #[target_feature(enable = "neon,dotprod")]

@@ -21,7 +21,6 @@
 #![allow(unsafe_code)]
 
 use core::arch::aarch64::*;
-use core::ops::Range;
 
 use super::neon_kquant::{load16, sdot, KBlock};
 use super::neon_legacy::{h2f, h2f4};
@@ -31,7 +30,6 @@ use crate::quant::q5_0::BlockQ5_0;
 use crate::quant::q8_0::BlockQ8_0;
 use crate::quant::q8_k::BlockQ8K;
 use crate::quant::{q2_k, q3_k, q4_k, q5_k, q6_k};
-use crate::{CpuFeatures, GgmlType};
 
 /// Weight rows per tile of the block-32 formats.
 const R: usize = 4;
@@ -40,51 +38,6 @@ const R: usize = 4;
 const T: usize = 2;
 /// Tokens per K-quant tile (the unpacked block is reused this many times).
 const TK: usize = 4;
-
-/// Row-range product of `ty` on NEON, or `false` (nothing written) when this file has no
-/// kernel for it or the shapes are not whole, matching blocks.
-///
-/// `out[i * n_tok + t] = dot(row rows.start + i, activation row t)`.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul(
-    ty: GgmlType,
-    feat: &CpuFeatures,
-    w: &[u8],
-    row_bytes: usize,
-    rows: Range<usize>,
-    acts: &[u8],
-    act_row_bytes: usize,
-    out: &mut [f32],
-) -> bool {
-    if !feat.neon {
-        return false;
-    }
-    let Some(job) = Job::new(w, row_bytes, rows, acts, act_row_bytes, out.len()) else {
-        return false;
-    };
-    macro_rules! run {
-        ($job:ident, $b:ty) => {
-            if feat.dotprod {
-                // SAFETY: `feat.dotprod` says the CPU executes `sdot`; `Job::new` checked
-                // that every slice the kernels index lies inside `w`, `acts`, `out`.
-                unsafe { $job::dot::<$b>(&job, w, acts, out) }
-            } else {
-                // SAFETY: Advanced SIMD is architectural on aarch64; bounds as above.
-                unsafe { $job::base::<$b>(&job, w, acts, out) }
-            }
-        };
-    }
-    match ty {
-        GgmlType::Q8_0 => run!(lanes, BlockQ8_0),
-        GgmlType::Q5_0 => run!(lanes, BlockQ5_0),
-        GgmlType::Q2_K => run!(kquant, q2_k::BlockQ2K),
-        GgmlType::Q3_K => run!(kquant, q3_k::BlockQ3K),
-        GgmlType::Q4_K => run!(kquant, q4_k::BlockQ4K),
-        GgmlType::Q5_K => run!(kquant, q5_k::BlockQ5K),
-        GgmlType::Q6_K => run!(kquant, q6_k::BlockQ6K),
-        _ => false,
-    }
-}
 
 /// A block's exact integer dot product, spread over four int32 lanes (any split: only
 /// their total is used).
@@ -166,7 +119,7 @@ unsafe fn set_u16(v: uint16x4_t, x: u16, lane: usize) -> uint16x4_t {
 }
 
 /// A block-32 weight format dotted with Q8_0 in [`crate::quant::q8_0::Order::BlockSum`].
-trait Lanes8: Pod {
+pub(super) trait Lanes8: Pod {
     fn d(&self) -> [u8; 2];
     /// The 32 quants as exact signed bytes, weights 0..16 and 16..32.
     unsafe fn prep(&self) -> [int8x16_t; 2];
@@ -334,11 +287,11 @@ unsafe fn lanes_body<B: Lanes8, D: Dot>(job: &Job, w: &[u8], acts: &[u8], out: &
 
 /// Entry points of the block-32 formats, one per feature set (so that `sdot` is only
 /// ever compiled into the dotprod one).
-mod lanes {
+pub(super) mod lanes {
     use super::*;
 
     #[target_feature(enable = "neon")]
-    pub(super) unsafe fn base<B: Lanes8>(
+    pub(in crate::arch) unsafe fn base<B: Lanes8>(
         job: &Job,
         w: &[u8],
         acts: &[u8],
@@ -348,7 +301,12 @@ mod lanes {
     }
 
     #[target_feature(enable = "neon,dotprod")]
-    pub(super) unsafe fn dot<B: Lanes8>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) -> bool {
+    pub(in crate::arch) unsafe fn dot<B: Lanes8>(
+        job: &Job,
+        w: &[u8],
+        acts: &[u8],
+        out: &mut [f32],
+    ) -> bool {
         lanes_body::<B, Sdot>(job, w, acts, out)
     }
 }
@@ -359,7 +317,7 @@ mod lanes {
 /// files, compute it with NEON; the others take `terms` as it is. Either way the
 /// numbers are the ones `terms` gives: the same f32 products, and integer sums that are
 /// exact (or wrap alike) in any order.
-trait KRow: KBlock {
+pub(super) trait KRow: KBlock {
     /// Group scales as int32 lanes (group `g` in vector `g / 4`, lane `g % 4`), the
     /// weight's `d` and `dmin` as f32 (before the activation scale), and for the generic
     /// path the first token's terms.
@@ -368,7 +326,7 @@ trait KRow: KBlock {
     unsafe fn token_part(&self, w: &WPart, y: &BlockQ8K) -> (f32, i32, f32, i32);
 }
 
-struct WPart {
+pub(super) struct WPart {
     sv: [int32x4_t; 4],
     d: f32,
     dmin: f32,
@@ -596,11 +554,11 @@ unsafe fn kquant_body<B: KRow + Pod, D: Dot>(
 }
 
 /// Entry points of the K-quants, one per feature set.
-mod kquant {
+pub(super) mod kquant {
     use super::*;
 
     #[target_feature(enable = "neon")]
-    pub(super) unsafe fn base<B: KRow + Pod>(
+    pub(in crate::arch) unsafe fn base<B: KRow + Pod>(
         job: &Job,
         w: &[u8],
         acts: &[u8],
@@ -610,7 +568,7 @@ mod kquant {
     }
 
     #[target_feature(enable = "neon,dotprod")]
-    pub(super) unsafe fn dot<B: KRow + Pod>(
+    pub(in crate::arch) unsafe fn dot<B: KRow + Pod>(
         job: &Job,
         w: &[u8],
         acts: &[u8],

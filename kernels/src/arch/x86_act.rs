@@ -14,10 +14,10 @@ use crate::CpuFeatures;
 /// for the first `gate.len() / 8 * 8` elements; returns how many were done (0 without
 /// AVX2/F16C or with a short table or `up`).
 pub fn geglu_table(feat: &CpuFeatures, gate: &mut [f32], up: &[f32], table: &[f32]) -> usize {
-    if !feat.avx2 || table.len() < 1 << 16 || up.len() < gate.len() {
+    if !feat.avx2() || table.len() < 1 << 16 || up.len() < gate.len() {
         return 0;
     }
-    // SAFETY: `feat.avx2` says the CPU has AVX2 and F16C (`CpuFeatures` promises both);
+    // SAFETY: `feat.avx2()` says the CPU has AVX2 and F16C (`CpuFeatures` promises both);
     // the loop stays inside `gate` and `up`, and every gathered index is a u16, below
     // `table.len()`.
     unsafe { geglu8(gate, up, table) }

@@ -4,20 +4,21 @@
 use core::arch::x86_64::*;
 
 use crate::attn::{KvRow, KvRows};
+use crate::cpu::Avx2;
 use crate::quant::float::hsum16;
 
 /// Dot product; `None` if lengths differ.
-pub fn dot(k: KvRow, q: &[f32]) -> Option<f32> {
+pub fn dot(_: Avx2, k: KvRow, q: &[f32]) -> Option<f32> {
     if k.len() != q.len() {
         return None;
     }
-    // SAFETY: callers check `CpuFeatures::avx2`, which the platform sets only with FMA
-    // and F16C; all loads stay inside the slices (lengths checked above).
+    // SAFETY: the `Avx2` token proves AVX2 with FMA and F16C (only a detected
+    // `CpuFeatures` hands it out); all loads stay inside the slices (lengths checked above).
     Some(unsafe { dot_avx2(k, q) })
 }
 
 /// `acc += v * w` fused; `false` if lengths differ.
-pub fn fma_row(v: KvRow, w: f32, acc: &mut [f32]) -> bool {
+pub fn fma_row(_: Avx2, v: KvRow, w: f32, acc: &mut [f32]) -> bool {
     if v.len() < acc.len() {
         return false;
     }
@@ -97,12 +98,12 @@ unsafe fn fma_row_avx2(v: KvRow, w: f32, acc: &mut [f32]) {
 /// (with `out` unspecified) when the chunk is shorter or a lane's power of two falls
 /// outside the normal range, where `ldexpf` rounding needs the scalar path. Same
 /// operations in the same order as the scalar, with hardware FMA.
-pub fn exp16_minus(x: &[f32], max: f32, out: &mut [f32; 16]) -> bool {
+pub fn exp16_minus(_: Avx2, x: &[f32], max: f32, out: &mut [f32; 16]) -> bool {
     if x.len() != 16 {
         return false;
     }
     let (lo, hi) = out.split_at_mut(8);
-    // SAFETY: callers check `CpuFeatures::avx2` (which includes FMA); each call reads 8
+    // SAFETY: the `Avx2` token proves AVX2 with FMA; each call reads 8
     // floats of `x` (16 long, checked) and writes 8 into a half of `out`.
     unsafe { exp8_avx2(&x[..8], max, lo) && exp8_avx2(&x[8..], max, hi) }
 }
@@ -196,7 +197,7 @@ fn ptrs(ins: &[&[f32]], outs: &mut [&mut [f32]]) -> Ptrs<4> {
 }
 
 /// `crate::attn::dots` for 1 to 4 queries; `false` if the shapes do not fit.
-pub fn dots(k: &KvRows, qs: &[&[f32]], outs: &mut [&mut [f32]]) -> bool {
+pub fn dots(_: Avx2, k: &KvRows, qs: &[&[f32]], outs: &mut [&mut [f32]]) -> bool {
     let g = qs.len();
     if !(1..=4).contains(&g)
         || outs.len() != g
@@ -207,7 +208,7 @@ pub fn dots(k: &KvRows, qs: &[&[f32]], outs: &mut [&mut [f32]]) -> bool {
     }
     let (qp, op) = ptrs(qs, outs);
     let (s, len, n) = (k.stride(), k.row_len(), k.rows());
-    // SAFETY: callers check `CpuFeatures::avx2` (with FMA and F16C). `KvRows::new`
+    // SAFETY: the `Avx2` token proves AVX2 with FMA and F16C. `KvRows::new`
     // checked that `n` rows of `len` values at stride `s` lie inside the data; each of
     // the first `g` query pointers has `len` values and each output at least `n`
     // (checked above); the kernels touch only the first `g` pointers.
@@ -309,7 +310,7 @@ unsafe fn hsum16_vec(lo: __m256, hi: __m256) -> f32 {
 /// nothing (`fma(v, 0, acc) == acc`: the lane sums start at +0 and never become -0)
 /// unless `v` is an infinity or NaN, and then the query's output is NaN: finite outputs
 /// are exactly the reference's.
-pub fn weighted_sum(v: &KvRows, ws: &[&[f32]], outs: &mut [&mut [f32]]) -> bool {
+pub fn weighted_sum(_: Avx2, v: &KvRows, ws: &[&[f32]], outs: &mut [&mut [f32]]) -> bool {
     let g = ws.len();
     let (len, n) = (v.row_len(), v.rows());
     if !(1..=4).contains(&g)

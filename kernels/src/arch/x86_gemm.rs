@@ -25,43 +25,12 @@ use super::Job;
 use crate::blocks::{cast, Pod};
 use crate::quant::q8_k::BlockQ8K;
 use crate::quant::{q4_k, q6_k};
-use crate::{CpuFeatures, GgmlType};
 
 /// Tokens per tile: the token-side terms of a block fill one 4-lane vector.
 const T: usize = 4;
 
-/// Row-range product of `ty` (Q4_K or Q6_K) over a checked [`Job`], or `false` (nothing
-/// written) for another format, without AVX2, or when the shapes are not whole blocks.
-///
-/// `out[i * n_tok + t] = dot(row job.rows.start + i, activation row t)`.
-pub(super) fn matmul(
-    ty: GgmlType,
-    feat: &CpuFeatures,
-    job: &Job,
-    w: &[u8],
-    acts: &[u8],
-    out: &mut [f32],
-) -> bool {
-    if !feat.avx2 {
-        return false;
-    }
-    // SAFETY (all arms): `feat.avx2` promises AVX2 with FMA and F16C, and `avx512vnni`
-    // is set only with AVX-512 F/BW/VL too (see `CpuFeatures`); `Job::new` checked that
-    // every row and activation slice indexed lies inside `w`, `acts` and `out`, and
-    // `body` checks the block counts before any unchecked access.
-    unsafe {
-        match ty {
-            GgmlType::Q4_K if feat.avx512vnni => job_vnni::<q4_k::BlockQ4K>(job, w, acts, out),
-            GgmlType::Q6_K if feat.avx512vnni => job_vnni::<q6_k::BlockQ6K>(job, w, acts, out),
-            GgmlType::Q4_K => job_avx2::<q4_k::BlockQ4K>(job, w, acts, out),
-            GgmlType::Q6_K => job_avx2::<q6_k::BlockQ6K>(job, w, acts, out),
-            _ => false,
-        }
-    }
-}
-
 /// A K-quant block as the tiles see it.
-trait Gemm: Pod {
+pub(super) trait Gemm: Pod {
     /// Whether the format has minimums (Q4_K) rather than an offset (Q6_K).
     const MINS: bool;
     /// Quants `32c..32c + 32` as unsigned bytes, as `x86_kquant`'s `unpack()[c]`.
@@ -282,13 +251,13 @@ unsafe fn tile<B: Gemm, const VNNI: bool, const RR: usize, const TT: usize>(
 
 /// AVX2 without VNNI: 16 vector registers hold a 2 x 4 tile's integer sums.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn job_avx2<B: Gemm>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) -> bool {
+pub(super) unsafe fn job_avx2<B: Gemm>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) -> bool {
     body::<B, false, 2>(job, w, acts, out)
 }
 
 /// AVX-512 VNNI (`vpdpwssd` on 256-bit vectors): 32 registers hold a 4 x 4 tile's.
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn job_vnni<B: Gemm>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) -> bool {
+pub(super) unsafe fn job_vnni<B: Gemm>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) -> bool {
     body::<B, true, 4>(job, w, acts, out)
 }
 

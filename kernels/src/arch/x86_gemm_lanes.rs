@@ -44,7 +44,6 @@ use super::Job;
 use crate::blocks::{cast, Pod};
 use crate::quant::q5_0::BlockQ5_0;
 use crate::quant::q8_0::{hsum8, BlockQ8_0};
-use crate::{CpuFeatures, GgmlType};
 
 /// Most tokens per token tile (the tables' width, a multiple of 8).
 const T: usize = 8;
@@ -55,40 +54,8 @@ const MAX_NB: usize = 128;
 /// How many row tiles ahead a tile prefetches its weight rows (as `x86_rows::PF_TILES`).
 const PF_TILES: usize = 5;
 
-/// Row-range product of `ty` (Q8_0 or Q5_0) over a checked [`Job`] of two or more
-/// tokens on AVX2 or AVX-512 VNNI, or `false` (nothing written) for another format,
-/// without AVX2, for one token, or when the rows are not whole blocks or longer than
-/// `MAX_NB` blocks.
-///
-/// `out[i * n_tok + t] = dot(row job.rows.start + i, activation row t)`.
-pub(super) fn matmul(
-    ty: GgmlType,
-    feat: &CpuFeatures,
-    job: &Job,
-    w: &[u8],
-    acts: &[u8],
-    out: &mut [f32],
-) -> bool {
-    if !feat.avx2 || job.n_tok < 2 {
-        return false;
-    }
-    // SAFETY (all arms): `feat.avx2` promises AVX2 with FMA and F16C and `avx512vnni` is
-    // set only with AVX-512 F/BW/VL too (see `CpuFeatures`); `Job::new` checked that every
-    // row and activation slice indexed lies inside `w`, `acts` and `out`, and `body`
-    // checks the block counts before any unchecked access.
-    unsafe {
-        match ty {
-            GgmlType::Q8_0 if feat.avx512vnni => job_vnni::<BlockQ8_0, 2, 8>(job, w, acts, out),
-            GgmlType::Q5_0 if feat.avx512vnni => job_vnni::<BlockQ5_0, 2, 8>(job, w, acts, out),
-            GgmlType::Q8_0 => job_avx2::<BlockQ8_0, 1, 8>(job, w, acts, out),
-            GgmlType::Q5_0 => job_avx2::<BlockQ5_0, 1, 8>(job, w, acts, out),
-            _ => false,
-        }
-    }
-}
-
 /// A block-32 weight format as the tiles see it.
-trait Lanes: Pod {
+pub(super) trait Lanes: Pod {
     /// Q8_0: signed weights against biased activations; Q5_0: unsigned weights against
     /// the activations as they are.
     const SIGNED: bool;
@@ -293,7 +260,7 @@ unsafe fn reduce8(a: [__m256; 8]) -> __m256 {
 /// AVX-512 VNNI (`vpdpbusd` on 256-bit vectors, byte masks for Q5_0's fifth bit): `R`
 /// rows x `TT` tokens per tile.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn job_vnni<B: Lanes, const R: usize, const TT: usize>(
+pub(super) unsafe fn job_vnni<B: Lanes, const R: usize, const TT: usize>(
     job: &Job,
     w: &[u8],
     acts: &[u8],
@@ -304,7 +271,7 @@ unsafe fn job_vnni<B: Lanes, const R: usize, const TT: usize>(
 
 /// AVX2 (`maddubs` + `madd`; 16 vector registers): `R` rows x `TT` tokens per tile.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn job_avx2<B: Lanes, const R: usize, const TT: usize>(
+pub(super) unsafe fn job_avx2<B: Lanes, const R: usize, const TT: usize>(
     job: &Job,
     w: &[u8],
     acts: &[u8],

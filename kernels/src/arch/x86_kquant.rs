@@ -18,42 +18,9 @@
 #![allow(unsafe_code)]
 use core::arch::x86_64::*;
 
-use crate::quant::q8_k::{self, BlockQ8K, KTerms};
+use crate::quant::q8_k::{BlockQ8K, KTerms};
 use crate::quant::{q2_k, q3_k, q4_k, q5_k, q6_k};
-use crate::{CpuFeatures, GgmlType};
 
-/// SIMD dot product for `ty`, or `None` when there is no kernel here.
-pub fn vec_dot(ty: GgmlType, feat: &CpuFeatures, w: &[u8], act: &[u8]) -> Option<f32> {
-    if !supports(ty, feat) {
-        return None;
-    }
-    let a = q8_k::act_blocks(act);
-    // SAFETY: `supports` checked `feat.avx2`, which the platform sets only on CPUs with
-    // AVX2 and FMA. The kernels read only through the block slices they are given.
-    unsafe {
-        Some(match ty {
-            GgmlType::Q2_K => dot_avx2(q2_k::blocks(w), a),
-            GgmlType::Q3_K => dot_avx2(q3_k::blocks(w), a),
-            GgmlType::Q4_K => dot_avx2(q4_k::blocks(w), a),
-            GgmlType::Q5_K => dot_avx2(q5_k::blocks(w), a),
-            GgmlType::Q6_K => dot_avx2(q6_k::blocks(w), a),
-            _ => return None,
-        })
-    }
-}
-
-/// Whether this file has a kernel for `ty` on `feat`.
-pub fn supports(ty: GgmlType, feat: &CpuFeatures) -> bool {
-    feat.avx2
-        && matches!(
-            ty,
-            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K
-        )
-}
-
-/// Unaligned load of the first 32 bytes of `p`. The bounds check keeps the read inside
-/// `p` whatever the caller passes (every call site uses fixed in-bounds offsets of a
-/// block, so the check folds away).
 #[inline(always)]
 pub(super) unsafe fn load32(p: &[u8]) -> __m256i {
     let Some(p) = p.get(..32) else {
@@ -116,7 +83,7 @@ kblock!(q5_k::BlockQ5K, q5_k, unpack_q5k);
 kblock!(q6_k::BlockQ6K, q6_k, unpack_q6k);
 
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dot_avx2<B: KBlock>(w: &[B], a: &[BlockQ8K]) -> f32 {
+pub(super) unsafe fn dot_avx2<B: KBlock>(w: &[B], a: &[BlockQ8K]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut mins = 0f32;
     for (x, y) in w.iter().zip(a) {

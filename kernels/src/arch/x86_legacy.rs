@@ -18,7 +18,6 @@
 
 use core::arch::x86_64::*;
 
-use crate::blocks::cast;
 use crate::quant::q1_0::BlockQ1_0;
 use crate::quant::q2_0::BlockQ2_0;
 use crate::quant::q4_0::BlockQ4_0;
@@ -26,84 +25,6 @@ use crate::quant::q5_0::BlockQ5_0;
 use crate::quant::q8_0::BlockQ8_0;
 use crate::quant::q8_k::BlockQ8K;
 use crate::quant::tq2_0::BlockTq2_0;
-use crate::{CpuFeatures, GgmlType};
-
-/// Whether this file has a kernel for `ty` on `feat`.
-pub fn supports(ty: GgmlType, feat: &CpuFeatures) -> bool {
-    feat.avx2
-        && matches!(
-            ty,
-            GgmlType::Q8_0
-                | GgmlType::Q4_0
-                | GgmlType::Q5_0
-                | GgmlType::Q1_0
-                | GgmlType::Q2_0
-                | GgmlType::TQ2_0
-                | GgmlType::F32
-                | GgmlType::F16
-        )
-}
-
-/// Weight blocks and activation blocks of one row, if their counts agree
-/// (`per` activation blocks per weight block).
-fn pair<'a, W: crate::blocks::Pod, A: crate::blocks::Pod>(
-    w: &'a [u8],
-    act: &'a [u8],
-    per: usize,
-) -> Option<(&'a [W], &'a [A])> {
-    let wb = cast::<W>(w)?;
-    let ab = cast::<A>(act)?;
-    (ab.len() == wb.len() * per).then_some((wb, ab))
-}
-
-/// SIMD dot product for `ty`, or `None` when there is no kernel here or the shapes are
-/// not whole, matching blocks.
-pub fn vec_dot(ty: GgmlType, feat: &CpuFeatures, w: &[u8], act: &[u8]) -> Option<f32> {
-    if !supports(ty, feat) {
-        return None;
-    }
-    // SAFETY (all arms): `supports` checked `feat.avx2`, and `CpuFeatures::avx2` promises
-    // AVX2 together with FMA and F16C; the kernels only read inside the slices given.
-    match ty {
-        GgmlType::Q8_0 => {
-            let (x, y) = pair::<BlockQ8_0, BlockQ8_0>(w, act, 1)?;
-            Some(unsafe { q8_0(x, y) })
-        }
-        GgmlType::Q4_0 => {
-            let (x, y) = pair::<BlockQ4_0, BlockQ8_0>(w, act, 1)?;
-            Some(unsafe { q4_0(x, y) })
-        }
-        GgmlType::Q5_0 => {
-            let (x, y) = pair::<BlockQ5_0, BlockQ8_0>(w, act, 1)?;
-            Some(unsafe { q5_0(x, y) })
-        }
-        GgmlType::Q1_0 => {
-            let (x, y) = pair::<BlockQ1_0, BlockQ8_0>(w, act, 4)?;
-            Some(unsafe { q1_0(x, y) })
-        }
-        GgmlType::Q2_0 => {
-            let (x, y) = pair::<BlockQ2_0, BlockQ8_0>(w, act, 2)?;
-            Some(unsafe { q2_0(x, y) })
-        }
-        GgmlType::TQ2_0 => {
-            let (x, y) = pair::<BlockTq2_0, BlockQ8K>(w, act, 1)?;
-            Some(unsafe { tq2_0(x, y) })
-        }
-        GgmlType::F32 => {
-            if !w.len().is_multiple_of(4) || act.len() != w.len() {
-                return None;
-            }
-            Some(unsafe { f32_row(w, act) })
-        }
-        GgmlType::F16 => {
-            if !w.len().is_multiple_of(2) || act.len() != w.len() * 2 {
-                return None;
-            }
-            Some(unsafe { f16_row(w, act) })
-        }
-        _ => None,
-    }
-}
 
 // ---------------------------------------------------------------- integer helpers
 
@@ -209,7 +130,7 @@ unsafe fn hsum_groups(acc: __m256, hadd_order: bool) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
+pub(super) unsafe fn q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (bx, by) in x.iter().zip(y) {
         let g = groups_i8_i8(load32(&bx.qs), load32(&by.qs));
@@ -220,7 +141,7 @@ unsafe fn q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_0(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
+pub(super) unsafe fn q4_0(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
     let mut sum = 0.0f32;
     for (bx, by) in x.iter().zip(y) {
         let a = load32(&by.qs);
@@ -236,7 +157,7 @@ unsafe fn q4_0(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q5_0(x: &[BlockQ5_0], y: &[BlockQ8_0]) -> f32 {
+pub(super) unsafe fn q5_0(x: &[BlockQ5_0], y: &[BlockQ8_0]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (bx, by) in x.iter().zip(y) {
         let a = load32(&by.qs);
@@ -255,7 +176,7 @@ unsafe fn q5_0(x: &[BlockQ5_0], y: &[BlockQ8_0]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q1_0(x: &[BlockQ1_0], y: &[BlockQ8_0]) -> f32 {
+pub(super) unsafe fn q1_0(x: &[BlockQ1_0], y: &[BlockQ8_0]) -> f32 {
     let mut sum = 0.0f32;
     for (bx, ys) in x.iter().zip(y.chunks_exact(4)) {
         let mut sumi = 0.0f32;
@@ -279,7 +200,7 @@ unsafe fn q1_0(x: &[BlockQ1_0], y: &[BlockQ8_0]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q2_0(x: &[BlockQ2_0], y: &[BlockQ8_0]) -> f32 {
+pub(super) unsafe fn q2_0(x: &[BlockQ2_0], y: &[BlockQ8_0]) -> f32 {
     // Codes come out "planar" (plane t = bits 2t of the 8 bytes, i.e. weights 4b + t),
     // so the activations are permuted to the same order instead of interleaving codes.
     let shifts = _mm256_set_epi64x(6, 4, 2, 0);
@@ -313,7 +234,7 @@ unsafe fn q2_0(x: &[BlockQ2_0], y: &[BlockQ8_0]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tq2_0(x: &[BlockTq2_0], y: &[BlockQ8K]) -> f32 {
+pub(super) unsafe fn tq2_0(x: &[BlockTq2_0], y: &[BlockQ8K]) -> f32 {
     let three = _mm256_set1_epi8(3);
     let ones16 = _mm256_set1_epi16(1);
     let mut sum = 0.0f32;
@@ -372,7 +293,7 @@ unsafe fn hsum_f64(acc: [__m256d; 2]) -> f64 {
 
 /// F32 weights: f32 products (as the reference), f64 sums in 8 lanes.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f32_row(w: &[u8], act: &[u8]) -> f32 {
+pub(super) unsafe fn f32_row(w: &[u8], act: &[u8]) -> f32 {
     let n = w.len() / 4;
     let mut acc = [_mm256_setzero_pd(); 2];
     let mut i = 0;
@@ -397,7 +318,7 @@ unsafe fn f32_row(w: &[u8], act: &[u8]) -> f32 {
 /// reduced by [`crate::quant::float::hsum16`]; a tail of fewer than 16 goes through f64
 /// like the reference.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16_row(w: &[u8], act: &[u8]) -> f32 {
+pub(super) unsafe fn f16_row(w: &[u8], act: &[u8]) -> f32 {
     let n = w.len() / 2;
     let body = n / 16 * 16;
     let mut lo = _mm256_setzero_ps();

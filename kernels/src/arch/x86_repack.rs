@@ -27,8 +27,10 @@ use core::ops::Range;
 use super::x86_legacy::load32;
 use crate::blocks::cast;
 use crate::quant::q8_0::{hsum8, BlockQ8_0, BLOCK_BYTES};
-use crate::repack::{BlockQ8_0x4, Layout};
-use crate::{CpuFeatures, GgmlType};
+use crate::repack::BlockQ8_0x4;
+use crate::GgmlType;
+
+use super::table::{KernelTable, PackedJob};
 
 /// Tokens per tile.
 const T: usize = 4;
@@ -36,44 +38,39 @@ const T: usize = 4;
 // On the 262144 x 640 head (one token, AMD EPYC) prefetching 8 or 24 group-blocks
 // ahead was no faster (8 blocks: 0.8x).
 
-/// Product over a repacked tensor (`w`: all of its rows) for `rows`, or `false` (nothing
-/// written) without AVX2, for another layout, or when the shapes do not fit.
-pub fn matmul(
-    layout: Layout,
-    feat: &CpuFeatures,
+/// Product over a repacked Q8_0x4 tensor (`w`: all of its rows) for `rows`, or `false`
+/// (nothing written) when the shapes do not fit. Rows past the last whole group are
+/// plain; they go to `table`'s plain Q8_0 kernel.
+///
+/// # Safety
+/// The CPU has AVX2 with FMA and F16C (`VNNI`: and AVX-512 F/BW/VL/VNNI), and `table`
+/// is a table for this CPU.
+pub(super) unsafe fn matmul<const VNNI: bool>(
+    table: &'static KernelTable,
     w: &[u8],
     row_bytes: usize,
     rows: Range<usize>,
     acts: &[u8],
     out: &mut [f32],
 ) -> bool {
-    if !feat.avx2 || layout != Layout::Q8_0x4 {
+    let Some(PackedJob { n_tok, arb, split }) = PackedJob::new(
+        w,
+        row_bytes,
+        &rows,
+        acts,
+        out.len(),
+        (BLOCK_BYTES, BLOCK_BYTES, 4),
+    ) else {
         return false;
-    }
-    if row_bytes == 0
-        || !row_bytes.is_multiple_of(BLOCK_BYTES)
-        || !w.len().is_multiple_of(row_bytes)
-        || !acts.len().is_multiple_of(row_bytes)
-        || rows.start > rows.end
-        || rows.end > w.len() / row_bytes
-    {
-        return false;
-    }
-    let n_tok = acts.len() / row_bytes;
-    if rows.len().checked_mul(n_tok) != Some(out.len()) {
-        return false;
-    }
-    let n4 = w.len() / row_bytes / 4 * 4;
-    let split = rows.end.min(n4).max(rows.start);
+    };
     let (head, tail) = out.split_at_mut((split - rows.start) * n_tok);
     if split > rows.start {
-        // SAFETY: `feat.avx2` promises AVX2 with FMA and F16C; the checks above put
-        // every group-block of groups `rows.start / 4 .. ceil(split / 4)` (all below
-        // `n4`) inside `w`, every activation row inside `acts`, and `head` has one value
-        // per (row, token) of `rows.start..split`.
+        // SAFETY: the caller guarantees the ISA; the checks above put every group-block
+        // of groups `rows.start / 4 .. ceil(split / 4)` (all in whole groups) inside `w`,
+        // every activation row inside `acts`, and `head` has one value per (row, token)
+        // of `rows.start..split`.
         unsafe {
-            if feat.avx512vnni {
-                // `avx512vnni` is set only with AVX-512 F/BW/VL (see the Linux platform).
+            if VNNI {
                 groups_job_vnni(w, row_bytes, rows.start..split, acts, n_tok, head)
             } else {
                 groups_job(w, row_bytes, rows.start..split, acts, n_tok, head)
@@ -81,14 +78,13 @@ pub fn matmul(
         };
     }
     if split < rows.end {
-        return super::x86_rows::matmul(
+        return table.rows(
             GgmlType::Q8_0,
-            feat,
             w,
             row_bytes,
             split..rows.end,
             acts,
-            row_bytes,
+            arb,
             tail,
         );
     }

@@ -35,7 +35,6 @@
 #![allow(unsafe_code)]
 
 use core::arch::x86_64::*;
-use core::ops::Range;
 
 use super::x86_kquant::{self as kq, KBlock};
 use super::x86_legacy::{bits_to_mask, load32, nibbles};
@@ -45,7 +44,6 @@ use crate::quant::q5_0::BlockQ5_0;
 use crate::quant::q8_0::{hsum8, BlockQ8_0};
 use crate::quant::q8_k::BlockQ8K;
 use crate::quant::{q2_k, q3_k, q4_k, q5_k, q6_k};
-use crate::{CpuFeatures, GgmlType};
 
 /// Weight rows per tile.
 const R: usize = 4;
@@ -61,58 +59,11 @@ const PF_TILES: usize = 5;
 
 /// Tokens from which Q4_K/Q6_K products go to the row x token tiles of
 /// [`super::x86_gemm`] (fewer go to `kquant_job` below).
-const GEMM_MIN_TOK: usize = 2;
-
-/// Row-range product of `ty` on AVX2, or `false` (nothing written) when this file has no
-/// kernel for it or the shapes are not whole, matching blocks.
-///
-/// `out[i * n_tok + t] = dot(row rows.start + i, activation row t)`.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul(
-    ty: GgmlType,
-    feat: &CpuFeatures,
-    w: &[u8],
-    row_bytes: usize,
-    rows: Range<usize>,
-    acts: &[u8],
-    act_row_bytes: usize,
-    out: &mut [f32],
-) -> bool {
-    if !feat.avx2 {
-        return false;
-    }
-    let Some(job) = Job::new(w, row_bytes, rows, acts, act_row_bytes, out.len()) else {
-        return false;
-    };
-    if job.n_tok >= GEMM_MIN_TOK && super::x86_gemm::matmul(ty, feat, &job, w, acts, out) {
-        return true;
-    }
-    if job.n_tok >= GEMM_MIN_TOK && super::x86_gemm_lanes::matmul(ty, feat, &job, w, acts, out) {
-        return true;
-    }
-    // SAFETY (all arms): `feat.avx2` promises AVX2 with FMA and F16C (see
-    // `CpuFeatures::avx2`); `Job::new` checked that every row and activation slice the
-    // kernels index lies inside `w`, `acts` and `out`.
-    unsafe {
-        match ty {
-            // `avx512vnni` is set only with AVX-512 F/BW/VL (see the Linux platform).
-            GgmlType::Q8_0 if feat.avx512vnni => lanes_job_vnni::<BlockQ8_0>(&job, w, acts, out),
-            GgmlType::Q5_0 if feat.avx512vnni => lanes_job_vnni::<BlockQ5_0>(&job, w, acts, out),
-            GgmlType::Q8_0 => lanes_job::<BlockQ8_0>(&job, w, acts, out),
-            GgmlType::Q5_0 => lanes_job::<BlockQ5_0>(&job, w, acts, out),
-            GgmlType::Q2_K => kquant_job::<q2_k::BlockQ2K>(&job, w, acts, out),
-            GgmlType::Q3_K => kquant_job::<q3_k::BlockQ3K>(&job, w, acts, out),
-            GgmlType::Q4_K => kquant_job::<q4_k::BlockQ4K>(&job, w, acts, out),
-            GgmlType::Q5_K => kquant_job::<q5_k::BlockQ5K>(&job, w, acts, out),
-            GgmlType::Q6_K => kquant_job::<q6_k::BlockQ6K>(&job, w, acts, out),
-            _ => false,
-        }
-    }
-}
+pub(super) const GEMM_MIN_TOK: usize = 2;
 
 /// A block-32 weight format dotted with Q8_0 in llama.cpp's x86 eight-lane arithmetic
 /// (`crate::quant::q8_0::lanes8_dot`).
-trait Lanes8: Pod {
+pub(super) trait Lanes8: Pod {
     /// Whether [`Lanes8::groups`] needs `16 * sum(a)` per group.
     const ASUM: bool;
     /// The f16 scale.
@@ -279,14 +230,24 @@ unsafe fn lanes_tile<B: Lanes8, const VNNI: bool, const RR: usize, const TT: usi
 
 /// The tiled loop over a [`Job`] for one [`Lanes8`] format.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn lanes_job<B: Lanes8>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) -> bool {
+pub(super) unsafe fn lanes_job<B: Lanes8>(
+    job: &Job,
+    w: &[u8],
+    acts: &[u8],
+    out: &mut [f32],
+) -> bool {
     lanes_body::<B, false>(job, w, acts, out)
 }
 
 /// [`lanes_job`] compiled for AVX-512 VNNI: `vpdpbusd`, and 32 vector registers so a
 /// 4 x 4 tile's accumulators are not spilled.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn lanes_job_vnni<B: Lanes8>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) -> bool {
+pub(super) unsafe fn lanes_job_vnni<B: Lanes8>(
+    job: &Job,
+    w: &[u8],
+    acts: &[u8],
+    out: &mut [f32],
+) -> bool {
     lanes_body::<B, true>(job, w, acts, out)
 }
 
@@ -373,13 +334,13 @@ const TK: usize = 8;
 /// and Q6_K, the formats of Q4_K_M files, compute the token part with SIMD; the others
 /// call `terms`. The numbers are `terms`' either way: the same f32 products, and
 /// integer sums that are exact (or wrap alike) in any order.
-trait KRow: KBlock {
+pub(super) trait KRow: KBlock {
     unsafe fn weight_part(&self, y0: &BlockQ8K) -> WPart;
     /// `(d, offset, dmin, mins)` for one token.
     unsafe fn token_part(&self, w: &WPart, y: &BlockQ8K) -> (f32, i32, f32, i32);
 }
 
-struct WPart {
+pub(super) struct WPart {
     /// Group scales per 32-weight chunk: groups 2c (low 128 bits) and 2c + 1 (high).
     sv: [__m256i; 8],
     d: f32,
@@ -528,7 +489,12 @@ unsafe fn kquant_tile<B: KRow, const TT: usize>(
 
 /// The tiled loop over a [`Job`] for one K-quant format.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn kquant_job<B: KRow + Pod>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) -> bool {
+pub(super) unsafe fn kquant_job<B: KRow + Pod>(
+    job: &Job,
+    w: &[u8],
+    acts: &[u8],
+    out: &mut [f32],
+) -> bool {
     kquant_body::<B>(job, w, acts, out)
 }
 

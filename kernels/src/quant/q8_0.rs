@@ -178,7 +178,7 @@ pub enum Order {
 impl Order {
     /// The order the fastest kernels for `feat` compute (NEON: [`Order::BlockSum`]).
     pub fn of(feat: &crate::CpuFeatures) -> Order {
-        if feat.neon {
+        if feat.neon() {
             Order::BlockSum
         } else {
             Order::Lanes8

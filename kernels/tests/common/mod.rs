@@ -17,44 +17,5 @@ impl Rng {
 }
 
 pub fn feature_sets() -> Vec<CpuFeatures> {
-    #[allow(unused_mut)]
-    let mut v = vec![CpuFeatures::SCALAR];
-    #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-        {
-            v.push(CpuFeatures {
-                avx2: true,
-                ..CpuFeatures::SCALAR
-            });
-            if is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx512bw")
-                && is_x86_feature_detected!("avx512vl")
-                && is_x86_feature_detected!("avx512vnni")
-            {
-                v.push(CpuFeatures {
-                    avx2: true,
-                    avx512vnni: true,
-                    ..CpuFeatures::SCALAR
-                });
-            }
-        }
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        v.push(CpuFeatures {
-            neon: true,
-            ..CpuFeatures::SCALAR
-        });
-        if std::arch::is_aarch64_feature_detected!("dotprod") {
-            v.push(CpuFeatures {
-                neon: true,
-                dotprod: true,
-                ..CpuFeatures::SCALAR
-            });
-        }
-    }
-    v
+    CpuFeatures::detect().levels().collect()
 }
