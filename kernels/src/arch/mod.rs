@@ -24,6 +24,8 @@ mod neon_kquant;
 #[cfg(target_arch = "aarch64")]
 mod neon_legacy;
 #[cfg(target_arch = "aarch64")]
+mod neon_q1_lut;
+#[cfg(target_arch = "aarch64")]
 mod neon_repack;
 #[cfg(target_arch = "aarch64")]
 mod neon_rows;

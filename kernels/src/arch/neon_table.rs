@@ -11,6 +11,7 @@
 #![allow(unsafe_code)]
 
 use super::neon_legacy::{self as lg, base, dot};
+use super::neon_q1_lut as q1_lut;
 use super::neon_repack as rp;
 use super::neon_rows::{kquant, lanes};
 use super::table::{block_dot, float_dot, kquant_dot, KernelTable, Kernels};
@@ -108,6 +109,7 @@ pub(super) static NEON: KernelTable = KernelTable {
         Kernels::plain(T::Q6_K, Some(q6_k_base), Some(q6_k_rows_base)),
         Kernels::packed(T::Q8_0, Layout::Q8_0x4, rp::q8_0x4_base),
         Kernels::packed(T::Q5_0, Layout::Q5_0x4s, rp::q5_0x4s_base),
+        Kernels::packed(T::Q1_0, Layout::Q1_0x16, q1_lut::matmul),
     ],
 };
 
@@ -132,5 +134,7 @@ pub(super) static NEON_DOT: KernelTable = KernelTable {
         Kernels::packed(T::Q8_0, Layout::Q8_0x4s, rp::q8_0x4s_dot),
         Kernels::packed(T::Q8_0, Layout::Q8_0x4, rp::q8_0x4_dot),
         Kernels::packed(T::Q5_0, Layout::Q5_0x4s, rp::q5_0x4s_dot),
+        // The lookup-table kernel needs no `sdot` (and counts fewer instructions).
+        Kernels::packed(T::Q1_0, Layout::Q1_0x16, q1_lut::matmul),
     ],
 };
