@@ -20,6 +20,8 @@ pub use table::{table, KernelTable};
 #[cfg(target_arch = "aarch64")]
 pub mod neon_attn;
 #[cfg(target_arch = "aarch64")]
+mod neon_iq2;
+#[cfg(target_arch = "aarch64")]
 mod neon_kquant;
 #[cfg(target_arch = "aarch64")]
 mod neon_legacy;
