@@ -6,8 +6,12 @@
 //! `insn_count TYPE ROWS COLS TOKENS REPS [repack]`, e.g. `insn_count q8_0 4096 640 1 10 repack`.
 use pinch_kernels::{matvec, repack, CpuFeatures, GgmlType};
 
+/// The detected features, or the scalar path with `INSN_CPU=scalar`.
 fn features() -> CpuFeatures {
-    CpuFeatures::detect()
+    match std::env::var("INSN_CPU").as_deref() {
+        Ok("scalar") => CpuFeatures::SCALAR,
+        _ => CpuFeatures::detect(),
+    }
 }
 
 fn main() {
@@ -35,7 +39,12 @@ fn main() {
     let (_, bb) = ty.block_geometry();
     if matches!(
         ty,
-        GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 | GgmlType::Q1_0 | GgmlType::Q2_0
+        GgmlType::Q8_0
+            | GgmlType::Q5_0
+            | GgmlType::Q4_0
+            | GgmlType::Q1_0
+            | GgmlType::Q2_0
+            | GgmlType::IQ2_XXS
     ) {
         for b in w.chunks_mut(bb) {
             b[..2].copy_from_slice(&[0x00, 0x20]);

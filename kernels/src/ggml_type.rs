@@ -185,7 +185,7 @@ impl GgmlType {
             GgmlType::Q5_K => (q::q5_k::QK, q::q5_k::BLOCK_BYTES),
             GgmlType::Q6_K => (q::q6_k::QK, q::q6_k::BLOCK_BYTES),
             GgmlType::Q8_K => (q::q8_k::QK, q::q8_k::BLOCK_BYTES),
-            GgmlType::IQ2_XXS => (256, 66),
+            GgmlType::IQ2_XXS => (q::iq2_xxs::QK, q::iq2_xxs::BLOCK_BYTES),
             GgmlType::IQ2_XS => (256, 74),
             GgmlType::IQ3_XXS => (256, 98),
             GgmlType::IQ1_S => (256, 50),
@@ -237,7 +237,8 @@ impl GgmlType {
             | GgmlType::Q5_K
             | GgmlType::Q6_K
             | GgmlType::TQ1_0
-            | GgmlType::TQ2_0 => Some(ActFormat::Q8_K),
+            | GgmlType::TQ2_0
+            | GgmlType::IQ2_XXS => Some(ActFormat::Q8_K),
             _ => None,
         }
     }

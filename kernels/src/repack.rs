@@ -35,6 +35,7 @@ use core::ops::Range;
 
 use crate::blocks::{cast, cast_mut, Pod};
 use crate::matvec::KernelError;
+use crate::quant::q1_0::{self, BlockQ1_0};
 use crate::quant::q5_0::{self, BlockQ5_0};
 use crate::quant::q8_0::{self, BlockQ8_0, Order, QK};
 use crate::{CpuFeatures, GgmlType};
@@ -53,6 +54,9 @@ pub enum Layout {
     /// Q5_0, groups of four rows, nibbles four bytes at a time and fifth bits
     /// bit-sliced ([`BlockQ5_0x4s`]).
     Q5_0x4s,
+    /// Q1_0, groups of sixteen rows, the rows' sign bytes side by side
+    /// ([`BlockQ1_0x16`], for the lookup-table kernel).
+    Q1_0x16,
 }
 
 impl Layout {
@@ -64,6 +68,7 @@ impl Layout {
             Layout::Q8_0x4 => 4,
             Layout::Q8_0x4s => 2,
             Layout::Q5_0x4s => 3,
+            Layout::Q1_0x16 => 5,
         }
     }
     /// The layout of id `id`, if known.
@@ -73,6 +78,7 @@ impl Layout {
             4 => Some(Layout::Q8_0x4),
             2 => Some(Layout::Q8_0x4s),
             3 => Some(Layout::Q5_0x4s),
+            5 => Some(Layout::Q1_0x16),
             _ => None,
         }
     }
@@ -80,6 +86,7 @@ impl Layout {
     pub fn group_rows(self) -> usize {
         match self {
             Layout::Plain => 1,
+            Layout::Q1_0x16 => 16,
             _ => 4,
         }
     }
@@ -90,6 +97,7 @@ impl Layout {
             Layout::Q8_0x4 => "q8_0x4",
             Layout::Q8_0x4s => "q8_0x4s",
             Layout::Q5_0x4s => "q5_0x4s",
+            Layout::Q1_0x16 => "q1_0x16",
         }
     }
     /// The repacked layout pinch uses for weights of type `ty` on a CPU with `feat`, if
@@ -104,6 +112,7 @@ impl Layout {
             Layout::Plain => None,
             Layout::Q8_0x4 | Layout::Q8_0x4s => Some(GgmlType::Q8_0),
             Layout::Q5_0x4s => Some(GgmlType::Q5_0),
+            Layout::Q1_0x16 => Some(GgmlType::Q1_0),
         }
     }
     /// Whether tensors of type `ty` can have this layout.
@@ -166,16 +175,53 @@ pub struct BlockQ5_0x4s {
 crate::pod_block!(BlockQ5_0x4s);
 static_assertions::const_assert_eq!(core::mem::size_of::<BlockQ5_0x4s>(), 4 * q5_0::BLOCK_BYTES);
 
-/// A group-block layout: four plain blocks (one per row) in, four out.
+/// One block of sixteen Q1_0 rows: `qs[p][r]` is sign byte `p` of row `r` (weights
+/// `8p..8p + 8`: its low nibble is the index of group `2p` of four weights, its high
+/// nibble of group `2p + 1`), so one 16-byte load gives sixteen rows' indices for two
+/// groups; then the sixteen scales.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ1_0x16 {
+    /// Byte `p` of rows 0..16.
+    pub qs: [[u8; 16]; q1_0::QK / 8],
+    /// Scales (f16 little-endian) of rows 0..16.
+    pub d: [[u8; 2]; 16],
+}
+crate::pod_block!(BlockQ1_0x16);
+static_assertions::const_assert_eq!(core::mem::size_of::<BlockQ1_0x16>(), 16 * q1_0::BLOCK_BYTES);
+
+/// A group-block layout: `ROWS` plain blocks (one per row) in, `ROWS` out.
 trait Group: Pod {
+    /// Rows per group.
+    const ROWS: usize;
     type Plain: Pod;
-    fn pack(rows: [&Self::Plain; 4]) -> Self;
+    /// `rows.len() == ROWS`.
+    fn pack(rows: &[&Self::Plain]) -> Self;
     fn unpack(&self, r: usize) -> Self::Plain;
 }
 
+impl Group for BlockQ1_0x16 {
+    const ROWS: usize = 16;
+    type Plain = BlockQ1_0;
+    fn pack(rows: &[&BlockQ1_0]) -> Self {
+        BlockQ1_0x16 {
+            d: core::array::from_fn(|r| rows[r].d),
+            qs: core::array::from_fn(|p| core::array::from_fn(|r| rows[r].qs[p])),
+        }
+    }
+    fn unpack(&self, r: usize) -> BlockQ1_0 {
+        BlockQ1_0 {
+            d: self.d[r],
+            qs: core::array::from_fn(|p| self.qs[p][r]),
+        }
+    }
+}
+
 impl Group for BlockQ8_0x4 {
+    const ROWS: usize = 4;
     type Plain = BlockQ8_0;
-    fn pack(rows: [&BlockQ8_0; 4]) -> Self {
+    fn pack(rows: &[&BlockQ8_0]) -> Self {
+        let rows: [&BlockQ8_0; 4] = core::array::from_fn(|r| rows[r]);
         BlockQ8_0x4 {
             d: rows.map(|b| b.d),
             qs: rows.map(|b| b.qs),
@@ -190,8 +236,10 @@ impl Group for BlockQ8_0x4 {
 }
 
 impl Group for BlockQ8_0x4s {
+    const ROWS: usize = 4;
     type Plain = BlockQ8_0;
-    fn pack(rows: [&BlockQ8_0; 4]) -> Self {
+    fn pack(rows: &[&BlockQ8_0]) -> Self {
+        let rows: [&BlockQ8_0; 4] = core::array::from_fn(|r| rows[r]);
         BlockQ8_0x4s {
             d: rows.map(|b| b.d),
             qs: core::array::from_fn(|k| core::array::from_fn(|i| rows[i / 4].qs[4 * k + i % 4])),
@@ -206,8 +254,10 @@ impl Group for BlockQ8_0x4s {
 }
 
 impl Group for BlockQ5_0x4s {
+    const ROWS: usize = 4;
     type Plain = BlockQ5_0;
-    fn pack(rows: [&BlockQ5_0; 4]) -> Self {
+    fn pack(rows: &[&BlockQ5_0]) -> Self {
+        let rows: [&BlockQ5_0; 4] = core::array::from_fn(|r| rows[r]);
         let h = rows.map(|b| u32::from_le_bytes(b.qh));
         BlockQ5_0x4s {
             d: rows.map(|b| b.d),
@@ -255,6 +305,10 @@ macro_rules! with_group {
                 type $G = BlockQ5_0x4s;
                 $body
             }
+            Layout::Q1_0x16 => {
+                type $G = BlockQ1_0x16;
+                $body
+            }
         }
     };
 }
@@ -292,28 +346,33 @@ fn check_scratch(layout: Layout, row_bytes: usize, scratch: &[u8]) -> Result<(),
     Ok(())
 }
 
+/// Most rows a group of any layout has.
+const MAX_GROUP_ROWS: usize = 16;
+
 fn pack_groups<G: Group>(data: &mut [u8], row_bytes: usize, scratch: &mut [u8]) {
     let nb = row_bytes / core::mem::size_of::<G::Plain>();
-    let scratch = &mut scratch[..4 * row_bytes];
-    for group in data.chunks_exact_mut(4 * row_bytes) {
+    let scratch = &mut scratch[..G::ROWS * row_bytes];
+    for group in data.chunks_exact_mut(G::ROWS * row_bytes) {
         scratch.copy_from_slice(group);
         let src = cast::<G::Plain>(scratch).unwrap_or(&[]);
         let dst = cast_mut::<G>(group).unwrap_or(&mut []);
         for (b, out) in dst.iter_mut().enumerate() {
-            *out = G::pack(core::array::from_fn(|r| &src[r * nb + b]));
+            let rows: [&G::Plain; MAX_GROUP_ROWS] =
+                core::array::from_fn(|r| &src[(r % G::ROWS) * nb + b]);
+            *out = G::pack(&rows[..G::ROWS]);
         }
     }
 }
 
 fn unpack_groups<G: Group>(data: &mut [u8], row_bytes: usize, scratch: &mut [u8]) {
     let nb = row_bytes / core::mem::size_of::<G::Plain>();
-    let scratch = &mut scratch[..4 * row_bytes];
-    for group in data.chunks_exact_mut(4 * row_bytes) {
+    let scratch = &mut scratch[..G::ROWS * row_bytes];
+    for group in data.chunks_exact_mut(G::ROWS * row_bytes) {
         scratch.copy_from_slice(group);
         let src = cast::<G>(scratch).unwrap_or(&[]);
         let dst = cast_mut::<G::Plain>(group).unwrap_or(&mut []);
         for (b, x) in src.iter().enumerate() {
-            for r in 0..4 {
+            for r in 0..G::ROWS {
                 dst[r * nb + b] = x.unpack(r);
             }
         }
@@ -354,14 +413,15 @@ pub fn unpack_in_place(
 /// the tail rows).
 #[inline]
 fn row_block<G: Group>(w: &[u8], row_bytes: usize, n_rows: usize, r: usize, b: usize) -> G::Plain {
-    let n4 = n_rows / 4 * 4;
+    let n = G::ROWS;
+    let whole = n_rows / n * n;
     let size = core::mem::size_of::<G::Plain>();
-    if r >= n4 {
+    if r >= whole {
         let o = r * row_bytes + b * size;
         return cast::<G::Plain>(&w[o..o + size]).unwrap_or(&[])[0];
     }
-    let o = (r / 4) * 4 * row_bytes + b * 4 * size;
-    cast::<G>(&w[o..o + 4 * size]).unwrap_or(&[])[0].unpack(r % 4)
+    let o = (r / n) * n * row_bytes + b * n * size;
+    cast::<G>(&w[o..o + n * size]).unwrap_or(&[])[0].unpack(r % n)
 }
 
 /// Copy row `r` of a tensor in `layout` (`w`: all of its rows) out as a plain row
@@ -442,6 +502,18 @@ pub fn dot_row_scalar(
     act: &[u8],
 ) -> f32 {
     let n_rows = w.len() / row_bytes.max(1);
+    if layout == Layout::Q1_0x16 {
+        // Block by block through the plain reference: each block's `d_w * sumi` added
+        // to the row sum in order, as `q1_0::vec_dot` does over the whole row.
+        let ab = 4 * q8_0::BLOCK_BYTES;
+        let mut sum = 0.0f32;
+        for b in 0..row_bytes / q1_0::BLOCK_BYTES {
+            let x = row_block::<BlockQ1_0x16>(w, row_bytes, n_rows, r, b);
+            let y = act.get(b * ab..(b + 1) * ab).unwrap_or(&[]);
+            sum += q1_0::vec_dot(crate::blocks::bytes_of(core::slice::from_ref(&x)), y);
+        }
+        return sum;
+    }
     let a = q8_0::act_blocks(act);
     with_group!(layout, G => {
         let nb = row_bytes / core::mem::size_of::<<G as Group>::Plain>();
@@ -489,9 +561,9 @@ pub fn matmul_rows(
     }
     check_shape(layout, ty, w.len(), row_bytes)?;
     let n_rows = w.len() / row_bytes;
-    let act_bytes = row_bytes / ty.block_geometry().1 * q8_0::BLOCK_BYTES;
+    let act_bytes = act_row_bytes_of(ty, row_bytes);
     if act_row_bytes != act_bytes || !acts.len().is_multiple_of(act_row_bytes) {
-        // Block-32 weights pair with Q8_0 activations of the same block count.
+        // The repacked formats pair with Q8_0 activations of the same length.
         return Err(KernelError::BadLength {
             what: "activation rows",
             expected: act_bytes,
@@ -520,6 +592,12 @@ pub fn matmul_rows(
     Ok(())
 }
 
+/// Bytes of the Q8_0 activation row that a weight row of `row_bytes` of `ty` pairs with.
+fn act_row_bytes_of(ty: GgmlType, row_bytes: usize) -> usize {
+    let (qk, bytes) = ty.block_geometry();
+    row_bytes / bytes * qk / QK * q8_0::BLOCK_BYTES
+}
+
 /// The scalar loop of [`matmul_rows`] (shapes already checked).
 pub fn matmul_rows_scalar(
     layout: Layout,
@@ -530,11 +608,7 @@ pub fn matmul_rows_scalar(
     acts: &[u8],
     out: &mut [f32],
 ) {
-    let arb = row_bytes
-        / layout
-            .ty()
-            .map_or(q8_0::BLOCK_BYTES, |t| t.block_geometry().1)
-        * q8_0::BLOCK_BYTES;
+    let arb = act_row_bytes_of(layout.ty().unwrap_or(GgmlType::Q8_0), row_bytes);
     let n_tok = acts.len() / arb.max(1);
     for (i, r) in rows.enumerate() {
         for t in 0..n_tok {
@@ -646,7 +720,7 @@ mod tests {
                     qs: [0; 16],
                 }; 4];
                 rows[r].qh = (1u32 << bit).to_le_bytes();
-                let g = BlockQ5_0x4s::pack([&rows[0], &rows[1], &rows[2], &rows[3]]);
+                let g = BlockQ5_0x4s::pack(&[&rows[0], &rows[1], &rows[2], &rows[3]]);
                 let (half, w) = (bit / 16, bit % 16);
                 let (k, j) = (w / 4, w % 4);
                 let mut want = [0u8; 16];

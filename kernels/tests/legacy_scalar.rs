@@ -150,6 +150,10 @@ fn tq1_0_vec_dot_is_dot_of_dequantized() {
 fn tq2_0_vec_dot_is_dot_of_dequantized() {
     check(GgmlType::TQ2_0, &[1, 2, 3]);
 }
+#[test]
+fn iq2_xxs_vec_dot_is_dot_of_dequantized() {
+    check(GgmlType::IQ2_XXS, &[1, 2, 3]);
+}
 
 #[test]
 fn float_rows_vec_dot_is_dot_of_values() {

@@ -935,8 +935,9 @@ mod tests {
             }
         }
         fn cpu(&self) -> CpuFeatures {
-            // Repacking needs a SIMD kernel: what the test machine has.
-            CpuFeatures::detect()
+            // Repacking needs a SIMD kernel: what the test machine has, without dotprod
+            // (the tests expect the Q8_0x4 layout).
+            CpuFeatures::detect().without(pinch_kernels::cpu::Feature::Dotprod)
         }
         fn now_ns(&self) -> u64 {
             0

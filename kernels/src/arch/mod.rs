@@ -24,9 +24,13 @@ mod arm32_table;
 #[cfg(target_arch = "aarch64")]
 pub mod neon_attn;
 #[cfg(target_arch = "aarch64")]
+mod neon_iq2;
+#[cfg(target_arch = "aarch64")]
 mod neon_kquant;
 #[cfg(target_arch = "aarch64")]
 mod neon_legacy;
+#[cfg(target_arch = "aarch64")]
+mod neon_q1_lut;
 #[cfg(target_arch = "aarch64")]
 mod neon_repack;
 #[cfg(target_arch = "aarch64")]
