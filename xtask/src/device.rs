@@ -6,7 +6,9 @@
 //! 32-bit ARM userlands (`router-armv7`) get a static armv7-a hard-float binary: rustup
 //! serves std for that CPU only with glibc, so Debian's cross gcc links glibc in
 //! statically ([`ensure_armv7_toolchain`] installs both).
-//! The iPad gets a static library that a Mac links into an app and signs.
+//! The iPad gets a static library that a Mac links into an app and signs: arm64
+//! (`ipad`), or 32-bit armv7s (`ipad-armv7`, a tier-3 target built by nightly
+//! `-Z build-std`; untested here, as nothing on this machine runs iOS code).
 use crate::util::{cargo, have, run, target_dir, Result};
 use std::path::{Path, PathBuf};
 
@@ -16,6 +18,7 @@ pub enum Device {
     Router,
     RouterArmv7,
     Ipad,
+    IpadArmv7,
     Host,
 }
 
@@ -24,6 +27,9 @@ pub const IOS: &str = "aarch64-apple-ios";
 /// armv7-a, VFPv3-D16 hard float, Thumb-2; NEON is detected at run time (not every
 /// 32-bit ARM core has it).
 pub const ARMV7: &str = "armv7-unknown-linux-gnueabihf";
+/// 32-bit iOS (A6: iPhone 5, iPad 4). Tier 3: no std from rustup, so the nightly
+/// toolchain builds std from `rust-src` (`-Z build-std`).
+pub const IOS_ARMV7: &str = "armv7s-apple-ios";
 /// The cross linker that `.cargo/config.toml` names for [`ARMV7`].
 const ARMV7_GCC: &str = "arm-linux-gnueabihf-gcc";
 
@@ -34,6 +40,7 @@ impl Device {
             "router" => Some(Device::Router),
             "router-armv7" => Some(Device::RouterArmv7),
             "ipad" => Some(Device::Ipad),
+            "ipad-armv7" => Some(Device::IpadArmv7),
             "host" => Some(Device::Host),
             _ => None,
         }
@@ -41,7 +48,7 @@ impl Device {
 }
 
 pub fn main(args: &[String]) -> Result<()> {
-    let usage = "usage: cargo xtask build --device tv|router|router-armv7|ipad|host";
+    let usage = "usage: cargo xtask build --device tv|router|router-armv7|ipad|ipad-armv7|host";
     let device = match args {
         [flag, d] if flag == "--device" => Device::parse(d),
         [d] => d.strip_prefix("--device=").and_then(Device::parse),
@@ -103,6 +110,46 @@ pub fn build(device: Device) -> Result<PathBuf> {
                 "static library for iOS built. To make an app, on a Mac with Xcode: \
                  add it to an Xcode target (Link Binary With Libraries), then sign and \
                  install from Xcode; see runtime-ios/README.md."
+            );
+            Ok(lib)
+        }
+        Device::IpadArmv7 => {
+            // A separate target directory: the nightly std must not mix with the pinned one.
+            run(std::process::Command::new("rustup").args([
+                "component",
+                "add",
+                "--toolchain",
+                "nightly",
+                "rust-src",
+            ]))?;
+            let dir = target_dir().join("nightly");
+            let mut build = std::process::Command::new("cargo");
+            build
+                .current_dir(crate::util::root())
+                .env_remove("CARGO")
+                .env_remove("RUSTC")
+                .env("CARGO_TARGET_DIR", &dir)
+                .args([
+                    "+nightly",
+                    "build",
+                    "-Z",
+                    "build-std=std,panic_abort",
+                    "--release",
+                    "-p",
+                    "pinch-ios",
+                    "--target",
+                    IOS_ARMV7,
+                ]);
+            run(&mut build)?;
+            let lib = dir.join(IOS_ARMV7).join("release/libpinch_ios.a");
+            if !lib.is_file() {
+                return Err(format!("expected {} after the build", lib.display()));
+            }
+            report_size(&lib)?;
+            eprintln!(
+                "static library for 32-bit iOS (armv7s) built with nightly build-std; \
+                 link it on a Mac as for `--device ipad`, with an Xcode that still \
+                 targets iOS 10 or older (32-bit apps end at iOS 10)."
             );
             Ok(lib)
         }
@@ -213,6 +260,7 @@ mod tests {
         assert_eq!(Device::parse("tv"), Some(Device::Tv));
         assert_eq!(Device::parse("ipad"), Some(Device::Ipad));
         assert_eq!(Device::parse("router-armv7"), Some(Device::RouterArmv7));
+        assert_eq!(Device::parse("ipad-armv7"), Some(Device::IpadArmv7));
         assert_eq!(Device::parse("toaster"), None);
     }
 
