@@ -26,6 +26,7 @@
 
 pub mod arch;
 pub mod attn;
+pub mod attn_q8;
 pub mod blocks;
 pub mod cpu;
 pub mod f16;

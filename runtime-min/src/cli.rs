@@ -39,7 +39,10 @@ pub struct Opts<'s> {
     pub sampler: SamplerParams,
     pub budget: Option<u64>,
     pub json: bool,
+    /// K cache type (`-ctk`).
     pub kv: KvType,
+    /// V cache type (`-ctv`).
+    pub kv_v: KvType,
     pub math: Math,
     pub ignore_eos: bool,
     pub ids: bool,
@@ -181,7 +184,11 @@ flags (llama.cpp names):
                           prints the speed ceiling it implies for streamed weights
   --verify-stream         compare every streamed tensor with the file
   --storage FILE          bench: sequential read speed of FILE (direct and buffered)
-  --cache-type-k f16|f32  KV cache type (default f16)
+  -ctk, --cache-type-k f32|f16|q8_0
+                          K cache type (default f16; q8_0: llama.cpp's blocks of
+                          32, 8.5 bits per value, needs head_dim % 32 == 0)
+  -ctv, --cache-type-v f32|f16|q8_0
+                          V cache type (default f16)
   --swa-full              sliding-window layers keep the whole context in the KV
                           cache (default: only their window, a ring; same logits)
   --reference             f32 oracle arithmetic (slow; for checking)
@@ -296,6 +303,7 @@ impl<'s> Opts<'s> {
             budget: None,
             json: false,
             kv: KvType::F16,
+            kv_v: KvType::F16,
             math: Math::Fast,
             ignore_eos: false,
             ids: false,
@@ -424,10 +432,10 @@ impl<'s> Opts<'s> {
                 }
                 "-ctk" | "--cache-type-k" | "-ctv" | "--cache-type-v" => {
                     let v = val()?;
-                    o.kv = match v {
-                        "f16" => KvType::F16,
-                        "f32" => KvType::F32,
-                        _ => return Err(CliError::BadValue { flag, value: v }),
+                    let ty = KvType::parse(v).ok_or(CliError::BadValue { flag, value: v })?;
+                    match flag {
+                        "-ctk" | "--cache-type-k" => o.kv = ty,
+                        _ => o.kv_v = ty,
                     }
                 }
                 "-sys" | "--system" => o.system = Some(val()?),
@@ -523,6 +531,21 @@ mod tests {
         assert_eq!(o.sampler.temp, 0.0);
         assert_eq!(o.budget, Some(700 << 20));
         assert_eq!(o.threads, 2);
+    }
+
+    #[test]
+    fn cache_types_set_k_and_v_separately() {
+        let o = Opts::parse(&["run", "-ctk", "q8_0"]).unwrap();
+        assert_eq!((o.kv, o.kv_v), (KvType::Q8_0, KvType::F16));
+        let o = Opts::parse(&["run", "--cache-type-v", "q8_0", "-ctk", "f32"]).unwrap();
+        assert_eq!((o.kv, o.kv_v), (KvType::F32, KvType::Q8_0));
+        assert_eq!(
+            Opts::parse(&["run", "-ctv", "q4_0"]).unwrap_err(),
+            CliError::BadValue {
+                flag: "-ctv",
+                value: "q4_0"
+            }
+        );
     }
 
     #[test]
