@@ -121,13 +121,7 @@ pub struct KvRows<'a> {
 impl<'a> KvRows<'a> {
     /// `n` rows, or as many as `data` holds.
     pub fn new(data: KvRow<'a>, stride: usize, len: usize, n: usize) -> KvRows<'a> {
-        let fit = match data.len().checked_sub(len) {
-            None => 0,
-            Some(rest) => match rest.checked_div(stride) {
-                Some(r) => r.saturating_add(1),
-                None => usize::MAX,
-            },
-        };
+        let fit = rows_that_fit(data.len(), stride, len);
         KvRows {
             data,
             stride,
@@ -159,6 +153,17 @@ impl<'a> KvRows<'a> {
             KvRow::F32(d) => KvRow::F32(&d[s..s + self.len]),
             KvRow::F16(d) => KvRow::F16(&d[s..s + self.len]),
         }
+    }
+}
+
+/// How many rows of `len` items, one every `stride` items, `total` items hold.
+pub(crate) fn rows_that_fit(total: usize, stride: usize, len: usize) -> usize {
+    match total.checked_sub(len) {
+        None => 0,
+        Some(rest) => match rest.checked_div(stride) {
+            Some(r) => r.saturating_add(1),
+            None => usize::MAX,
+        },
     }
 }
 
@@ -255,11 +260,12 @@ pub fn weighted_sum(feat: &CpuFeatures, v: &KvRows, ws: &[&[f32]], outs: &mut [&
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::testutil::Rng;
 
-    fn feats() -> [CpuFeatures; 2] {
+    /// The scalar path and the best one this machine has.
+    pub(crate) fn feats() -> [CpuFeatures; 2] {
         use crate::cpu::Feature;
         let f = CpuFeatures::detect().only(&[Feature::Neon, Feature::Avx2]);
         [CpuFeatures::SCALAR, f]

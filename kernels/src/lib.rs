@@ -29,6 +29,7 @@ extern crate std;
 
 pub mod arch;
 pub mod attn;
+pub mod attn_q8;
 pub mod blocks;
 pub mod cpu;
 pub mod f16;

@@ -314,6 +314,8 @@ fn ppl_of_tiny_models_matches_llama_perplexity_with_and_without_bos() {
             "--reference",
             "-ctk",
             "f32",
+            "-ctv",
+            "f32",
             "--no-attn-skip",
             "-t",
             "1",

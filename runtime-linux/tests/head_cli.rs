@@ -153,6 +153,7 @@ fn logits(bytes: &[u8], tokens: &[u32], prune_with: Option<&[u32]>) -> Vec<f32> 
         n_ctx: 32,
         n_batch: 3,
         kv: KvType::F32,
+        kv_v: KvType::F32,
         math: Math::Fast,
         threads: 1,
         head_group: 2,

@@ -8,7 +8,7 @@ use core::fmt::Write;
 use crate::arena::Arena;
 use crate::commands::out::Mib;
 use crate::gguf::Gguf;
-use crate::model::{Config, Session, SessionOptions};
+use crate::model::{Config, KvType, Session, SessionOptions};
 use crate::residency::{self, NoPlan, ResidencyPlan, STREAM_ZONES};
 
 /// Memory the process needs outside the arena: code, stacks, libc, worker threads.
@@ -22,6 +22,10 @@ pub struct Plan {
     /// Resident weights, stream zones and the embedding-row cache.
     pub weights: u64,
     pub kv_and_scratch: u64,
+    /// Of `kv_and_scratch`: the per-layer state (KV cache, recurrent state).
+    pub kv: u64,
+    /// The K and V cache types.
+    pub kv_types: (KvType, KvType),
     /// The command's own buffers (the server's connection and text buffers).
     pub buffers: u64,
     pub overhead: u64,
@@ -130,6 +134,13 @@ impl Plan {
             "  kv cache + scratch      {:>12}",
             Mib(self.kv_and_scratch)
         )?;
+        writeln!(
+            w,
+            "    of which layer state  {:>12}  (KV cache K {}, V {})",
+            Mib(self.kv),
+            self.kv_types.0.name(),
+            self.kv_types.1.name()
+        )?;
         if self.buffers > 0 {
             writeln!(w, "  server buffers          {:>12}", Mib(self.buffers))?;
         }
@@ -204,6 +215,8 @@ pub fn plan(
         tokenizer,
         weights,
         kv_and_scratch,
+        kv: Session::state_bytes_needed(cfg, s) as u64,
+        kv_types: (s.kv, s.kv_v),
         buffers,
         overhead: PROCESS_OVERHEAD,
         budget,

@@ -197,6 +197,7 @@ fn logits_pair(bytes: &[u8], tokens: &[u32], ids: &[u32], math: Math) -> (Vec<f3
         n_ctx: 64,
         n_batch: 4,
         kv: pinch_runtime_min::model::KvType::F32,
+        kv_v: pinch_runtime_min::model::KvType::F32,
         math,
         threads: 1,
         head_group: 2,

@@ -498,6 +498,7 @@ fn session_options(spec: &RunSpec, swa_ring: bool, cpu: CpuFeatures) -> SessionO
         n_ctx: 256,
         n_batch: spec.batch.max(1),
         kv: spec.kv,
+        kv_v: spec.kv,
         math: spec.math,
         threads: spec.threads,
         head_group: 4,

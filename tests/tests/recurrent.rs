@@ -23,6 +23,7 @@ fn opts(n_batch: usize) -> SessionOptions {
         n_ctx: 64,
         n_batch,
         kv: KvType::F32,
+        kv_v: KvType::F32,
         math: Math::Reference,
         threads: 1,
         head_group: 4,

@@ -188,6 +188,7 @@ fn drive(
         n_ctx: 512,
         n_batch: 32,
         kv: KvType::F16,
+        kv_v: KvType::F16,
         math: Math::Fast,
         threads: 2,
         head_group: draft + 1,

@@ -198,6 +198,8 @@ fn ppl_check(site: &str, cache: &Path, seeds: &[u64]) -> Result<()> {
                     "--reference",
                     "-ctk",
                     "f32",
+                    "-ctv",
+                    "f32",
                     "--no-attn-skip",
                     "-t",
                     "1",

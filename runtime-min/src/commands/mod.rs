@@ -231,6 +231,7 @@ pub fn session_options<P: Platform>(p: &P, o: &Opts, cfg: &Config) -> SessionOpt
         n_ctx: n_ctx.min(cfg.n_ctx_train.max(1)),
         n_batch: o.n_batch,
         kv: o.kv,
+        kv_v: o.kv_v,
         math: o.math,
         threads,
         head_group: 1,

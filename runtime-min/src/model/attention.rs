@@ -11,12 +11,14 @@
 use core::ops::Range;
 
 use pinch_kernels::attn;
+use pinch_kernels::attn_q8;
 use pinch_kernels::ops::{self, rope_apply};
+use pinch_kernels::quant::q8_0::{BLOCK_BYTES, QK};
 use pinch_kernels::CpuFeatures;
 
 use crate::model::config::Config;
 use crate::model::forward::MAX_WORKERS;
-use crate::model::kv::KvPlane;
+use crate::model::kv::{KvPlane, Rows};
 use crate::model::layer::Cx;
 use crate::model::weights::{Loader, Names, Tensor, Vector};
 use crate::model::{ModelError, Op};
@@ -331,7 +333,7 @@ impl Attend<'_> {
     /// is split.
     fn items(&self, r: Range<usize>, q: &[f32], out: &mut [f32], scores: &mut [f32]) {
         let (n_head, hd) = (self.n_head, self.head_dim);
-        let (qd, kvd) = (n_head * hd, self.n_head_kv * hd);
+        let qd = n_head * hd;
         let group = n_head / self.n_head_kv;
         let skip = if self.skip {
             SKIP_LOG_RATIO
@@ -367,9 +369,21 @@ impl Attend<'_> {
                 .collect();
             // Rows `first..=pos` of this KV head: `hd` values every `kvd`.
             let off = (h / group) * hd;
-            let len = (span - 1) * kvd + hd;
-            let k = attn::KvRows::new(self.k.row(first, off, len), kvd, hd, span);
-            attn::dots(&self.cpu, &k, &qs, &mut sc);
+            match self.k.rows(first, span, off, hd) {
+                Rows::Float(k) => attn::dots(&self.cpu, &k, &qs, &mut sc),
+                Rows::Q8(k) => {
+                    // The queries in K's dot format (llama.cpp's flash attention does
+                    // the same for a Q8_0 K).
+                    let mut q8 = [[0u8; Q8_QUERY]; MAX_GROUP];
+                    let rb = hd / QK * BLOCK_BYTES;
+                    for (b, q) in q8.iter_mut().zip(&qs) {
+                        attn_q8::quantize(q, &mut b[..rb]);
+                    }
+                    let q8s: heapless::Vec<&[u8], MAX_GROUP> =
+                        q8[..g].iter().map(|b| &b[..rb]).collect();
+                    attn_q8::dots(&self.cpu, &k, &q8s, &mut sc);
+                }
+            }
             for s in sc.iter_mut() {
                 for v in s.iter_mut() {
                     *v *= self.kq_scale;
@@ -384,8 +398,10 @@ impl Attend<'_> {
             let i0 = item - r.start;
             let mut outs: heapless::Vec<&mut [f32], MAX_GROUP> =
                 out[i0 * hd..(i0 + g) * hd].chunks_mut(hd).collect();
-            let v = attn::KvRows::new(self.v.row(first, off, len), kvd, hd, span);
-            attn::weighted_sum(&self.cpu, &v, &ws, &mut outs);
+            match self.v.rows(first, span, off, hd) {
+                Rows::Float(v) => attn::weighted_sum(&self.cpu, &v, &ws, &mut outs),
+                Rows::Q8(v) => attn_q8::weighted_sum(&v, &ws, &mut outs),
+            }
             item += g;
         }
     }
@@ -393,6 +409,9 @@ impl Attend<'_> {
 
 /// Most query heads [`Attend::items`] takes together.
 const MAX_GROUP: usize = 8;
+
+/// Bytes of one query head quantized to Q8_0 (for a Q8_0 K).
+const Q8_QUERY: usize = crate::model::forward::MAX_HEAD_DIM / QK * BLOCK_BYTES;
 
 /// Scores [`Attend::items`] keeps on the stack for a group that `scores` cannot hold.
 const EXTRA_SCORES: usize = 4096;

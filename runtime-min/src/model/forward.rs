@@ -55,7 +55,10 @@ pub struct SessionOptions {
     pub n_ctx: usize,
     /// Most tokens processed per weight pass.
     pub n_batch: usize,
+    /// Storage type of cached keys (`--cache-type-k`).
     pub kv: KvType,
+    /// Storage type of cached values (`--cache-type-v`).
+    pub kv_v: KvType,
     pub math: Math,
     pub threads: usize,
     /// Positions whose LM-head rows are computed together (when all logits are wanted).
@@ -168,12 +171,18 @@ pub struct Session<'w, 'a> {
 }
 
 impl<'w, 'a> Session<'w, 'a> {
+    /// Bytes of the per-layer state (KV planes, recurrent state) a session with `o`
+    /// keeps.
+    pub fn state_bytes_needed(cfg: &Config, o: &SessionOptions) -> usize {
+        (0..cfg.n_layer)
+            .map(|il| LayerState::bytes_needed(cfg, il, o))
+            .sum()
+    }
+
     /// Bytes of scratch and per-layer state a session with `o` needs (for the budget
     /// plan).
     pub fn bytes_needed(cfg: &Config, o: &SessionOptions) -> usize {
-        let state: usize = (0..cfg.n_layer)
-            .map(|il| LayerState::bytes_needed(cfg, il, o))
-            .sum();
+        let state = Self::state_bytes_needed(cfg, o);
         Scratch::bytes_needed(cfg, o) + state
     }
 
@@ -190,6 +199,12 @@ impl<'w, 'a> Session<'w, 'a> {
         if cfg.head_dim > MAX_HEAD_DIM {
             return Err(ModelError::BadShape(
                 "head_dim above 256 (attention scratch)",
+            ));
+        }
+        let q8 = |t: KvType| t == KvType::Q8_0;
+        if (q8(opts.kv) || q8(opts.kv_v)) && !cfg.head_dim.is_multiple_of(32) {
+            return Err(ModelError::BadShape(
+                "head_dim not a multiple of 32 (q8_0 KV cache)",
             ));
         }
         let mut state = heapless::Vec::new();

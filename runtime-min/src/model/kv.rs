@@ -4,8 +4,10 @@
 //! The ring keeps every row twice, at `pos % ring` and `pos % ring + ring`: any run of at
 //! most `ring` consecutive positions is then one contiguous slice, so attention reads a
 //! window exactly as it reads a full cache (same values, same order, same bits).
-use pinch_kernels::attn::KvRow;
+use pinch_kernels::attn::{KvRow, KvRows};
+use pinch_kernels::attn_q8::{self, Q8Rows};
 use pinch_kernels::f16::f32_to_f16;
+use pinch_kernels::quant::q8_0::{BLOCK_BYTES, QK};
 
 use crate::arena::{Arena, ArenaError};
 
@@ -14,20 +16,50 @@ use crate::arena::{Arena, ArenaError};
 pub enum KvType {
     F32,
     F16,
+    /// llama.cpp's Q8_0 blocks (32 int8 values along the head dimension, one f16
+    /// scale: 34 bytes per 32 values); needs a head dimension that is a multiple of 32.
+    Q8_0,
 }
 
 impl KvType {
-    pub fn bytes_per_value(self) -> usize {
+    /// Bytes of a row of `values` values (`None` for Q8_0 when `values` is not a
+    /// multiple of 32).
+    pub fn row_bytes(self, values: usize) -> Option<usize> {
         match self {
-            KvType::F32 => 4,
-            KvType::F16 => 2,
+            KvType::F32 => values.checked_mul(4),
+            KvType::F16 => values.checked_mul(2),
+            KvType::Q8_0 => attn_q8::row_bytes(values),
         }
+    }
+
+    /// The name llama.cpp's `--cache-type-k/v` uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+        }
+    }
+
+    /// The type `name` (one of [`Self::name`]'s) names.
+    pub fn parse(name: &str) -> Option<KvType> {
+        [KvType::F32, KvType::F16, KvType::Q8_0]
+            .into_iter()
+            .find(|t| t.name() == name)
     }
 }
 
 enum Store<'a> {
     F32(&'a mut [f32]),
     F16(&'a mut [u16]),
+    /// `dim / 32` Q8_0 blocks per row.
+    Q8(&'a mut [u8]),
+}
+
+/// Rows of one KV head over a span of positions, in the plane's storage type.
+pub enum Rows<'k> {
+    Float(KvRows<'k>),
+    Q8(Q8Rows<'k>),
 }
 
 /// One layer's K or V: `n_ctx` rows of `dim` values, or a doubled ring of `ring` rows.
@@ -45,12 +77,15 @@ impl<'a> KvPlane<'a> {
         n_ctx: usize,
         dim: usize,
     ) -> Result<KvPlane<'a>, ArenaError> {
-        let n = n_ctx.checked_mul(dim).ok_or(ArenaError::Overflow {
+        const OVERFLOW: ArenaError = ArenaError::Overflow {
             account: "kv cache",
-        })?;
+        };
+        let n = n_ctx.checked_mul(dim).ok_or(OVERFLOW)?;
         let store = match ty {
             KvType::F32 => Store::F32(arena.slice("kv cache", n)?),
             KvType::F16 => Store::F16(arena.slice("kv cache", n)?),
+            // Callers check the row length (Session::new); a partial block is an overflow.
+            KvType::Q8_0 => Store::Q8(arena.slice("kv cache", ty.row_bytes(n).ok_or(OVERFLOW)?)?),
         };
         Ok(KvPlane {
             store,
@@ -102,6 +137,10 @@ impl<'a> KvPlane<'a> {
                     *o = f32_to_f16(*v);
                 }
             }
+            Store::Q8(s) => {
+                let rb = d / QK * BLOCK_BYTES;
+                attn_q8::quantize(x, &mut s[slot * rb..(slot + 1) * rb]);
+            }
         }
     }
 
@@ -118,24 +157,46 @@ impl<'a> KvPlane<'a> {
     /// number of positions in use). A ring has no such tail: it is small, and reused.
     pub fn tail_bytes_mut(&mut self, from: usize) -> &mut [u8] {
         let from = if self.ring > 0 { usize::MAX / 2 } else { from };
-        let start = from.saturating_mul(self.dim).min(match &self.store {
-            Store::F32(s) => s.len(),
-            Store::F16(s) => s.len(),
-        });
+        let start = from.saturating_mul(self.dim);
         match &mut self.store {
-            Store::F32(s) => pinch_kernels::blocks::bytes_of_mut(&mut s[start..]),
-            Store::F16(s) => pinch_kernels::blocks::bytes_of_mut(&mut s[start..]),
+            Store::F32(s) => {
+                let start = start.min(s.len());
+                pinch_kernels::blocks::bytes_of_mut(&mut s[start..])
+            }
+            Store::F16(s) => {
+                let start = start.min(s.len());
+                pinch_kernels::blocks::bytes_of_mut(&mut s[start..])
+            }
+            Store::Q8(s) => {
+                let start = (start / QK).saturating_mul(BLOCK_BYTES).min(s.len());
+                &mut s[start..]
+            }
         }
     }
 
-    /// `len` values from position `pos`, column `off` on (`len` may run over the
-    /// following positions' rows: in a ring, at most `ring` positions).
+    /// Columns `off..off + len` of the `n` positions from `first` on (in a ring, at
+    /// most `ring` positions). For Q8_0, `off` and `len` are multiples of 32.
     #[inline]
-    pub fn row(&self, pos: usize, off: usize, len: usize) -> KvRow<'_> {
-        let start = self.slot(pos) * self.dim + off;
+    pub fn rows(&self, first: usize, n: usize, off: usize, len: usize) -> Rows<'_> {
+        let d = self.dim;
+        let start = self.slot(first) * d + off;
+        let flat = n.saturating_sub(1) * d + len;
         match &self.store {
-            Store::F32(s) => KvRow::F32(&s[start..start + len]),
-            Store::F16(s) => KvRow::F16(&s[start..start + len]),
+            Store::F32(s) => {
+                Rows::Float(KvRows::new(KvRow::F32(&s[start..start + flat]), d, len, n))
+            }
+            Store::F16(s) => {
+                Rows::Float(KvRows::new(KvRow::F16(&s[start..start + flat]), d, len, n))
+            }
+            Store::Q8(s) => {
+                let b = |v: usize| v / QK * BLOCK_BYTES;
+                Rows::Q8(Q8Rows::new(
+                    &s[b(start)..b(start + flat)],
+                    d / QK,
+                    len / QK,
+                    n,
+                ))
+            }
         }
     }
 }

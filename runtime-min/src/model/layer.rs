@@ -20,7 +20,7 @@ use crate::model::ffn_dense::DenseFfn;
 use crate::model::ffn_moe::MoeFfn;
 use crate::model::forward::{Profile, SessionOptions};
 use crate::model::hybrid::{recurrent_floats, RecurrentState};
-use crate::model::kv::KvPlane;
+use crate::model::kv::{KvPlane, KvType};
 use crate::model::matmul::MatMul;
 use crate::model::scratch::Scratch;
 use crate::model::shortconv::ShortConv;
@@ -175,13 +175,13 @@ impl<'a> LayerState<'a> {
         match kind.mixer {
             MixerKind::Attention => {
                 let dim = kind.n_head_kv * c.head_dim;
-                let plane = |arena: &mut Arena<'a>| match Self::kv_rows(c, il, o) {
-                    (_, 0) => KvPlane::new(arena, o.kv, o.n_ctx, dim),
-                    (_, ring) => KvPlane::new_ring(arena, o.kv, ring, dim),
+                let plane = |arena: &mut Arena<'a>, ty| match Self::kv_rows(c, il, o) {
+                    (_, 0) => KvPlane::new(arena, ty, o.n_ctx, dim),
+                    (_, ring) => KvPlane::new_ring(arena, ty, ring, dim),
                 };
                 Ok(LayerState::Kv(KvState {
-                    k: plane(arena)?,
-                    v: plane(arena)?,
+                    k: plane(arena, o.kv)?,
+                    v: plane(arena, o.kv_v)?,
                 }))
             }
             MixerKind::GatedDeltaNet | MixerKind::ShortConv => {
@@ -209,7 +209,8 @@ impl<'a> LayerState<'a> {
         match kind.mixer {
             MixerKind::Attention => {
                 let (rows, _) = Self::kv_rows(c, il, o);
-                2 * rows * kind.n_head_kv * c.head_dim * o.kv.bytes_per_value()
+                let row = |t: KvType| t.row_bytes(kind.n_head_kv * c.head_dim).unwrap_or(0);
+                rows * (row(o.kv) + row(o.kv_v))
             }
             MixerKind::GatedDeltaNet | MixerKind::ShortConv => {
                 let (conv, matrix) = recurrent_floats(c, kind.mixer);
