@@ -57,7 +57,8 @@ fuzz_target!(|data: &[u8]| {
             Content::Text(t) => t,
             Content::Parts(_) => continue,
         };
-        let content = text.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\x0B' | '\x0C' | '\r'));
+        let content =
+            text.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\x0B' | '\x0C' | '\r'));
         assert!(
             full.text.contains(content),
             "content missing from the prompt"

@@ -41,13 +41,20 @@ pub const VOCABS: [&str; 7] = [
 ];
 
 /// The tokenizers of [`VOCABS`], in that order.
+///
+/// The parsed files live in a static of their own: a tokenizer borrows the file's
+/// bytes but not its `Gguf`, so a `Box::leak`ed `Gguf` was unreachable once the
+/// tokenizer was built, and LeakSanitizer (which `cargo xtask fuzz` links) reported it
+/// at exit.
 pub fn tokenizers() -> &'static [Tokenizer<'static>] {
+    static FILES: OnceLock<Vec<Gguf<'static>>> = OnceLock::new();
     static TOKS: OnceLock<Vec<Tokenizer<'static>>> = OnceLock::new();
     TOKS.get_or_init(|| {
+        let files = FILES.get_or_init(|| VOCABS.iter().map(|rel| leak_gguf(rel)).collect());
         VOCABS
             .iter()
-            .map(|rel| {
-                let g = Box::leak(Box::new(leak_gguf(rel)));
+            .zip(files)
+            .map(|(rel, g)| {
                 let region: &'static mut [u8] = Vec::leak(vec![0u8; 64 << 20]);
                 let mut arena = Arena::new(region);
                 Tokenizer::from_gguf(g, &mut arena).unwrap_or_else(|e| panic!("{rel}: {e}"))

@@ -28,16 +28,24 @@ fn encode(
 
 /// fuzz/tokenizer crash-44d4d335: an invalid UTF-8 lead byte before a space takes the
 /// first byte of the space's `▁` into its character, so the other two bytes become
-/// characters of their own: more SentencePiece symbols than input bytes. `encode` then
-/// refused the text with `ScratchTooSmall { needed: 0, given: 0 }` although the caller
-/// gave `scratch_bytes()`. OPEN: the fix (size the symbol table for 1.5 symbols a byte,
-/// or count the escaped text's characters) is in `tokenizer/mod.rs`, which this change
-/// does not own; reported to the lead.
+/// characters of their own: more SentencePiece symbols than input bytes (3 for each
+/// such pair). `encode` refused the text with `ScratchTooSmall { needed: 0, given: 0 }`
+/// although the caller gave `scratch_bytes()`; the symbol table now holds 1.5 symbols a
+/// byte. The text is the worst case (every byte in such a pair), at several lengths, and
+/// each piece falls back to its byte tokens (one id per escaped byte).
 #[test]
-#[ignore = "open bug: SentencePiece symbol table too small for invalid lead bytes before spaces"]
 fn spm_encodes_invalid_lead_bytes_before_spaces() {
     let t = load("vocab/ggml-vocab-llama-spm.gguf");
-    let text = b"\xc1 \xc1 \xc1 \xc1 \xc1 \xc1 \xc1 \xc1 ";
-    let ids = encode(&t, text).expect("scratch_bytes() is enough for any text");
+    for pairs in [1, 2, 8, 100] {
+        let text = b"\xc1 ".repeat(pairs);
+        let ids = encode(&t, &text).expect("scratch_bytes() is enough for any text");
+        assert!(
+            ids.len() >= 2 * pairs,
+            "{pairs} pairs gave {} ids",
+            ids.len()
+        );
+    }
+    // Odd length, and a lone lead byte at the end.
+    let ids = encode(&t, b"a\xc1 \xc1 \xc1").expect("scratch_bytes() is enough");
     assert!(!ids.is_empty());
 }

@@ -1,13 +1,15 @@
 //! `cargo xtask fuzz [--seconds N] [--runs M] [TARGET ...]`: the libFuzzer targets in
 //! `fuzz/`.
 //!
-//! Builds them with the nightly toolchain and the coverage instrumentation cargo-fuzz
+//! Builds them with the nightly toolchain, the coverage instrumentation cargo-fuzz
 //! would add (so cargo-fuzz itself is not needed; rustup installs nightly when it is
-//! missing), then runs each target for N seconds (default 60), or until M executions if
-//! that comes first, on a copy of its seed
+//! missing) and LeakSanitizer (`-Zsanitizer=leak`, cargo-fuzz's `-s leak`: libFuzzer
+//! then checks every input that allocates more than it frees, and the whole process at
+//! exit), then runs each target for N seconds (default 60; with `--runs` alone, no time
+//! limit), or until M executions if that comes first, on a copy of its seed
 //! corpus `fuzz/corpus/<target>/` (libFuzzer adds what it finds to the copy, under
 //! `fuzz/target/corpus/`, never to the repo). A crash, a hang (an input taking over
-//! 10 s) or a leak stops that target; its input is saved under `fuzz/target/artifacts/`
+//! 10 s), an OOM (over 2560 MiB) or a leak stops that target; its input is saved under `fuzz/target/artifacts/`
 //! and the command fails. `cargo xtask test` runs every target for a few seconds.
 use crate::util::{have, output, root, Result};
 use std::path::{Path, PathBuf};
@@ -33,13 +35,15 @@ const RUSTFLAGS: &str = "-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-
     -Cllvm-args=-sanitizer-coverage-inline-8bit-counters \
     -Cllvm-args=-sanitizer-coverage-pc-table \
     -Cllvm-args=-sanitizer-coverage-trace-compares \
-    --cfg fuzzing -Cdebug-assertions -Coverflow-checks";
+    --cfg fuzzing -Cdebug-assertions -Coverflow-checks -Zsanitizer=leak";
 
 /// One target's run.
 pub struct Run {
     pub target: &'static str,
     pub execs: u64,
     pub secs: f64,
+    /// Inputs in the working corpus at the end.
+    pub corpus: usize,
     pub ok: bool,
 }
 
@@ -48,16 +52,17 @@ pub fn main(args: &[String]) -> Result<()> {
         "usage: cargo xtask fuzz [--seconds N] [--runs M] [TARGET ...] (targets: {})",
         TARGETS.join(", ")
     );
-    let mut seconds = 60u64;
+    let mut seconds = None;
     let mut runs = None;
     let mut chosen = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         if a == "--seconds" {
-            seconds = it
-                .next()
-                .and_then(|s| s.parse().ok())
-                .ok_or(usage.clone())?;
+            seconds = Some(
+                it.next()
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .ok_or(usage.clone())?,
+            );
         } else if a == "--runs" {
             runs = Some(
                 it.next()
@@ -73,6 +78,8 @@ pub fn main(args: &[String]) -> Result<()> {
     if chosen.is_empty() {
         chosen = TARGETS.to_vec();
     }
+    // libFuzzer's -max_total_time=0 is no limit: `--runs M` alone runs M executions.
+    let seconds = seconds.unwrap_or(if runs.is_some() { 0 } else { 60 });
     let done = run_all(&chosen, seconds, runs)?;
     check(&done)
 }
@@ -86,12 +93,16 @@ pub fn run_all(targets: &[&'static str], seconds: u64, max_runs: Option<u64>) ->
         runs.push(run_one(&bin_dir, t, seconds, max_runs)?);
     }
     println!(
-        "\n{:<14} {:>12} {:>8}  result",
-        "target", "executions", "seconds"
+        "\n{:<14} {:>12} {:>8} {:>8} {:>7}  result",
+        "target", "executions", "seconds", "exec/s", "corpus"
     );
     for r in &runs {
         let result = if r.ok { "ok" } else { "CRASH (see above)" };
-        println!("{:<14} {:>12} {:>8.1}  {result}", r.target, r.execs, r.secs);
+        let rate = r.execs as f64 / r.secs.max(1e-3);
+        println!(
+            "{:<14} {:>12} {:>8.1} {:>8.0} {:>7}  {result}",
+            r.target, r.execs, r.secs, rate, r.corpus
+        );
     }
     Ok(runs)
 }
@@ -194,7 +205,12 @@ fn run_one(
         std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
     }
     let bin = bin_dir.join(target);
-    eprintln!("\n--- fuzz {target}: {seconds} s ---");
+    let limit = match (seconds, max_runs) {
+        (0, Some(n)) => format!("{n} executions"),
+        (s, Some(n)) => format!("{s} s or {n} executions"),
+        (s, None) => format!("{s} s"),
+    };
+    eprintln!("\n--- fuzz {target}: {limit} ---");
     let start = Instant::now();
     let mut cmd = Command::new(&bin);
     if let Some(n) = max_runs {
@@ -223,6 +239,7 @@ fn run_one(
         target,
         execs: executions(&stderr).unwrap_or(0),
         secs,
+        corpus: std::fs::read_dir(&work).map_or(0, |d| d.count()),
         ok: out.status.success(),
     })
 }

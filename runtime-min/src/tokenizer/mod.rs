@@ -963,7 +963,7 @@ impl<'a> Tokenizer<'a> {
         let m = text_len;
         let work = match self.kind {
             // escaped text (3 bytes a char) + 4 words a symbol + heap of 3 entries a symbol
-            VocabKind::Spm => 3 * (m + 1) + 16 * (m + 1) + 48 * (m + 1),
+            VocabKind::Spm => 3 * (m + 1) + (16 + 48) * spm_symbols(m),
             // code points + flags + word (3 bytes a code point at most) + byte-encoded
             // word + symbols and heap for the longest possible word
             VocabKind::Bpe => 4 * m + m + 3 * m + 6 * m + 16 * 3 * m + 48 * 3 * m,
@@ -1150,8 +1150,8 @@ impl<'a> Tokenizer<'a> {
                         k += 1;
                     }
                 }
-                let sym = take_u32(&mut rest, 4 * (frag.len() + 1))?;
-                let heap = take_u32(&mut rest, 12 * (frag.len() + 1))?;
+                let sym = take_u32(&mut rest, 4 * spm_symbols(frag.len()))?;
+                let heap = take_u32(&mut rest, 12 * spm_symbols(frag.len()))?;
                 spm::tokenize(self, &esc[..k], sym, heap, out)
             }
             VocabKind::Bpe => {
@@ -1276,6 +1276,15 @@ fn parse_byte_token(t: &[u8]) -> Option<u8> {
     }
     let h = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
     Some(h(t[3])? << 4 | h(t[4])?)
+}
+
+/// The most SentencePiece symbols (UTF-8 characters of the escaped text) `m` input
+/// bytes make: one a byte, plus one for the space prefix, except that a two-byte lead
+/// before a space swallows the first byte of the space's `▁` and leaves its other two
+/// bytes as symbols of their own: 3 symbols for those 2 bytes (fuzz/tokenizer
+/// crash-44d4d335).
+fn spm_symbols(m: usize) -> usize {
+    m + m / 2 + 1
 }
 
 fn take<'s>(buf: &mut &'s mut [u8], n: usize) -> Result<&'s mut [u8], TokenizerError> {
