@@ -5,8 +5,10 @@
 mod server_util;
 
 use serde_json::{json, Value};
-use server_util::{repo, Server};
+use server_util::{connect, post_text, read_response, repo, Server};
+use std::io::Write;
 use std::process::{Command, Output};
+use std::time::Duration;
 
 fn model() -> Option<String> {
     let p = repo().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
@@ -74,8 +76,8 @@ fn ppl_and_bits_per_byte_match_llama_cpp() {
 }
 
 /// `pinch run` greedy on a plain prompt prints the start of llama.cpp's greedy
-/// continuation: 12 tokens whose top-1 margins in prompts.json are all at least 0.5 (so
-/// rounding cannot flip them).
+/// continuation: its first 5 tokens, whose top-1 margins in prompts.json are all at least
+/// 0.5 (so rounding cannot flip them; step 6 is a near tie, 0.03).
 #[test]
 #[ignore = "needs the real model: `cargo xtask test` runs it with --ignored"]
 fn run_prints_llama_cpp_greedy_text() {
@@ -83,8 +85,7 @@ fn run_prints_llama_cpp_greedy_text() {
     let pr = &golden("prompts.json")["prompts"][0];
     let prompt = pr["text"].as_str().unwrap();
     let margins = pr["f32kv"]["greedy_top1_margins"].as_array().unwrap();
-    let n = 12;
-    assert!(margins[..n].iter().all(|x| x.as_f64().unwrap() >= 0.5));
+    assert!(margins[..5].iter().all(|x| x.as_f64().unwrap() >= 0.5));
     let o = pinch(&[
         "run",
         "-m",
@@ -92,7 +93,7 @@ fn run_prints_llama_cpp_greedy_text() {
         "-p",
         prompt,
         "-n",
-        "12",
+        "5",
         "--temp",
         "0",
         "--ignore-eos",
@@ -100,7 +101,7 @@ fn run_prints_llama_cpp_greedy_text() {
         "2",
     ]);
     let out = String::from_utf8_lossy(&o.stdout);
-    // The greedy text of llama.cpp's 48 tokens, cut to what 12 tokens print.
+    // llama.cpp's greedy text of 48 tokens starts with what pinch's 5 tokens print.
     let want = pr["f32kv"]["greedy_text"].as_str().unwrap();
     let got = out
         .strip_prefix(prompt)
@@ -113,29 +114,39 @@ fn run_prints_llama_cpp_greedy_text() {
     assert!(got.contains("Paris"), "{got:?}");
 }
 
-/// `pinch serve` on SmolLM2 renders the chat with the GGUF's Jinja template (which adds
-/// a default system message) and answers. The prompt's token count is llama.cpp's for
-/// that rendering: 37 (llama-cpp-python 0.3.36, `tokenize(text, add_bos=True,
-/// special=True)` of the text below).
+/// `pinch serve` on SmolLM2 renders the chat with the GGUF's Jinja template and answers.
+/// The prompt's token count is llama.cpp's for that rendering: 27 (llama-cpp-python
+/// 0.3.36, `tokenize(text, add_bos=True, special=True)` of the text below). llama.cpp's
+/// greedy answer (F32 KV) is "The capital of France is Paris." with top-1 margins 0.11,
+/// 6.4, 5.9, 4.7, 3.9, 3.7, 1.0: the first token is a near tie, so only "Paris" is
+/// required. (Without a system message the template adds its own, and llama.cpp answers
+/// "L'Étoile, la Mar", first margin 0.06; pinch printed the same.)
 #[test]
 #[ignore = "needs the real model: `cargo xtask test` runs it with --ignored"]
 fn serve_answers_a_chat() {
     let Some(m) = model() else { return };
-    let s = Server::start_model(m.trim_end_matches(".gguf"), &["-c", "512"]);
-    let (st, v) = s.post_json(
-        "/v1/chat/completions",
-        &json!({
-            "messages": [{"role": "user", "content": "What is the capital of France?"}],
-            "max_tokens": 16,
-            "temperature": 0
-        }),
-    );
-    assert_eq!(st, 200, "{v}");
+    let s = Server::start_model(m.trim_end_matches(".gguf"), &["-c", "512", "-t", "2"]);
+    let body = json!({
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "What is the capital of France?"}
+        ],
+        "max_tokens": 8,
+        "temperature": 0
+    });
+    // Longer than server_util's 60 s read timeout: a loaded 2-core machine decodes the
+    // 27-token prompt and 8 tokens in about that.
+    let mut c = connect(s.port);
+    c.set_read_timeout(Some(Duration::from_secs(600))).unwrap();
+    c.write_all(post_text("/v1/chat/completions", &body.to_string()).as_bytes())
+        .unwrap();
+    let r = read_response(&mut c);
+    let v: Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(r.status, 200, "{v}");
     let text = v["choices"][0]["message"]["content"].as_str().unwrap();
     eprintln!("answer: {text:?}, usage {}", v["usage"]);
     assert!(text.contains("Paris"), "{text:?}");
-    // "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by
-    // Hugging Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n
-    // <|im_start|>assistant\n"
-    assert_eq!(v["usage"]["prompt_tokens"], 37);
+    // "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n
+    // What is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    assert_eq!(v["usage"]["prompt_tokens"], 27);
 }
