@@ -185,6 +185,20 @@ def main():
                       "greedy_text": gtext, "finite": bool(np.isfinite(sc).all())},
         })
         print("prompt", repr(text[:30]), "->", repr(gtext[:60]), flush=True)
+    # llama.cpp's default config (F16 KV cache, flash attention auto) on the same prompts.
+    del llm
+    dflt = load(model, 256, False)
+    default_vs = []
+    for pr in prompts:
+        dflt.reset()
+        dflt.eval(pr["token_ids"])
+        sc = np.array(dflt.scores[: pr["n_tokens"]], dtype=np.float32)
+        worst = 0.0
+        for e in pr["f32kv"]["top20"]:
+            for i, v in e["top"]:
+                worst = max(worst, abs(float(sc[e["pos"]][i]) - v))
+        default_vs.append(round(worst, 4))
+    del dflt
     with open(os.path.join(OUT, "prompts.json"), "w") as f:
         json.dump({
             "model": meta, "llama_cpp_commit": COMMIT, "threads": 1, "n_ctx": 256,
@@ -199,6 +213,7 @@ def main():
             "llama_cpp_self_consistency": {
                 "description": "max |batched - one token per decode| over each prompt's top-20 entries",
                 "max_abs_diff_top20_values": consistency,
+                "default_vs_f32kv_max_abs_diff_top20_values": default_vs,
             },
             "prompts": prompts,
         }, f, ensure_ascii=False, indent=None, separators=(",", ":"))

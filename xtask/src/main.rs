@@ -12,6 +12,7 @@
 //! - [`soak`]: `soak --minutes N`, hours of mixed traffic against `pinch serve`.
 //! - [`randshape`]: `randshape [--seed N] [--new K]`, random-shape models vs llama.cpp.
 //! - [`compat`]: `compat`, llama.cpp's server test suite against `pinch serve`.
+//! - [`tokenizer_diff`]: `tokenizer-diff [--random N]`, a long tokenizer hunt vs llama.cpp.
 //! - [`util`]: running commands, finding the workspace and the target directory.
 mod bench;
 mod compat;
@@ -24,12 +25,14 @@ mod run;
 mod size;
 mod soak;
 mod test;
+mod tokenizer_diff;
 mod util;
 
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: cargo xtask <command>
-  fetch-model gemma3-270m           download + verify the test model into models/
+  fetch-model gemma3-270m|smollm2-135m  download + verify a test model into models/
+  tokenizer-diff [--random N] [--seed S]  N random strings vs llama.cpp's tokenizer
   build --device tv|router|ipad|host build the release artifact for a device
   test [--keep-going]               the one test command (what CI runs)
   size                              build the tv binary and report its size
@@ -55,6 +58,7 @@ fn main() -> ExitCode {
         Some("soak") => soak::main(rest),
         Some("randshape") => randshape::main(rest),
         Some("compat") => compat::main(rest),
+        Some("tokenizer-diff") => tokenizer_diff::main(rest),
         Some("help" | "--help" | "-h") => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;

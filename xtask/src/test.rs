@@ -182,6 +182,7 @@ fn fetch_model() -> Result<Outcome> {
         return Ok(Outcome::Skipped("PINCH_SKIP_MODEL_TESTS=1"));
     }
     fetch::ensure("gemma3-270m")?;
+    fetch::ensure("smollm2-135m")?;
     Ok(Outcome::Done)
 }
 
@@ -195,7 +196,8 @@ fn random_shapes() -> Result<Outcome> {
 }
 
 /// The slow checks, on a release build: Gemma 3 270M's perplexity and bits per byte
-/// against llama.cpp's, Gemma streamed under a budget, and the 60 s server load test.
+/// against llama.cpp's, Gemma streamed under a budget, the 60 s server load test, and
+/// SmolLM2-135M-Instruct's goldens.
 fn test_slow() -> Result<Outcome> {
     if std::env::var_os("PINCH_SKIP_MODEL_TESTS").is_some_and(|v| v == "1") {
         return Ok(Outcome::Skipped("PINCH_SKIP_MODEL_TESTS=1"));
@@ -230,6 +232,23 @@ fn test_slow() -> Result<Outcome> {
         "--",
         "--ignored",
     ]))?);
+    // SmolLM2-135M-Instruct against llama.cpp's goldens (tokens, logits, greedy,
+    // template; ppl, run and serve through the binary).
+    for (pkg, test) in [
+        ("pinch-tests", "smollm2_135m"),
+        ("pinch-linux", "smollm2_cli"),
+    ] {
+        counts.add(run_tests(&mut cargo([
+            "test",
+            "--release",
+            "-p",
+            pkg,
+            "--test",
+            test,
+            "--",
+            "--ignored",
+        ]))?);
+    }
     Ok(Outcome::Tested(counts))
 }
 

@@ -222,6 +222,8 @@ pub struct VocabSource<'a> {
     pub eot: Option<u32>,
     pub eom: Option<u32>,
     pub unk: Option<u32>,
+    /// FIM token ids by role (see [`FIM_KEYS`]).
+    pub fim: [Option<u32>; 6],
     pub add_bos: Option<bool>,
     pub add_eos: Option<bool>,
     pub add_space_prefix: Option<bool>,
@@ -362,23 +364,33 @@ fn bit_set(set: &[u64; 4], b: u8) -> bool {
     set[(b >> 6) as usize] & (1u64 << (b & 63)) != 0
 }
 
-/// Texts llama.cpp recognises as end-of-generation tokens.
-const EOG_TEXTS: [&str; 12] = [
+/// Texts llama.cpp recognises as end-of-generation tokens (and forces to control type).
+const EOG_TEXTS: [&str; 22] = [
     "<|eot_id|>",
     "<|im_end|>",
     "<|end|>",
     "<|return|>",
     "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
     "<end_of_turn>",
     "<|endoftext|>",
+    "</s>",
     "<|eom_id|>",
     "<EOT>",
     "_<EOT>",
+    "[EOT]",
+    "[EOS]",
     "<|end_of_text|>",
     "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
 ];
 /// Texts of the end-of-turn token when `tokenizer.ggml.eot_token_id` is absent.
-const EOT_TEXTS: [&str; 10] = [
+const EOT_TEXTS: [&str; 11] = [
     "<|eot_id|>",
     "<|im_end|>",
     "<|end|>",
@@ -387,32 +399,75 @@ const EOT_TEXTS: [&str; 10] = [
     "<|end_of_text|>",
     "<EOT>",
     "_<EOT>",
+    "[EOT]",
     "<｜end▁of▁sentence｜>",
     "<end_of_utterance>",
 ];
-/// Fill-in-the-middle token texts: llama.cpp forces these to control type, and the
-/// pad/repo/file-separator ones end generation.
-const FIM_TEXTS: [(&str, bool); 19] = [
-    ("<|fim_prefix|>", false),
-    ("<fim-prefix>", false),
-    ("<fim_prefix>", false),
-    ("<|fim_suffix|>", false),
-    ("<fim-suffix>", false),
-    ("<fim_suffix>", false),
-    ("<|fim_middle|>", false),
-    ("<fim-middle>", false),
-    ("<fim_middle>", false),
-    ("<|fim_pad|>", true),
-    ("<fim-pad>", true),
-    ("<fim_pad>", true),
-    ("<|fim_repo|>", true),
-    ("<|repo_name|>", true),
-    ("<fim-repo>", true),
-    ("<reponame>", true),
-    ("<|file_sep|>", true),
-    ("<PRE>", false),
-    ("<SUF>", false),
+/// Fill-in-the-middle tokens by role (prefix, suffix, middle, pad, repo, file separator):
+/// when the GGUF names no id for a role, the first of these texts in the vocab is that
+/// token, forced to control type; pad, repo and separator end generation.
+const FIM_TEXTS: [&[&str]; 6] = [
+    &[
+        "<|fim_prefix|>",
+        "<fim-prefix>",
+        "<fim_prefix>",
+        "<｜fim▁begin｜>",
+        "<PRE>",
+        "▁<PRE>",
+        "<|code_prefix|>",
+        "<|prefix|>",
+    ],
+    &[
+        "<|fim_suffix|>",
+        "<fim-suffix>",
+        "<fim_suffix>",
+        "<｜fim▁hole｜>",
+        "<SUF>",
+        "▁<SUF>",
+        "<|code_suffix|>",
+        "<|suffix|>",
+    ],
+    &[
+        "<|fim_middle|>",
+        "<fim-middle>",
+        "<fim_middle>",
+        "<｜fim▁end｜>",
+        "<MID>",
+        "▁<MID>",
+        "<|code_middle|>",
+        "<|middle|>",
+    ],
+    &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"],
+    &[
+        "<|fim_repo|>",
+        "<|repo_name|>",
+        "<fim-repo>",
+        "<REPO>",
+        "<reponame>",
+    ],
+    &["<|file_sep|>"],
 ];
+/// The GGUF keys of the FIM roles (llama.cpp also reads the deprecated
+/// `prefix/suffix/middle_token_id` for the first three).
+const FIM_KEYS: [(&str, Option<&str>); 6] = [
+    (
+        "tokenizer.ggml.fim_pre_token_id",
+        Some("tokenizer.ggml.prefix_token_id"),
+    ),
+    (
+        "tokenizer.ggml.fim_suf_token_id",
+        Some("tokenizer.ggml.suffix_token_id"),
+    ),
+    (
+        "tokenizer.ggml.fim_mid_token_id",
+        Some("tokenizer.ggml.middle_token_id"),
+    ),
+    ("tokenizer.ggml.fim_pad_token_id", None),
+    ("tokenizer.ggml.fim_rep_token_id", None),
+    ("tokenizer.ggml.fim_sep_token_id", None),
+];
+/// gpt-oss tokens llama.cpp always renders (their type becomes user-defined).
+const ALWAYS_RENDERED: [&str; 4] = ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"];
 
 impl<'a> VocabSource<'a> {
     /// The tokenizer keys of a parsed GGUF header.
@@ -444,6 +499,7 @@ impl<'a> VocabSource<'a> {
             eot: id("tokenizer.ggml.eot_token_id"),
             eom: id("tokenizer.ggml.eom_token_id"),
             unk: id("tokenizer.ggml.unknown_token_id"),
+            fim: FIM_KEYS.map(|(key, old)| old.and_then(id).or_else(|| id(key))),
             add_bos: g.get_bool("tokenizer.ggml.add_bos_token"),
             add_eos: g.get_bool("tokenizer.ggml.add_eos_token"),
             add_space_prefix: g.get_bool("tokenizer.ggml.add_space_prefix"),
@@ -585,18 +641,27 @@ impl<'a> Tokenizer<'a> {
             }
         }
         let mut eog: heapless::Vec<u32, 32> = heapless::Vec::new();
-        for (t, ends) in FIM_TEXTS {
-            if let Some(id) = find(t) {
-                force_control(attrs, id);
-                if ends {
-                    add_eog(&mut eog, id);
-                }
+        for (role, texts) in FIM_TEXTS.iter().enumerate() {
+            let id = match src.fim[role].and_then(in_range) {
+                Some(id) => Some(id),
+                None => texts
+                    .iter()
+                    .find_map(|t| find(t))
+                    .inspect(|&id| force_control(attrs, id)),
+            };
+            if let (Some(id), true) = (id, role >= 3) {
+                add_eog(&mut eog, id);
             }
         }
         for t in EOG_TEXTS {
             if let Some(id) = find(t) {
                 force_control(attrs, id);
                 add_eog(&mut eog, id);
+            }
+        }
+        for t in ALWAYS_RENDERED {
+            if let Some(id) = find(t) {
+                attrs[id as usize] = attr::USER_DEFINED;
             }
         }
         for id in [eos, eot, eom].into_iter().flatten() {
