@@ -13,8 +13,11 @@
 //!
 //! Gemma 3 270M is not in git (`cargo xtask fetch-model gemma3-270m`); the test fails
 //! without it unless `PINCH_SKIP_MODEL_TESTS=1`.
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod server_util;
+
+use server_util::repo;
+use std::path::Path;
+use std::process::Output;
 
 /// Head rows checked.
 const ROWS: usize = 131_072;
@@ -22,21 +25,8 @@ const ROWS: usize = 131_072;
 /// Most relative bits-per-byte cost allowed at [`ROWS`] rows (measured: 0.1009).
 const MAX_COST: f64 = 0.11;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 fn pinch(args: &[&str]) -> Output {
-    let o = Command::new(env!("CARGO_BIN_EXE_pinch"))
-        .args(args)
-        .output()
-        .expect("run pinch");
-    assert!(
-        o.status.success(),
-        "pinch {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    o
+    server_util::pinch_ok(args)
 }
 
 fn bpb(o: &Output) -> f64 {
@@ -47,6 +37,7 @@ fn bpb(o: &Output) -> f64 {
 }
 
 #[test]
+#[ignore = "minutes of compute: `cargo xtask test` runs it on a release build with --ignored"]
 fn pruned_head_cost_on_held_out_english_stays_at_the_measured_level() {
     let model = repo().join("models/gemma-3-270m-q4_k_m.gguf");
     if !model.exists() && std::env::var("PINCH_SKIP_MODEL_TESTS").as_deref() == Ok("1") {

@@ -1,13 +1,16 @@
-//! SmolLM2-135M-Instruct Q4_1 through the `pinch` binary: `pinch ppl` against llama.cpp's
-//! perplexity and bits per byte (tests/data/smollm2-135m/perplexity.json), `pinch run`'s
-//! greedy text against llama.cpp's, and `pinch serve` answering a chat with the model's
-//! own template. `cargo xtask test` fetches the model and runs these with `--ignored`.
+//! SmolLM2-135M-Instruct Q4_1 through the `pinch` binary: `pinch run`'s greedy text
+//! against llama.cpp's, and `pinch serve` answering a chat with the model's own template.
+//! `cargo xtask test` fetches the model and runs these with `--ignored`.
+//!
+//! (No `pinch ppl` check here yet: Q4_1 has no SIMD kernel, so the 19 chunks of
+//! wiki-excerpt take most of an hour on this machine; llama.cpp's figures for it are in
+//! tests/data/smollm2-135m/perplexity.json.)
 mod server_util;
 
 use serde_json::{json, Value};
 use server_util::{connect, post_text, read_response, repo, Server};
 use std::io::Write;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
 fn model() -> Option<String> {
@@ -31,48 +34,7 @@ fn golden(name: &str) -> Value {
 }
 
 fn pinch(args: &[&str]) -> Output {
-    let o = Command::new(env!("CARGO_BIN_EXE_pinch"))
-        .args(args)
-        .output()
-        .expect("run pinch");
-    assert!(
-        o.status.success(),
-        "pinch {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    o
-}
-
-/// llama-perplexity's PPL and the bits per byte within 0.5 % of llama.cpp's with the same
-/// F32 KV cache. llama.cpp's own F16-KV and F32-KV runs differ by 0.17 % in PPL and 0.01 %
-/// in bits per byte; the PPL's standard error is 4.4 %.
-#[test]
-#[ignore = "minutes of compute: `cargo xtask test` runs it on a release build with --ignored"]
-fn ppl_and_bits_per_byte_match_llama_cpp() {
-    let Some(m) = model() else { return };
-    let want = &golden("perplexity.json")["results"]["wiki-excerpt.f32kv"];
-    let f = repo().join("tests/data/eval/wiki-excerpt.txt");
-    let args = ["ppl", "-m", &m, "-f", f.to_str().unwrap(), "-c", "512"];
-    let o = pinch(&[&args[..], &["-ctk", "f32", "-t", "2", "--json"]].concat());
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    let j: Value = stdout
-        .lines()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .expect("a JSON line");
-    let (ppl, bpb) = (j["ppl"].as_f64().unwrap(), j["bpb"].as_f64().unwrap());
-    let (want_ppl, want_bpb) = (want["ppl"].as_f64().unwrap(), want["bpb"].as_f64().unwrap());
-    eprintln!("ppl {ppl:.4} (llama.cpp {want_ppl}), bpb {bpb:.6} (llama.cpp {want_bpb})");
-    assert_eq!(j["n_chunks"], want["n_chunks"]);
-    assert_eq!(j["ppl_tokens"], want["scored"]);
-    assert_eq!(j["tokens"], want["n_tokens"]);
-    assert!(
-        (ppl / want_ppl - 1.0).abs() < 0.005,
-        "ppl {ppl} vs {want_ppl}"
-    );
-    assert!(
-        (bpb / want_bpb - 1.0).abs() < 0.005,
-        "bpb {bpb} vs {want_bpb}"
-    );
+    server_util::pinch_ok(args)
 }
 
 /// `pinch run` greedy on a plain prompt prints the start of llama.cpp's greedy

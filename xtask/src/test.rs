@@ -233,10 +233,12 @@ fn test_slow() -> Result<Outcome> {
         "--ignored",
     ]))?);
     // SmolLM2-135M-Instruct against llama.cpp's goldens (tokens, logits, greedy,
-    // template; ppl, run and serve through the binary).
+    // template; run and serve through the binary), and the pruned head's bits-per-byte
+    // cost on Gemma.
     for (pkg, test) in [
         ("pinch-tests", "smollm2_135m"),
         ("pinch-linux", "smollm2_cli"),
+        ("pinch-linux", "head_bpb"),
     ] {
         counts.add(run_tests(&mut cargo([
             "test",

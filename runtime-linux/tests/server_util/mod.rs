@@ -10,6 +10,20 @@ use std::time::{Duration, Instant};
 
 pub const MODEL: &str = "tiny-qwen3-Q8_0";
 
+/// Run the `pinch` binary with `args` and its output, asserting it succeeded.
+pub fn pinch_ok(args: &[&str]) -> std::process::Output {
+    let o = Command::new(env!("CARGO_BIN_EXE_pinch"))
+        .args(args)
+        .output()
+        .expect("run pinch");
+    assert!(
+        o.status.success(),
+        "pinch {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
 pub fn model_path(name: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../tests/data/tiny")
