@@ -465,6 +465,22 @@ pub fn with_session_budget<R>(
     weight_budget: Option<u64>,
     f: impl FnOnce(&mut Session<'_, '_>, &MemPlatform<'_>, &[(&'static str, usize)]) -> R,
 ) -> Result<R, ModelError> {
+    with_session_reads(gguf_bytes, spec, weight_budget, None, f)
+}
+
+/// Which session reads fail: `(offset, len) -> true` for an I/O error.
+pub type FailRead<'a> = &'a (dyn Fn(u64, usize) -> bool + Sync);
+
+/// [`with_session_budget`] whose session reads (streamed units, paged experts, embedding
+/// rows) fail with an I/O error where `fail` says so (the weights planned resident load
+/// as usual).
+pub fn with_session_reads<R>(
+    gguf_bytes: &[u8],
+    spec: RunSpec,
+    weight_budget: Option<u64>,
+    fail: Option<FailRead<'_>>,
+    f: impl FnOnce(&mut Session<'_, '_>, &MemPlatform<'_>, &[(&'static str, usize)]) -> R,
+) -> Result<R, ModelError> {
     let plat = MemPlatform {
         bytes: gguf_bytes,
         cpu: host_cpu(),
@@ -485,7 +501,16 @@ pub fn with_session_budget<R>(
     }
     .load_planned(&cfg, None, &plan)?;
     let opts = session_options(&spec, 0, true, plat.cpu());
-    let read = |off: u64, buf: &mut [u8], d: bool| plat.read_at(&(), off, buf, d);
+    let read = |off: u64, buf: &mut [u8], d: bool| {
+        if fail.is_some_and(|fail| fail(off, buf.len())) {
+            const EIO: i32 = 5;
+            return Err(pinch_runtime_min::platform::PlatformError::Read {
+                offset: off,
+                code: EIO,
+            });
+        }
+        plat.read_at(&(), off, buf, d)
+    };
     let mut sess = Session::new(cfg, &weights, &mut arena, opts)?;
     sess.set_reader(&read);
     let accounts: Vec<_> = arena.accounts().to_vec();

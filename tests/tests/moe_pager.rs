@@ -4,10 +4,10 @@
 //! the weights and pools stay under the budget; the simulator replaying the pager's own
 //! trace counts the same hits and misses.
 use pinch_runtime_min::gguf::Gguf;
-use pinch_runtime_min::model::{Config, KvType, Logits, Math, Session};
-use pinch_runtime_min::pager::{simulate, ExpertPager, PagerStats, Policy, Trace};
+use pinch_runtime_min::model::{Config, KvType, Logits, Math, ModelError, Session};
+use pinch_runtime_min::pager::{simulate, ExpertPager, PagerError, PagerStats, Policy, Trace};
 use pinch_runtime_min::residency::{self, ResidencyPlan};
-use pinch_tests::{data_dir, with_session_budget, RunSpec};
+use pinch_tests::{data_dir, with_session_budget, with_session_reads, RunSpec};
 
 const MODELS: [&str; 4] = [
     "tiny-qwen3moe-Q8_0.gguf",
@@ -292,4 +292,55 @@ fn prefetch_reads_guesses_ahead_and_counts_them() {
     // Picks the same: every access is a hit or a miss either way.
     let p1 = plain.layers[1].2;
     assert_eq!(p1.hits + p1.misses, l1.hits + l1.misses);
+}
+
+/// Storage failing under the pager: with no expert slot resident every routed expert is
+/// read, and when reads of the expert tensors fail the evaluation stops with an error
+/// naming the layer, the expert and the file offset (never a panic, no logits handed out).
+#[test]
+fn a_failing_expert_read_is_an_error_naming_layer_expert_and_offset() {
+    for name in MODELS {
+        let bytes = load(name);
+        let g = Gguf::parse(&bytes, bytes.len() as u64).unwrap();
+        let cfg = Config::from_gguf(&g).unwrap();
+        let (budget, _) = budget_for(&bytes, 0);
+        let toks = tokens(3, cfg.n_vocab);
+        let experts: Vec<(u64, u64)> = g
+            .tensors()
+            .filter(|t| t.name.contains("_exps"))
+            .map(|t| (t.offset, t.offset + t.bytes))
+            .collect();
+        assert!(!experts.is_empty(), "{name}: no expert tensors");
+        let fail = |off: u64, len: usize| {
+            let end = off + len as u64;
+            experts.iter().any(|&(a, b)| off < b && a < end)
+        };
+        let mut handed_out = 0;
+        let err = with_session_reads(&bytes, spec(1), Some(budget), Some(&fail), |sess, p, _| {
+            sess.eval(p, &toks, Logits::All, &mut |_, _| handed_out += 1)
+                .unwrap_err()
+        })
+        .unwrap();
+        assert_eq!(handed_out, 0, "{name}: logits after a failed read");
+        match err {
+            ModelError::Pager(PagerError::Read {
+                layer,
+                expert,
+                offset,
+            }) => {
+                assert!(layer < cfg.n_layer, "{name}: layer {layer}");
+                assert!((expert as usize) < 64, "{name}: expert {expert}");
+                assert!(
+                    offset > 0 && offset < bytes.len() as u64,
+                    "{name}: {offset}"
+                );
+                let msg = err.to_string();
+                assert!(
+                    msg.contains(&layer.to_string()) && msg.contains(&offset.to_string()),
+                    "{name}: {msg}"
+                );
+            }
+            e => panic!("{name}: expected a pager read error, got {e:?}"),
+        }
+    }
 }
