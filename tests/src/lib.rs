@@ -271,7 +271,15 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 /// caller set PINCH_SKIP_MODEL_TESTS=1. Without that variable a missing model fails the
 /// test: `cargo xtask test` fetches it first.
 pub fn gemma_model() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/gemma-3-270m-q4_k_m.gguf");
+    real_model("gemma-3-270m-q4_k_m.gguf", "gemma3-270m")
+}
+
+/// Path of the real model `file` under `models/` (`cargo xtask fetch-model fetch_name`
+/// puts it there), or `None` as for [`gemma_model`].
+pub fn real_model(file: &str, fetch_name: &str) -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../models")
+        .join(file);
     if p.exists() {
         return Some(p);
     }
@@ -283,9 +291,83 @@ pub fn gemma_model() -> Option<PathBuf> {
         return None;
     }
     panic!(
-        "{} is missing: run `cargo xtask fetch-model gemma3-270m`",
+        "{} is missing: run `cargo xtask fetch-model {fetch_name}`",
         p.display()
     );
+}
+
+/// One prompt of a golden file with llama.cpp's greedy continuation of it.
+pub struct GreedyCase {
+    /// What to name the prompt by in a failure.
+    pub text: String,
+    pub prompt: Vec<u32>,
+    /// llama.cpp's greedy tokens after the prompt.
+    pub greedy: Vec<u32>,
+    /// llama.cpp's top-1 margin at each greedy step.
+    pub margins: Vec<f32>,
+}
+
+/// A JSON array of token ids.
+pub fn json_ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// The cases of a golden `prompts.json` (`{"prompts": [{"text", "token_ids", "f32kv":
+/// {"greedy_ids", "greedy_top1_margins"}}]}`, written by the tools/ generators).
+pub fn greedy_cases(golden: &serde_json::Value) -> Vec<GreedyCase> {
+    let ids = json_ids;
+    golden["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|pr| GreedyCase {
+            text: pr["text"].as_str().unwrap_or_default().to_string(),
+            prompt: ids(&pr["token_ids"]),
+            greedy: ids(&pr["f32kv"]["greedy_ids"]),
+            margins: pr["f32kv"]["greedy_top1_margins"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m.as_f64().unwrap() as f32)
+                .collect(),
+        })
+        .collect()
+}
+
+/// Teacher-forced greedy check: feed each prompt and llama.cpp's continuation in one
+/// pass, and at every step whose llama.cpp margin is at least 0.5 compare pinch's
+/// argmax with llama.cpp's token. Returns the steps checked and the mismatches.
+pub fn teacher_forced_mismatches(
+    gguf_bytes: &[u8],
+    cases: &[GreedyCase],
+    spec: RunSpec,
+) -> (usize, Vec<String>) {
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for c in cases {
+        let p = c.prompt.len();
+        let mut toks = c.prompt.clone();
+        toks.extend_from_slice(&c.greedy[..c.greedy.len() - 1]);
+        let (_, got) = run_logits(gguf_bytes, &toks, spec).unwrap();
+        for k in 0..c.greedy.len() {
+            if c.margins[k] >= 0.5 {
+                checked += 1;
+                if argmax(&got[p - 1 + k]) as u32 != c.greedy[k] {
+                    failures.push(format!(
+                        "{:?} step {k}: {} vs {}",
+                        c.text,
+                        argmax(&got[p - 1 + k]),
+                        c.greedy[k]
+                    ));
+                }
+            }
+        }
+    }
+    (checked, failures)
 }
 
 /// A copy of the GGUF `src` with `n_layer` transformer blocks: block `il` is a copy of

@@ -14,13 +14,7 @@ fn prompts() -> Value {
     serde_json::from_str(&s).unwrap()
 }
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
+use pinch_tests::json_ids as ids;
 
 #[test]
 fn top20_logits_match_llama_cpp_at_every_prompt_position() {
@@ -80,41 +74,14 @@ fn top20_logits_match_llama_cpp_at_every_prompt_position() {
 fn greedy_continuations_match_teacher_forced() {
     let Some(path) = gemma_model() else { return };
     let bytes = std::fs::read(path).unwrap();
-    let mut failures = Vec::new();
-    let mut checked = 0;
-    for pr in prompts()["prompts"].as_array().unwrap() {
-        let mut toks = ids(&pr["token_ids"]);
-        let p = toks.len();
-        let greedy = ids(&pr["f32kv"]["greedy_ids"]);
-        let margins: Vec<f32> = pr["f32kv"]["greedy_top1_margins"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| m.as_f64().unwrap() as f32)
-            .collect();
-        toks.extend_from_slice(&greedy[..greedy.len() - 1]);
-        let spec = RunSpec {
-            math: Math::Fast,
-            kv: KvType::F32,
-            batch: 64,
-            threads: 2,
-            attn_skip: false,
-        };
-        let (_, got) = run_logits(&bytes, &toks, spec).unwrap();
-        for k in 0..greedy.len() {
-            if margins[k] >= 0.5 {
-                checked += 1;
-                if argmax(&got[p - 1 + k]) as u32 != greedy[k] {
-                    failures.push(format!(
-                        "{:?} step {k}: {} vs {}",
-                        pr["text"],
-                        argmax(&got[p - 1 + k]),
-                        greedy[k]
-                    ));
-                }
-            }
-        }
-    }
+    let spec = RunSpec {
+        math: Math::Fast,
+        kv: KvType::F32,
+        batch: 64,
+        threads: 2,
+        attn_skip: false,
+    };
+    let (checked, failures) = teacher_forced_mismatches(&bytes, &greedy_cases(&prompts()), spec);
     println!("checked {checked} greedy steps");
     assert!(checked > 50);
     assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -17,7 +17,7 @@ use pinch_runtime_min::tokenizer::Tokenizer;
 use pinch_runtime_min::Arena;
 use pinch_tests::*;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Largest allowed |pinch - llama.cpp| of a top-20 logit (both with an F32 KV cache).
 /// Measured: 0.643 over the 640 entries. llama.cpp's own default (F16 KV) and F32 KV runs
@@ -28,21 +28,7 @@ use std::path::{Path, PathBuf};
 const LOGIT_TOL: f32 = 1.0;
 
 fn model() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.exists() {
-        return Some(p);
-    }
-    if std::env::var("PINCH_SKIP_MODEL_TESTS").as_deref() == Ok("1") {
-        eprintln!(
-            "SKIPPED: {} missing and PINCH_SKIP_MODEL_TESTS=1",
-            p.display()
-        );
-        return None;
-    }
-    panic!(
-        "{} is missing: run `cargo xtask fetch-model smollm2-135m`",
-        p.display()
-    );
+    real_model("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m")
 }
 
 fn golden(name: &str) -> Value {
@@ -50,13 +36,7 @@ fn golden(name: &str) -> Value {
     serde_json::from_str(&s).unwrap()
 }
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
+use pinch_tests::json_ids as ids;
 
 fn spec() -> RunSpec {
     RunSpec {
@@ -177,34 +157,8 @@ fn top20_logits_match_llama_cpp_at_every_prompt_position() {
 fn greedy_continuations_match_teacher_forced() {
     let Some(path) = model() else { return };
     let bytes = std::fs::read(path).unwrap();
-    let mut failures = Vec::new();
-    let mut checked = 0;
-    for pr in golden("prompts.json")["prompts"].as_array().unwrap() {
-        let mut toks = ids(&pr["token_ids"]);
-        let p = toks.len();
-        let greedy = ids(&pr["f32kv"]["greedy_ids"]);
-        let margins: Vec<f32> = pr["f32kv"]["greedy_top1_margins"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| m.as_f64().unwrap() as f32)
-            .collect();
-        toks.extend_from_slice(&greedy[..greedy.len() - 1]);
-        let (_, got) = run_logits(&bytes, &toks, spec()).unwrap();
-        for k in 0..greedy.len() {
-            if margins[k] >= 0.5 {
-                checked += 1;
-                if argmax(&got[p - 1 + k]) as u32 != greedy[k] {
-                    failures.push(format!(
-                        "{:?} step {k}: {} vs {}",
-                        pr["text"],
-                        argmax(&got[p - 1 + k]),
-                        greedy[k]
-                    ));
-                }
-            }
-        }
-    }
+    let cases = greedy_cases(&golden("prompts.json"));
+    let (checked, failures) = teacher_forced_mismatches(&bytes, &cases, spec());
     println!("checked {checked} greedy steps");
     assert!(checked > 50);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
