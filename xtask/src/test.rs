@@ -156,9 +156,8 @@ fn clippy() -> Result<Outcome> {
     Ok(Outcome::Done)
 }
 
-/// The NEON kernels and the aarch64 feature detection are compiled out on an x86 host, so
-/// lint them for the device target too.
-fn clippy_aarch64() -> Result<Outcome> {
+/// Lint the engine crates for a cross `target` (warnings denied).
+fn clippy_for(target: &'static str) -> Result<()> {
     run(&mut cargo([
         "clippy",
         "-p",
@@ -169,11 +168,17 @@ fn clippy_aarch64() -> Result<Outcome> {
         "pinch-linux",
         "--all-targets",
         "--target",
-        LINUX_ARM,
+        target,
         "--",
         "-D",
         "warnings",
-    ]))?;
+    ]))
+}
+
+/// The NEON kernels and the aarch64 feature detection are compiled out on an x86 host, so
+/// lint them for the device target too.
+fn clippy_aarch64() -> Result<Outcome> {
+    clippy_for(LINUX_ARM)?;
     Ok(Outcome::Done)
 }
 
@@ -328,21 +333,7 @@ fn test_aarch64(cpu: &'static str) -> Result<Outcome> {
 /// under qemu-arm's cortex-a7 (NEON, no dotprod).
 fn test_armv7() -> Result<Outcome> {
     device::ensure_armv7_toolchain()?;
-    run(&mut cargo([
-        "clippy",
-        "-p",
-        "pinch-kernels",
-        "-p",
-        "pinch-runtime-min",
-        "-p",
-        "pinch-linux",
-        "--all-targets",
-        "--target",
-        ARMV7,
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
+    clippy_for(ARMV7)?;
     let on_a7 = |mut c: Command| {
         c.env("QEMU_CPU", "cortex-a7");
         c
