@@ -69,11 +69,17 @@ impl<'a> Q8Rows<'a> {
 /// `outs[g][j] = k.row(j) · qs[g]` for Q8_0 queries `qs` (each [`row_bytes`] of the
 /// row length), on the fastest Q8_0 x Q8_0 kernel `feat` allows.
 pub fn dots(feat: &CpuFeatures, k: &Q8Rows, qs: &[&[u8]], outs: &mut [&mut [f32]]) {
+    // The kernel is looked up once per call, not once per cached row.
+    let kernel = crate::arch::table(feat).dot_kernel(GgmlType::Q8_0);
     for (q, out) in qs.iter().zip(outs.iter_mut()) {
         for (j, o) in out.iter_mut().enumerate().take(k.rows()) {
-            // Err only for a query that is not one K row long, which the callers' shapes
-            // rule out: NaN then, never a plausible score.
-            *o = matvec::vec_dot(GgmlType::Q8_0, feat, k.row(j), q).unwrap_or(f32::NAN);
+            let w = k.row(j);
+            // Err / None only for a query that is not one K row long, which the callers'
+            // shapes rule out: NaN then, never a plausible score.
+            *o = match kernel.and_then(|d| d.call(w, q)) {
+                Some(v) => v,
+                None => matvec::vec_dot_reference(GgmlType::Q8_0, feat, w, q).unwrap_or(f32::NAN),
+            };
         }
     }
 }
