@@ -54,6 +54,8 @@ pub enum ActFormat {
     BF16,
     /// Blocks of 32: f16 scale + 32 int8 (`BlockQ8_0`).
     Q8_0,
+    /// Blocks of 32: f16 scale, f16 scaled sum + 32 int8 (`BlockQ8_1`; Q4_1, Q5_1).
+    Q8_1,
     /// Blocks of 256: f32 scale + 256 int8 + 16 block sums (`BlockQ8K`).
     Q8_K,
 }
@@ -66,6 +68,13 @@ impl ActFormat {
             ActFormat::Q8_0 => {
                 if n.is_multiple_of(32) {
                     Some(n / 32 * 34)
+                } else {
+                    None
+                }
+            }
+            ActFormat::Q8_1 => {
+                if n.is_multiple_of(32) {
+                    Some(n / 32 * 36)
                 } else {
                     None
                 }
@@ -223,10 +232,9 @@ impl GgmlType {
             GgmlType::F32 => Some(ActFormat::F32),
             GgmlType::F16 => Some(ActFormat::F16),
             GgmlType::BF16 => Some(ActFormat::BF16),
+            GgmlType::Q4_1 | GgmlType::Q5_1 => Some(ActFormat::Q8_1),
             GgmlType::Q4_0
-            | GgmlType::Q4_1
             | GgmlType::Q5_0
-            | GgmlType::Q5_1
             | GgmlType::Q8_0
             | GgmlType::IQ4_NL
             | GgmlType::Q1_0

@@ -11,7 +11,7 @@
 //! token). Both paths give the scalar reference's bits for every (row, token).
 use core::ops::Range;
 
-use crate::quant::{q5_0, q8_0, q8_k};
+use crate::quant::{q5_0, q8_0, q8_1, q8_k};
 use crate::{ActFormat, CpuFeatures, GgmlType};
 
 /// What went wrong in a kernel call. Shapes are checked once per call, not per block.
@@ -101,6 +101,7 @@ pub fn quantize_activation(fmt: ActFormat, x: &[f32], dst: &mut [u8]) -> Result<
             }
         }
         ActFormat::Q8_0 => q8_0::quantize_row_x86(x, dst),
+        ActFormat::Q8_1 => q8_1::quantize_row_x86(x, dst),
         ActFormat::Q8_K => q8_k::quantize_row(x, dst),
     }
     Ok(())

@@ -7,8 +7,10 @@
 //! Tolerance: the reference computes exact integer block sums and rounds only when
 //! scaling and accumulating blocks in f32, so it differs from an f64 dot of the
 //! dequantized values by at most a few f32 roundings per block: we allow
-//! `1e-5 * sum |w_i * a_i|`. Q4_1/Q5_1 also use Q8_1's `s` rebuilt as an f16, which adds
-//! up to `|m| * |s| * 2^-11` per block; that term is added to their tolerance.
+//! `1e-5 * sum |w_i * a_i|`. Q4_1/Q5_1 also use Q8_1's `s`, an f16 of `d * sum(q)` with
+//! the unrounded `d`, which differs from the dequantized activations' sum by up to
+//! about `|s| * 2^-11` (plus `d`'s own f16 rounding); `|m| * |s| * 2^-11 * 1.01` per
+//! block is added to their tolerance.
 use pinch_kernels::matvec::{dequantize_row, quantize_activation, vec_dot_scalar};
 use pinch_kernels::{ActFormat, GgmlType};
 
@@ -96,6 +98,7 @@ fn dequant_act(fmt: ActFormat, act: &[u8], n: usize) -> Vec<f32> {
     let mut out = vec![0.0f32; n];
     match fmt {
         ActFormat::Q8_0 => dequantize_row(GgmlType::Q8_0, act, &mut out).unwrap(),
+        ActFormat::Q8_1 => dequantize_row(GgmlType::Q8_1, act, &mut out).unwrap(),
         ActFormat::Q8_K => {
             // d (f32) * qs, read straight from the documented layout.
             for (blk, o) in act.chunks(292).zip(out.chunks_mut(256)) {

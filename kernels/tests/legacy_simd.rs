@@ -61,6 +61,11 @@ fn weights(rng: &mut Rng, ty: GgmlType, nb: usize) -> Vec<u8> {
         match ty {
             // Scale at the end of the block.
             GgmlType::TQ1_0 | GgmlType::TQ2_0 => blk[bytes - 2..].copy_from_slice(&d),
+            // Q4_1/Q5_1: d, then a minimum of either sign.
+            GgmlType::Q4_1 | GgmlType::Q5_1 => {
+                blk[..2].copy_from_slice(&d);
+                blk[2..4].copy_from_slice(&f16_bytes(0.3 * rng.f32()));
+            }
             _ => blk[..2].copy_from_slice(&d),
         }
     }
@@ -86,6 +91,15 @@ fn activations(rng: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
             let mut a = rng.bytes(n / 256 * 292);
             for blk in a.chunks_mut(292) {
                 blk[..4].copy_from_slice(&(0.001 + 0.01 * rng.f32().abs()).to_le_bytes());
+            }
+            a
+        }
+        GgmlType::Q4_1 | GgmlType::Q5_1 => {
+            // Q8_1: d, then s (any f16 of either sign), then the quants.
+            let mut a = rng.bytes(n / 32 * 36);
+            for blk in a.chunks_mut(36) {
+                blk[..2].copy_from_slice(&f16_bytes(0.001 + 0.01 * rng.f32().abs()));
+                blk[2..4].copy_from_slice(&f16_bytes(rng.f32() * 2.0));
             }
             a
         }
@@ -190,6 +204,14 @@ fn q4_0_simd_matches_scalar_exactly() {
 #[test]
 fn q5_0_simd_matches_scalar_exactly() {
     check_type(GgmlType::Q5_0, &block_lengths(32));
+}
+#[test]
+fn q4_1_simd_matches_scalar_exactly() {
+    check_type(GgmlType::Q4_1, &block_lengths(32));
+}
+#[test]
+fn q5_1_simd_matches_scalar_exactly() {
+    check_type(GgmlType::Q5_1, &block_lengths(32));
 }
 #[test]
 fn q1_0_simd_matches_scalar_exactly() {

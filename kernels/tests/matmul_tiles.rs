@@ -24,6 +24,11 @@ fn weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
                 let n = blk.len();
                 blk[n - 2..].copy_from_slice(&d);
             }
+            // Q4_1/Q5_1: d, then a minimum of either sign.
+            GgmlType::Q4_1 | GgmlType::Q5_1 => {
+                let m = pinch_kernels::f16::f32_to_f16(0.3 * rng.f32()).to_le_bytes();
+                blk[..4].copy_from_slice(&[d[0], d[1], m[0], m[1]]);
+            }
             _ => blk[..2].copy_from_slice(&d),
         }
     }
@@ -107,14 +112,29 @@ fn q5_0_tiles_match_scalar_exactly() {
     check_type(GgmlType::Q5_0);
 }
 
+#[test]
+fn q4_1_tiles_match_scalar_exactly() {
+    check_type(GgmlType::Q4_1);
+}
+
+#[test]
+fn q5_1_tiles_match_scalar_exactly() {
+    check_type(GgmlType::Q5_1);
+}
+
 /// Q8_0/Q5_0 on every token remainder of the x86 tiles (`arch::x86_gemm_lanes`: 2 rows
 /// x 8 tokens with VNNI, 1 x 8 with AVX2; tables per token tile) and of the 4 x 4
-/// tiles, row counts that leave 0 to 3 rows past the last 2- or 4-row tile, Gemma 3
+/// tiles (Q4_1/Q5_1: `arch::x86_min`'s 4 x 1, 2 x 8 and 1 x 8 tiles), row counts that leave 0 to 3 rows past the last 2- or 4-row tile, Gemma 3
 /// 270M's 20-block rows, and rows longer than the tiles' tables (130 blocks: the 4 x 4
 /// fallback).
 #[test]
 fn block32_tiles_cover_every_remainder() {
-    for ty in [GgmlType::Q8_0, GgmlType::Q5_0] {
+    for ty in [
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_1,
+    ] {
         let mut rng = Rng(0xb10c_0032 ^ ty as u64);
         for n_tok in (2..=17).chain([22, 64]) {
             for (rows, nb) in [(3, 1), (5, 20), (8, 2), (7, 1)] {

@@ -21,6 +21,8 @@ pub use table::{table, KernelTable};
 mod arm32_neon;
 #[cfg(target_arch = "arm")]
 mod arm32_table;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod min_rows;
 #[cfg(target_arch = "aarch64")]
 pub mod neon_attn;
 #[cfg(target_arch = "aarch64")]
@@ -29,6 +31,8 @@ mod neon_iq2;
 mod neon_kquant;
 #[cfg(target_arch = "aarch64")]
 mod neon_legacy;
+#[cfg(target_arch = "aarch64")]
+mod neon_min;
 #[cfg(target_arch = "aarch64")]
 mod neon_q1_lut;
 #[cfg(target_arch = "aarch64")]
@@ -49,6 +53,8 @@ mod x86_gemm_lanes;
 mod x86_kquant;
 #[cfg(target_arch = "x86_64")]
 mod x86_legacy;
+#[cfg(target_arch = "x86_64")]
+mod x86_min;
 #[cfg(target_arch = "x86_64")]
 mod x86_repack;
 #[cfg(target_arch = "x86_64")]

@@ -3,8 +3,9 @@
 //!
 //! Each entry names the kernels of one (type, layout); the kernels live in the
 //! format-family files (`neon_legacy`, `neon_kquant`: one row; `neon_rows`: row x token
-//! tiles; `neon_repack`: repacked layouts), each compiled once per level so that `sdot`
-//! only ever appears in the dotprod table's functions.
+//! tiles; `neon_min`: Q4_1/Q5_1, one row and row ranges; `neon_repack`: repacked
+//! layouts), each compiled once per level so that `sdot` only ever appears in the
+//! dotprod table's functions.
 //!
 //! Every function here is `unsafe` with the table's contract (the CPU has the table's
 //! ISA, see [`super::table`]).
@@ -12,6 +13,7 @@
 
 use super::neon_iq2 as iq2;
 use super::neon_legacy::{self as lg, base, dot};
+use super::neon_min as mn;
 use super::neon_q1_lut as q1_lut;
 use super::neon_repack as rp;
 use super::neon_rows::{kquant, lanes};
@@ -21,7 +23,9 @@ use crate::quant::iq2_xxs::BlockIq2Xxs;
 use crate::quant::q1_0::BlockQ1_0;
 use crate::quant::q2_0::BlockQ2_0;
 use crate::quant::q4_0::BlockQ4_0;
+use crate::quant::q4_1::BlockQ4_1;
 use crate::quant::q5_0::BlockQ5_0;
+use crate::quant::q5_1::BlockQ5_1;
 use crate::quant::q8_0::BlockQ8_0;
 use crate::quant::tq2_0::BlockTq2_0;
 use crate::quant::{
@@ -47,7 +51,11 @@ block_dot!(q5_0_base, BlockQ5_0, base::q5_0);
 block_dot!(q1_0_base, BlockQ1_0, base::q1_0);
 block_dot!(q2_0_base, BlockQ2_0, base::q2_0);
 block_dot!(tq2_0_base, BlockTq2_0, base::tq2_0);
+block_dot!(q4_1_base, BlockQ4_1, mn::base::dot_row::<BlockQ4_1>);
+block_dot!(q5_1_base, BlockQ5_1, mn::base::dot_row::<BlockQ5_1>);
 block_dot!(q8_0_dot, BlockQ8_0, dot::q8_0);
+block_dot!(q4_1_dot, BlockQ4_1, mn::dot::dot_row::<BlockQ4_1>);
+block_dot!(q5_1_dot, BlockQ5_1, mn::dot::dot_row::<BlockQ5_1>);
 block_dot!(q4_0_dot, BlockQ4_0, dot::q4_0);
 block_dot!(q5_0_dot, BlockQ5_0, dot::q5_0);
 block_dot!(q1_0_dot, BlockQ1_0, dot::q1_0);
@@ -81,6 +89,10 @@ macro_rules! rows_fn {
 }
 rows_fn!(q8_0_rows_base, lanes::base::<BlockQ8_0>);
 rows_fn!(q5_0_rows_base, lanes::base::<BlockQ5_0>);
+rows_fn!(q4_1_rows_base, mn::base::job::<BlockQ4_1>);
+rows_fn!(q5_1_rows_base, mn::base::job::<BlockQ5_1>);
+rows_fn!(q4_1_rows_dot, mn::dot::job::<BlockQ4_1>);
+rows_fn!(q5_1_rows_dot, mn::dot::job::<BlockQ5_1>);
 rows_fn!(q2_k_rows_base, kquant::base::<BlockQ2K>);
 rows_fn!(q3_k_rows_base, kquant::base::<BlockQ3K>);
 rows_fn!(q4_k_rows_base, kquant::base::<BlockQ4K>);
@@ -101,6 +113,8 @@ pub(super) static NEON: KernelTable = KernelTable {
         Kernels::plain(T::Q8_0, Some(q8_0_base), Some(q8_0_rows_base)),
         Kernels::plain(T::Q5_0, Some(q5_0_base), Some(q5_0_rows_base)),
         Kernels::plain(T::Q4_0, Some(q4_0_base), None),
+        Kernels::plain(T::Q4_1, Some(q4_1_base), Some(q4_1_rows_base)),
+        Kernels::plain(T::Q5_1, Some(q5_1_base), Some(q5_1_rows_base)),
         Kernels::plain(T::Q1_0, Some(q1_0_base), None),
         Kernels::plain(T::Q2_0, Some(q2_0_base), None),
         Kernels::plain(T::TQ2_0, Some(tq2_0_base), None),
@@ -125,6 +139,8 @@ pub(super) static NEON_DOT: KernelTable = KernelTable {
         Kernels::plain(T::Q8_0, Some(q8_0_dot), Some(q8_0_rows_dot)),
         Kernels::plain(T::Q5_0, Some(q5_0_dot), Some(q5_0_rows_dot)),
         Kernels::plain(T::Q4_0, Some(q4_0_dot), None),
+        Kernels::plain(T::Q4_1, Some(q4_1_dot), Some(q4_1_rows_dot)),
+        Kernels::plain(T::Q5_1, Some(q5_1_dot), Some(q5_1_rows_dot)),
         Kernels::plain(T::Q1_0, Some(q1_0_dot), None),
         Kernels::plain(T::Q2_0, Some(q2_0_dot), None),
         Kernels::plain(T::TQ2_0, Some(tq2_0_dot), None),

@@ -2,8 +2,8 @@
 //!
 //! Each entry names the kernels of one (type, layout); the kernels themselves live in
 //! the format-family files (`x86_legacy`, `x86_kquant`: one row; `x86_rows`: row x
-//! token tiles; `x86_gemm`, `x86_gemm_lanes`: prompt tiles; `x86_repack`: repacked
-//! layouts). A row-range entry tries the prompt tiles first when there are two or more
+//! token tiles; `x86_min`: Q4_1/Q5_1, one row and row ranges; `x86_gemm`,
+//! `x86_gemm_lanes`: prompt tiles; `x86_repack`: repacked layouts). A row-range entry tries the prompt tiles first when there are two or more
 //! tokens, then the one-token tiles; a `false` from all of them sends the caller to the
 //! one-row kernel per (row, token).
 //!
@@ -15,11 +15,13 @@ use core::ops::Range;
 
 use super::table::{block_dot, float_dot, kquant_dot, KernelTable, Kernels};
 use super::{x86_gemm as gemm, x86_gemm_lanes as gl, x86_kquant as kq, x86_legacy as lg};
-use super::{x86_repack, x86_rows as xr, Job};
+use super::{x86_min as mn, x86_repack, x86_rows as xr, Job};
 use crate::quant::q1_0::BlockQ1_0;
 use crate::quant::q2_0::BlockQ2_0;
 use crate::quant::q4_0::BlockQ4_0;
+use crate::quant::q4_1::BlockQ4_1;
 use crate::quant::q5_0::BlockQ5_0;
+use crate::quant::q5_1::BlockQ5_1;
 use crate::quant::q8_0::BlockQ8_0;
 use crate::quant::tq2_0::BlockTq2_0;
 use crate::quant::{
@@ -42,6 +44,8 @@ pub(super) fn for_features(feat: &CpuFeatures) -> Option<&'static KernelTable> {
 block_dot!(q8_0_dot, BlockQ8_0, lg::q8_0);
 block_dot!(q4_0_dot, BlockQ4_0, lg::q4_0);
 block_dot!(q5_0_dot, BlockQ5_0, lg::q5_0);
+block_dot!(q4_1_dot, BlockQ4_1, mn::dot::<BlockQ4_1>);
+block_dot!(q5_1_dot, BlockQ5_1, mn::dot::<BlockQ5_1>);
 block_dot!(q1_0_dot, BlockQ1_0, lg::q1_0);
 block_dot!(q2_0_dot, BlockQ2_0, lg::q2_0);
 block_dot!(tq2_0_dot, BlockTq2_0, lg::tq2_0);
@@ -89,6 +93,8 @@ rows_fn!(
     prompt[gl::job_vnni::<BlockQ5_0, 2, 8>],
     xr::lanes_job_vnni::<BlockQ5_0>
 );
+rows_fn!(q4_1_rows, prompt [], mn::job_avx2::<BlockQ4_1>);
+rows_fn!(q5_1_rows, prompt [], mn::job_avx2::<BlockQ5_1>);
 rows_fn!(q2_k_rows, prompt [], xr::kquant_job::<BlockQ2K>);
 rows_fn!(q3_k_rows, prompt [], xr::kquant_job::<BlockQ3K>);
 rows_fn!(q5_k_rows, prompt [], xr::kquant_job::<BlockQ5K>);
@@ -133,6 +139,8 @@ macro_rules! common {
         &[
             $($extra,)*
             Kernels::plain(T::Q4_0, Some(q4_0_dot), None),
+            Kernels::plain(T::Q4_1, Some(q4_1_dot), Some(q4_1_rows)),
+            Kernels::plain(T::Q5_1, Some(q5_1_dot), Some(q5_1_rows)),
             Kernels::plain(T::Q1_0, Some(q1_0_dot), None),
             Kernels::plain(T::Q2_0, Some(q2_0_dot), None),
             Kernels::plain(T::TQ2_0, Some(tq2_0_dot), None),

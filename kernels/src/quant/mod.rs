@@ -35,6 +35,7 @@ pub mod q5_1;
 pub mod q5_k;
 pub mod q6_k;
 pub mod q8_0;
+pub mod q8_1;
 pub mod q8_k;
 pub mod tq1_0;
 pub mod tq2_0;
@@ -53,7 +54,7 @@ pub trait QuantBlock: Pod {
 
 /// A weight block and the activation block llama.cpp dots it with.
 pub trait WeightBlock: QuantBlock {
-    /// The activation block (`BlockQ8_0` for the block-32 formats, `BlockQ8K` for the
+    /// The activation block (`BlockQ8_0` for the block-32 formats, `BlockQ8_1` for Q4_1/Q5_1, `BlockQ8K` for the
     /// K-quants and ternary formats).
     type Act: QuantBlock;
     /// The activation format, as [`GgmlType::act_format`] reports it.
@@ -150,9 +151,9 @@ macro_rules! quant_formats {
 quant_formats! {
     weights {
         Q4_0 => q4_0::BlockQ4_0, Q8_0, q8_0::BlockQ8_0;
-        Q4_1 => q4_1::BlockQ4_1, Q8_0, q8_0::BlockQ8_0;
+        Q4_1 => q4_1::BlockQ4_1, Q8_1, q8_1::BlockQ8_1;
         Q5_0 => q5_0::BlockQ5_0, Q8_0, q8_0::BlockQ8_0;
-        Q5_1 => q5_1::BlockQ5_1, Q8_0, q8_0::BlockQ8_0;
+        Q5_1 => q5_1::BlockQ5_1, Q8_1, q8_1::BlockQ8_1;
         Q8_0 => q8_0::BlockQ8_0, Q8_0, q8_0::BlockQ8_0;
         IQ4_NL => iq4_nl::BlockIq4Nl, Q8_0, q8_0::BlockQ8_0;
         IQ2_XXS => iq2_xxs::BlockIq2Xxs, Q8_K, q8_k::BlockQ8K;
@@ -167,6 +168,7 @@ quant_formats! {
         Q6_K => q6_k::BlockQ6K, Q8_K, q8_k::BlockQ8K;
     }
     activations {
+        Q8_1 => q8_1::BlockQ8_1;
         Q8_K => q8_k::BlockQ8K;
     }
 }

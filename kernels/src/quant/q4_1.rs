@@ -1,13 +1,10 @@
 //! Q4_1: blocks of 32 weights, 4-bit quants with an f16 scale and an f16 minimum.
 //!
-//! llama.cpp dots Q4_1 with Q8_1 activations (Q8_0 plus `s = f16(d * sum(q))`); pinch
-//! quantizes activations once per matvec as Q8_0 and rebuilds `s` from the Q8_0 block
-//! (`f16(f16(d) * sum(q))`). The quants and `d` are identical to llama.cpp's Q8_1
-//! (same `amax/127`, same `roundf`); `s` can differ from llama.cpp's in its last f16 bit
-//! because llama.cpp multiplies by the unrounded f32 `d`.
-use super::q8_0::{act_blocks, BlockQ8_0};
+//! Dotted with Q8_1 activations ([`super::q8_1`]), in llama.cpp's x86 arithmetic.
+use super::q8_0::lane_sums_of;
+use super::q8_1::{act_blocks, min_lanes8_dot};
 use crate::blocks::cast;
-use crate::f16::{f16_to_f32, f32_to_f16, read_f16};
+use crate::f16::read_f16;
 
 /// Weights per block.
 pub const QK: usize = 32;
@@ -42,13 +39,6 @@ impl BlockQ4_1 {
     }
 }
 
-/// `s` of the Q8_1 block llama.cpp would have made from the same activations (see the
-/// module doc for the last-bit caveat).
-#[inline]
-pub(crate) fn q8_1_s(y: &BlockQ8_0) -> f32 {
-    f16_to_f32(f32_to_f16(y.scale() * y.q_sum() as f32))
-}
-
 /// Scalar reference dequantization of whole blocks.
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
     let blocks = cast::<BlockQ4_1>(src).unwrap_or(&[]);
@@ -61,16 +51,15 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-/// Scalar reference dot product with one Q8_0 activation row, as
-/// `ggml_vec_dot_q4_1_q8_1_generic`: `sum += (d_w * d_a) * sumi + m_w * s_a` per block.
+/// Scalar reference dot product with one Q8_1 activation row, with llama.cpp's x86
+/// arithmetic (`ggml_vec_dot_q4_1_q8_1` under AVX2: [`min_lanes8_dot`]).
 pub fn vec_dot(w: &[u8], act: &[u8]) -> f32 {
     let w = cast::<BlockQ4_1>(w).unwrap_or(&[]);
-    let a = act_blocks(act);
-    let mut sum = 0.0f32;
-    for (x, y) in w.iter().zip(a) {
-        let q = x.quants();
-        let sumi: i32 = (0..QK).map(|j| q[j] * y.q(j)).sum();
-        sum += (read_f16(x.d) * y.scale()) * sumi as f32 + read_f16(x.m) * q8_1_s(y);
-    }
-    sum
+    min_lanes8_dot(w.iter().zip(act_blocks(act)).map(|(x, y)| {
+        (
+            read_f16(x.d) * read_f16(y.d),
+            lane_sums_of(&x.quants(), &y.qs),
+            read_f16(x.m) * read_f16(y.s),
+        )
+    }))
 }

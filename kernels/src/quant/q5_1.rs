@@ -1,10 +1,9 @@
 //! Q5_1: blocks of 32 weights, 5-bit quants with an f16 scale and an f16 minimum.
 //!
-//! Like Q4_1 it is dotted with Q8_1 in llama.cpp; pinch rebuilds Q8_1's `s` from the
-//! Q8_0 activation block (see [`super::q4_1`] for the last-bit caveat).
-use super::q4_1::q8_1_s;
+//! Dotted with Q8_1 activations ([`super::q8_1`]), in llama.cpp's x86 arithmetic.
 use super::q5_0::quants5;
-use super::q8_0::act_blocks;
+use super::q8_0::lane_sums_of;
+use super::q8_1::{act_blocks, min_lanes8_dot};
 use crate::blocks::cast;
 use crate::f16::read_f16;
 
@@ -43,16 +42,15 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-/// Scalar reference dot product with one Q8_0 activation row, as
-/// `ggml_vec_dot_q5_1_q8_1_generic`: `sum += (d_w * d_a) * sumi + m_w * s_a` per block.
+/// Scalar reference dot product with one Q8_1 activation row, with llama.cpp's x86
+/// arithmetic (`ggml_vec_dot_q5_1_q8_1` under AVX2: [`min_lanes8_dot`]).
 pub fn vec_dot(w: &[u8], act: &[u8]) -> f32 {
     let w = cast::<BlockQ5_1>(w).unwrap_or(&[]);
-    let a = act_blocks(act);
-    let mut sum = 0.0f32;
-    for (x, y) in w.iter().zip(a) {
-        let q = quants5(x.qh, &x.qs);
-        let sumi: i32 = (0..QK).map(|j| q[j] * y.q(j)).sum();
-        sum += (read_f16(x.d) * y.scale()) * sumi as f32 + read_f16(x.m) * q8_1_s(y);
-    }
-    sum
+    min_lanes8_dot(w.iter().zip(act_blocks(act)).map(|(x, y)| {
+        (
+            read_f16(x.d) * read_f16(y.d),
+            lane_sums_of(&quants5(x.qh, &x.qs), &y.qs),
+            read_f16(x.m) * read_f16(y.s),
+        )
+    }))
 }

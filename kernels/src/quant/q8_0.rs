@@ -122,16 +122,23 @@ pub fn quantize_row_x86(x: &[f32], dst: &mut [u8]) {
         return;
     };
     for (b, xs) in blocks.iter_mut().zip(x.chunks_exact(QK)) {
-        let amax = xs
-            .iter()
-            .fold(0.0f32, |m, v| if v.abs() > m { v.abs() } else { m });
-        let d = amax / 127.0;
-        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-        b.d = f32_to_f16(d).to_le_bytes();
-        for (q, v) in b.qs.iter_mut().zip(xs) {
-            *q = libm::rintf(v * id) as i8 as u8;
-        }
+        b.d = f32_to_f16(quantize_block_x86(xs, &mut b.qs)).to_le_bytes();
     }
+}
+
+/// One block of [`quantize_row_x86`]: writes the 32 quants of `xs` (32 values) and
+/// returns the unrounded f32 scale `d = amax / 127` (Q8_0 stores it as f16; Q8_1 also
+/// multiplies it into its `s`).
+#[inline]
+pub(crate) fn quantize_block_x86(xs: &[f32], qs: &mut [u8; QK]) -> f32 {
+    let amax = xs
+        .iter()
+        .fold(0.0f32, |m, v| if v.abs() > m { v.abs() } else { m });
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    for (q, v) in qs.iter_mut().zip(xs) {
+        *q = libm::rintf(v * id) as i8 as u8;
+    }
+    amax / 127.0
 }
 
 /// Reduce eight f32 lanes in the order of llama.cpp's x86 `hsum_float_8` (and
@@ -213,9 +220,15 @@ pub fn dot_in<'a>(
 /// and `sdot` produce).
 #[inline]
 pub fn lane_sums(w: &[i32; QK], a: &BlockQ8_0) -> [i32; 8] {
+    lane_sums_of(w, &a.qs)
+}
+
+/// [`lane_sums`] against any 32 activation quants (i8 as bytes; Q8_0's or Q8_1's).
+#[inline]
+pub(crate) fn lane_sums_of(w: &[i32; QK], qs: &[u8; QK]) -> [i32; 8] {
     let mut s = [0i32; 8];
     for (l, sl) in s.iter_mut().enumerate() {
-        *sl = (4 * l..4 * l + 4).map(|j| w[j] * a.q(j)).sum();
+        *sl = (4 * l..4 * l + 4).map(|j| w[j] * qs[j] as i8 as i32).sum();
     }
     s
 }
