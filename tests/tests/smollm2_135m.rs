@@ -20,12 +20,18 @@ use serde_json::Value;
 use std::path::PathBuf;
 
 /// Largest allowed |pinch - llama.cpp| of a top-20 logit (both with an F32 KV cache).
-/// Measured: 0.643 over the 640 entries. llama.cpp's own default (F16 KV) and F32 KV runs
-/// of these prompts differ by up to 0.63 (prompts.json, `llama_cpp_self_consistency`);
-/// pinch's Q4_1 fast path rebuilds Q8_1's block sum from Q8_0 activations, which can
-/// differ from llama.cpp's in its last f16 bit (kernels/src/quant/q4_1.rs), and sums in
-/// another order: the same order of deviation, so 1.0 leaves half again as much room.
-const LOGIT_TOL: f32 = 1.0;
+/// On x86 pinch's fast path computes llama.cpp's x86 arithmetic for every weight of
+/// this model (Q4_1 with Q8_1 activations made as llama.cpp's AVX2 `quantize_row_q8_1`,
+/// the Q8_0 embedding/head in eight lanes), so the logits agree to the golden's printed
+/// precision: measured 4.96e-5 over the 640 entries (0.643 before Q8_1's `s` followed
+/// llama.cpp); 1e-3 is rounding room. Elsewhere (NEON sums the Q8_0 head per block)
+/// the bound is llama.cpp's own spread between its KV configurations, 0.63
+/// (prompts.json, `llama_cpp_self_consistency`), with room: 1.0.
+const LOGIT_TOL: f32 = if cfg!(target_arch = "x86_64") {
+    1e-3
+} else {
+    1.0
+};
 
 fn model() -> Option<PathBuf> {
     real_model("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m")
@@ -147,7 +153,7 @@ fn top20_logits_match_llama_cpp_at_every_prompt_position() {
             }
         }
     }
-    println!("{checked} top-20 logits, worst difference {worst:.3}");
+    println!("{checked} top-20 logits, worst difference {worst:.2e}");
     assert!(checked >= 600);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

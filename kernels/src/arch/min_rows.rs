@@ -41,7 +41,8 @@ macro_rules! min_block {
 min_block!(crate::quant::q4_1::BlockQ4_1, crate::quant::q5_1::BlockQ5_1);
 
 /// The activation scales and scaled sums of one token tile as f32, blocks `0..nb`,
-/// tokens `0..T` (0 past the tile's tokens).
+/// tokens `0..T` (entries past the tile's tokens hold zeros or an earlier tile's values;
+/// their lanes are computed but never read).
 #[repr(C, align(32))]
 pub(super) struct TokTable {
     pub(super) da: [[f32; T]; MAX_NB],
