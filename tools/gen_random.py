@@ -171,6 +171,10 @@ def draw_shape(rng, arch):
         kvs[int(at)], kvs[int(conv)] = s["n_head_kv"], 0
         s["kv_per_layer"] = kvs
         s["l_cache"] = 3
+    if arch in EXTRA_QUANTS and "Q1_0" in EXTRA_QUANTS[arch]:
+        # Q1_0 rows are whole blocks of 128: FFN lengths rounded up so that the drawn
+        # n_embd decides alone whether llama-quantize can make Q1_0
+        s["n_ff"] = -(-s["n_ff"] // 128) * 128
     s["n_tokens"] = int(rng.integers(24, 33))
     return s
 
