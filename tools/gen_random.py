@@ -53,7 +53,7 @@ try:
 except ImportError:  # pragma: no cover
     sys.exit("needs the `gguf` package (pip install gguf)")
 
-GEN_VERSION = 2     # bump when a change alters what a seed generates
+GEN_VERSION = 3     # bump when a change alters what a seed generates (3: qwen3 + Q1_0)
 CTX = 256
 
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "bailingmoe2", "qwen35", "lfm2"]
@@ -65,6 +65,12 @@ QUANTS = {
     "Q8_0": 7, "Q4_0": 2, "Q4_1": 3, "Q5_0": 8, "Q5_1": 9, "Q4_K_M": 15, "Q4_K_S": 14,
     "Q5_K_M": 17, "Q6_K": 18, "Q3_K_S": 11, "Q2_K": 10, "F16": 1, "IQ4_NL": 25,
 }
+# Types added to every seed of some architectures on top of the two drawn ones (kept out
+# of QUANTS so the other seeds draw what they drew before): Q1_0 (Bonsai's 1-bit
+# format) on qwen3, Bonsai's architecture.
+EXTRA_QUANTS = {"qwen3": ["Q1_0"]}
+# Every type's llama.cpp ftype id (`--quants` may name any of them for any seed).
+FTYPES = {**QUANTS, "Q1_0": 40}
 
 
 # --------------------------------------------------------------------------
@@ -165,6 +171,10 @@ def draw_shape(rng, arch):
         kvs[int(at)], kvs[int(conv)] = s["n_head_kv"], 0
         s["kv_per_layer"] = kvs
         s["l_cache"] = 3
+    if arch in EXTRA_QUANTS and "Q1_0" in EXTRA_QUANTS[arch]:
+        # Q1_0 rows are whole blocks of 128: FFN lengths rounded up so that the drawn
+        # n_embd decides alone whether llama-quantize can make Q1_0
+        s["n_ff"] = -(-s["n_ff"] // 128) * 128
     s["n_tokens"] = int(rng.integers(24, 33))
     return s
 
@@ -545,11 +555,12 @@ def generate(root, seed, overrides=None, quant_names=None):
         print(f"seed {seed}: no usable shape in 20 attempts")
         return False
     names = list(QUANTS)
-    chosen = quant_names or [names[(seed + k * 5) % len(names)] for k in range(2)]
+    extra = EXTRA_QUANTS.get(arch, [])
+    chosen = quant_names or [names[(seed + k * 5) % len(names)] for k in range(2)] + extra
     quants, refused = [], []
     for q in chosen:
         qf, df = out / f"{q}.gguf", out / f"{q}.dequant.gguf"
-        if not quantize(f32, qf, QUANTS[q]):
+        if not quantize(f32, qf, FTYPES[q]):
             refused.append(q)
             print(f"seed {seed}: llama-quantize refuses {q} for {summary(s)}")
             continue

@@ -1,10 +1,12 @@
-//! Q1_0 over the repacked `Q1_0x16` layout (the lookup-table kernel on NEON) against
-//! the plain scalar reference `q1_0::vec_dot`, **bit for bit** per (row, token): the
-//! tables only regroup exact integer sums, and the float steps are the reference's.
-//! Odd row counts (plain tail rows after the last group of 16), unaligned row ranges,
-//! several tokens, rows longer than one table chunk (8 blocks), and extreme activations
-//! (±127, and -128 from a zero-scale block). Every feature set of the running CPU;
-//! where there is no SIMD kernel (x86 today) the scalar loop runs and must agree too.
+//! Q1_0 over the repacked `Q1_0x16` layout (the lookup-table kernels: NEON `tbl`, AVX2
+//! `vpshufb`) against the plain scalar reference `q1_0::vec_dot`, **bit for bit** per
+//! (row, token): the tables only regroup exact integer sums, and the float steps are
+//! the reference's (the one fused multiply-add has an exact product). Odd row counts
+//! (plain tail rows after the last group of 16, which the kernels run as one padded
+//! group), unaligned row ranges, ranges inside the tail, several tokens, rows longer
+//! than one table chunk (16 blocks), and extreme activations (±127, and -128 from a
+//! zero-scale block). Every feature set of the running CPU; the scalar loop (no SIMD)
+//! must agree too.
 mod common;
 use common::{feature_sets, Rng};
 use pinch_kernels::matvec::{quantize_activation, vec_dot_scalar};
@@ -79,7 +81,7 @@ fn check(w: &[u8], wr: &[u8], rb: usize, a: &[u8], n_tok: usize, range: std::ops
 fn lut_on_repacked_rows_equals_plain_scalar_bits() {
     let mut rng = Rng(0x0151_0c0d);
     for rows in [1usize, 15, 16, 17, 33, 48, 50] {
-        for cols in [128usize, 256, 1152, 2048] {
+        for cols in [128usize, 256, 1152, 2560] {
             let rb = TY.row_bytes(cols as u64).unwrap() as usize;
             let w = weights(&mut rng, rows, cols);
             let wr = repacked(&w, rb);
@@ -92,6 +94,7 @@ fn lut_on_repacked_rows_equals_plain_scalar_bits() {
                     rows / 2..rows,
                     (rows / 16 * 16).min(rows)..rows,
                     3.min(rows)..rows.min(20),
+                    (rows / 16 * 16 + 1).min(rows)..rows,
                     rows..rows,
                 ] {
                     check(&w, &wr, rb, &a, n_tok, range);
@@ -170,11 +173,12 @@ fn q1_0x16_repacks_and_reads_back() {
     }
 }
 
-/// On aarch64 the layout is the preferred one and its kernel runs (not the scalar loop).
+/// With NEON or AVX2 the layout is the preferred one and its kernel runs (not the
+/// scalar loop).
 #[test]
-fn the_lut_kernel_runs_on_neon() {
+fn the_lut_kernel_runs_on_neon_and_avx2() {
     for feat in feature_sets() {
-        let expect = cfg!(target_arch = "aarch64") && feat.neon();
+        let expect = feat.neon() || feat.avx2();
         assert_eq!(
             Layout::preferred(TY, &feat) == Some(Layout::Q1_0x16),
             expect,

@@ -17,6 +17,7 @@
 //!   all-resident need: tokens/s, bytes read per token (the OS's count and the plan's),
 //!   the plan's ceiling at the storage speed `pinch bench --storage` measured, peak RSS.
 //! - `--draft`: speculative decoding at 40 % of the resident need (`crate::draft_bench`).
+//! - `--bonsai [--vocab N]`: the Bonsai-1.7B-shaped Q1_0 model (`crate::bonsai_bench`).
 use crate::device::{self, Device};
 use crate::fetch;
 use crate::util::{output, root, run, Result};
@@ -43,6 +44,9 @@ pub fn main(args: &[String]) -> Result<()> {
     let pinch = device::build(Device::Host)?;
     if args.iter().any(|a| a == "--stream") {
         return stream_table(&pinch, &model);
+    }
+    if args.iter().any(|a| a == "--bonsai") {
+        return crate::bonsai_bench::table(args);
     }
     if args.iter().any(|a| a == "--draft") {
         return crate::draft_bench::table(&pinch, &model);
@@ -218,7 +222,7 @@ pub(crate) fn field(json: &str, key: &str) -> Option<f64> {
     rest[..end].trim().parse().ok()
 }
 
-fn pinch_bench(
+pub(crate) fn pinch_bench(
     pinch: &Path,
     model: &Path,
     t: usize,
@@ -276,7 +280,13 @@ fn peak_rss(pinch: &Path, model: &Path) -> Result<u64> {
 
 /// llama.cpp's tokens/s, and whether it had to run without its extra buffer types (its
 /// AMX path crashes where a VM reports AMX but does not grant it).
-fn llama_bench(site: &Path, model: &Path, t: usize, pp: usize, tg: usize) -> Result<(f64, bool)> {
+pub(crate) fn llama_bench(
+    site: &Path,
+    model: &Path,
+    t: usize,
+    pp: usize,
+    tg: usize,
+) -> Result<(f64, bool)> {
     let go = |plain: bool| {
         let mut c = Command::new("python3");
         c.arg(root().join("tools/llamacpp_bench.py"))

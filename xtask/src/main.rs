@@ -15,6 +15,7 @@
 //! - [`tokenizer_diff`]: `tokenizer-diff [--random N]`, a long tokenizer hunt vs llama.cpp.
 //! - [`util`]: running commands, finding the workspace and the target directory.
 mod bench;
+mod bonsai_bench;
 mod compat;
 mod device;
 mod draft_bench;

@@ -14,6 +14,8 @@ use core::ops::Range;
 
 use crate::{CpuFeatures, GgmlType};
 
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod q1_lut;
 pub mod table;
 pub use table::{table, KernelTable};
 
@@ -55,6 +57,8 @@ mod x86_kquant;
 mod x86_legacy;
 #[cfg(target_arch = "x86_64")]
 mod x86_min;
+#[cfg(target_arch = "x86_64")]
+mod x86_q1_lut;
 #[cfg(target_arch = "x86_64")]
 mod x86_repack;
 #[cfg(target_arch = "x86_64")]

@@ -14,9 +14,10 @@
 use super::neon_iq2 as iq2;
 use super::neon_legacy::{self as lg, base, dot};
 use super::neon_min as mn;
-use super::neon_q1_lut as q1_lut;
+use super::neon_q1_lut::Neon as Q1Lut;
 use super::neon_repack as rp;
 use super::neon_rows::{kquant, lanes};
+use super::q1_lut;
 use super::table::{block_dot, float_dot, kquant_dot, KernelTable, Kernels};
 use super::{neon_kquant as kq, Job};
 use crate::quant::iq2_xxs::BlockIq2Xxs;
@@ -128,7 +129,7 @@ pub(super) static NEON: KernelTable = KernelTable {
         Kernels::plain(T::IQ2_XXS, Some(iq2_xxs_base), None),
         Kernels::packed(T::Q8_0, Layout::Q8_0x4, rp::q8_0x4_base),
         Kernels::packed(T::Q5_0, Layout::Q5_0x4s, rp::q5_0x4s_base),
-        Kernels::packed(T::Q1_0, Layout::Q1_0x16, q1_lut::matmul),
+        Kernels::packed(T::Q1_0, Layout::Q1_0x16, q1_lut::matmul::<Q1Lut>),
     ],
 };
 
@@ -157,6 +158,6 @@ pub(super) static NEON_DOT: KernelTable = KernelTable {
         Kernels::packed(T::Q8_0, Layout::Q8_0x4, rp::q8_0x4_dot),
         Kernels::packed(T::Q5_0, Layout::Q5_0x4s, rp::q5_0x4s_dot),
         // The lookup-table kernel needs no `sdot` (and counts fewer instructions).
-        Kernels::packed(T::Q1_0, Layout::Q1_0x16, q1_lut::matmul),
+        Kernels::packed(T::Q1_0, Layout::Q1_0x16, q1_lut::matmul::<Q1Lut>),
     ],
 };

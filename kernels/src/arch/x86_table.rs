@@ -14,8 +14,10 @@
 use core::ops::Range;
 
 use super::table::{block_dot, float_dot, kquant_dot, KernelTable, Kernels};
+use super::x86_q1_lut::Avx2 as Q1Lut;
+use super::{q1_lut, x86_repack, x86_rows as xr, Job};
 use super::{x86_gemm as gemm, x86_gemm_lanes as gl, x86_kquant as kq, x86_legacy as lg};
-use super::{x86_min as mn, x86_repack, x86_rows as xr, Job};
+use super::x86_min as mn;
 use crate::quant::q1_0::BlockQ1_0;
 use crate::quant::q2_0::BlockQ2_0;
 use crate::quant::q4_0::BlockQ4_0;
@@ -162,6 +164,7 @@ pub(super) static AVX2: KernelTable = KernelTable {
         Kernels::plain(T::Q4_K, Some(q4_k_dot), Some(q4_k_rows)),
         Kernels::plain(T::Q6_K, Some(q6_k_dot), Some(q6_k_rows)),
         Kernels::packed(T::Q8_0, Layout::Q8_0x4, q8_0x4::<false>),
+        Kernels::packed(T::Q1_0, Layout::Q1_0x16, q1_lut::matmul::<Q1Lut>),
     ],
 };
 
@@ -174,5 +177,6 @@ pub(super) static VNNI: KernelTable = KernelTable {
         Kernels::plain(T::Q4_K, Some(q4_k_dot), Some(q4_k_rows_vnni)),
         Kernels::plain(T::Q6_K, Some(q6_k_dot), Some(q6_k_rows_vnni)),
         Kernels::packed(T::Q8_0, Layout::Q8_0x4, q8_0x4::<true>),
+        Kernels::packed(T::Q1_0, Layout::Q1_0x16, q1_lut::matmul::<Q1Lut>),
     ],
 };

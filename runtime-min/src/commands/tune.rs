@@ -201,7 +201,7 @@ fn load_matrix<'a, P: Platform>(
     let data = arena.bytes("tune matrices", rows * rb)?;
     read_full(p, file, info.offset, data, false)?;
     let mut layout = Layout::Plain;
-    if let Some(l) = Layout::preferred(info.ty, cpu).filter(|_| repack && rows.is_multiple_of(4)) {
+    if let Some(l) = Layout::preferred(info.ty, cpu).filter(|l| repack && rows >= l.group_rows()) {
         let scratch = arena.bytes("tune repack scratch", l.scratch_bytes(rb))?;
         repack_in_place(l, info.ty, data, rb, scratch).map_err(ModelError::from)?;
         layout = l;
