@@ -1,0 +1,362 @@
+//! TQ2_0 and Q2_0 over the repacked [`crate::repack::Layout::Tq2_0x4`] /
+//! [`crate::repack::Layout::Q2_0x4`] layouts (four rows per group-block, 2-bit codes
+//! regrouped so that one vector is one 16-weight group of four rows and field `k` of its
+//! bytes pairs with activation word `k`), with `sdot` by element (dotprod) and without.
+//!
+//! Per row the kernels compute the reference's exact integer sums `sum(level * a)` as
+//! `sum(code * a) - sum(a)` (`code = level + 1` in 0..4, `sum(a)` once per activation
+//! block for all rows), then its float steps lane by lane, so the result is the plain
+//! reference's ([`crate::quant::tq2_0::vec_dot`], [`crate::quant::q2_0::vec_dot`]) bit for
+//! bit:
+//! - dotprod: the fields are taken with one mask each and not shifted (`code`, `4 code`,
+//!   `16 code`, and the top field with one shift), four `sdot` by element go into three
+//!   accumulators, which are merged once per activation block as `A + (B >> 2) + (C >> 4)`
+//!   (exact: `B` and `C` are multiples of 4 and 16): eight instructions per 64 weights;
+//! - baseline: the four activation words are broadcast once per group (shared by the
+//!   eight rows of a pass), `smlal` gives per-lane products in i16 (at most 16 groups x 4
+//!   x 3 x 128 < 2^15 before they are reduced), two pairwise adds leave the four rows.
+//!
+//! Two group-blocks (eight rows) go through together so that the activation loads, the
+//! broadcasts and `sum(a)` are shared; the plain tail rows (`rows % 4`) go to the plain
+//! one-row kernel.
+#![allow(unsafe_code)]
+
+use core::arch::aarch64::*;
+use core::ops::Range;
+
+use super::neon_legacy::{h2f, h2f4};
+use super::neon_repack::sdot_lane;
+use super::table::{KernelTable, PackedJob};
+use crate::blocks::{cast, Pod};
+use crate::quant::q8_0::{self, BlockQ8_0};
+use crate::quant::q8_k;
+use crate::quant::{q2_0, tq2_0};
+use crate::repack::{BlockQ2_0x4, BlockTq2_0x4};
+use crate::GgmlType;
+
+/// Group-blocks per pass (sixteen rows share each activation load and broadcast).
+const RG: usize = 4;
+
+/// How one 16-weight group of four rows is multiplied with its 16 activation quants.
+trait Sums {
+    /// The activation vector as the products need it.
+    type A: Copy;
+    /// Integer accumulators of four rows.
+    type Acc: Copy;
+    unsafe fn act(a: int8x16_t) -> Self::A;
+    unsafe fn zero() -> Self::Acc;
+    unsafe fn group(acc: &mut Self::Acc, v: uint8x16_t, a: &Self::A);
+    /// The four rows' `sum(code * a)` (lanes 0..4).
+    unsafe fn total(acc: Self::Acc) -> int32x4_t;
+}
+
+struct Sdot;
+impl Sums for Sdot {
+    type A = int8x16_t;
+    /// `A` (fields 0 and 3), `B` (field 1, times 4), `C` (field 2, times 16).
+    type Acc = [int32x4_t; 3];
+    #[inline(always)]
+    unsafe fn act(a: int8x16_t) -> int8x16_t {
+        a
+    }
+    #[inline(always)]
+    unsafe fn zero() -> Self::Acc {
+        [vdupq_n_s32(0); 3]
+    }
+    #[inline(always)]
+    unsafe fn group(acc: &mut Self::Acc, v: uint8x16_t, a: &int8x16_t) {
+        let f = |m: u8| vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(m)));
+        acc[0] = sdot_lane::<0>(acc[0], f(0x03), *a);
+        acc[1] = sdot_lane::<1>(acc[1], f(0x0c), *a);
+        acc[2] = sdot_lane::<2>(acc[2], f(0x30), *a);
+        acc[0] = sdot_lane::<3>(acc[0], vreinterpretq_s8_u8(vshrq_n_u8::<6>(v)), *a);
+    }
+    #[inline(always)]
+    unsafe fn total(acc: Self::Acc) -> int32x4_t {
+        vsraq_n_s32::<4>(vsraq_n_s32::<2>(acc[0], acc[1]), acc[2])
+    }
+}
+
+struct Mull;
+impl Sums for Mull {
+    /// Activation word `k` in every lane.
+    type A = [int8x16_t; 4];
+    /// Rows 0, 1 (four lanes each) and rows 2, 3, in i16.
+    type Acc = [int16x8_t; 2];
+    #[inline(always)]
+    unsafe fn act(a: int8x16_t) -> Self::A {
+        let w = vreinterpretq_s32_s8(a);
+        [
+            vdupq_laneq_s32::<0>(w),
+            vdupq_laneq_s32::<1>(w),
+            vdupq_laneq_s32::<2>(w),
+            vdupq_laneq_s32::<3>(w),
+        ]
+        .map(|v| vreinterpretq_s8_s32(v))
+    }
+    #[inline(always)]
+    unsafe fn zero() -> Self::Acc {
+        [vdupq_n_s16(0); 2]
+    }
+    #[inline(always)]
+    unsafe fn group(acc: &mut Self::Acc, v: uint8x16_t, b: &Self::A) {
+        let m3 = vdupq_n_u8(3);
+        let f = [
+            vandq_u8(v, m3),
+            vandq_u8(vshrq_n_u8::<2>(v), m3),
+            vandq_u8(vshrq_n_u8::<4>(v), m3),
+            vshrq_n_u8::<6>(v),
+        ]
+        .map(|f| vreinterpretq_s8_u8(f));
+        for k in 0..4 {
+            acc[0] = vmlal_s8(acc[0], vget_low_s8(f[k]), vget_low_s8(b[k]));
+            acc[1] = vmlal_high_s8(acc[1], f[k], b[k]);
+        }
+    }
+    #[inline(always)]
+    unsafe fn total(acc: Self::Acc) -> int32x4_t {
+        vpaddq_s32(vpaddlq_s16(acc[0]), vpaddlq_s16(acc[1]))
+    }
+}
+
+/// `sum(a)` of activation vectors, accumulated pairwise in i16.
+#[inline(always)]
+unsafe fn add_act(s: int16x8_t, a: int8x16_t) -> int16x8_t {
+    vpadalq_s8(s, a)
+}
+
+/// A repacked ternary format: its group-block, plain type and the float steps.
+trait Fmt {
+    type G: Pod;
+    const TY: GgmlType;
+    /// Plain block bytes.
+    const BLOCK: usize;
+    /// Activation bytes per plain block.
+    const ACT: usize;
+    /// `RG` group-blocks' rows (`g[i]`: the row group's blocks) dotted with one
+    /// activation row.
+    unsafe fn rows<S: Sums>(g: [&[Self::G]; RG], act: &[u8]) -> [float32x4_t; RG];
+}
+
+/// The four rows' scales as f32.
+#[inline(always)]
+unsafe fn scales4(d: &[[u8; 2]; 4]) -> float32x4_t {
+    h2f4(vld1_u16(d.as_ptr() as *const u16))
+}
+
+struct Tq2;
+impl Fmt for Tq2 {
+    type G = BlockTq2_0x4;
+    const TY: GgmlType = GgmlType::TQ2_0;
+    const BLOCK: usize = tq2_0::BLOCK_BYTES;
+    const ACT: usize = q8_k::BLOCK_BYTES;
+    /// Per block: `sum += sumi * (d_a * d_w)` (multiply, then add), as the reference.
+    #[inline(always)]
+    unsafe fn rows<S: Sums>(g: [&[BlockTq2_0x4]; RG], act: &[u8]) -> [float32x4_t; RG] {
+        let a = q8_k::act_blocks(act);
+        let mut sum = [vdupq_n_f32(0.0); RG];
+        let nb = g.iter().map(|x| x.len()).min().unwrap_or(0);
+        for (b, y) in a.iter().enumerate().take(nb) {
+            let x: [&BlockTq2_0x4; RG] = core::array::from_fn(|k| &g[k][b]);
+            let mut acc = [S::zero(); RG];
+            let mut sa = vdupq_n_s16(0);
+            let mut step = |i: usize| {
+                let av = vld1q_s8(y.qs[16 * i..].as_ptr() as *const i8);
+                sa = add_act(sa, av);
+                let ap = S::act(av);
+                for k in 0..RG {
+                    S::group(&mut acc[k], vld1q_u8(x[k].qs[i].as_ptr()), &ap);
+                }
+            };
+            for i in 0..4 {
+                step(4 * i);
+                step(4 * i + 1);
+                step(4 * i + 2);
+                step(4 * i + 3);
+            }
+            let sa = vdupq_n_s32(vaddlvq_s16(sa));
+            let da = y.scale();
+            for k in 0..RG {
+                let isum = vsubq_s32(S::total(acc[k]), sa);
+                let d = vmulq_n_f32(scales4(&x[k].d), da);
+                sum[k] = vaddq_f32(sum[k], vmulq_f32(vcvtq_f32_s32(isum), d));
+            }
+        }
+        sum
+    }
+}
+
+struct Q20;
+impl Fmt for Q20 {
+    type G = BlockQ2_0x4;
+    const TY: GgmlType = GgmlType::Q2_0;
+    const BLOCK: usize = q2_0::BLOCK_BYTES;
+    const ACT: usize = 2 * q8_0::BLOCK_BYTES;
+    /// Per Q8_0 block `sumi += d_a * isum`, per Q2_0 block `sum += d_w * sumi` (each a
+    /// multiply, then an add), as the reference.
+    #[inline(always)]
+    unsafe fn rows<S: Sums>(g: [&[BlockQ2_0x4]; RG], act: &[u8]) -> [float32x4_t; RG] {
+        let a = q8_0::act_blocks(act);
+        let mut sum = [vdupq_n_f32(0.0); RG];
+        let nb = g.iter().map(|x| x.len()).min().unwrap_or(0);
+        for (b, ys) in a.chunks_exact(2).enumerate().take(nb) {
+            let x: [&BlockQ2_0x4; RG] = core::array::from_fn(|k| &g[k][b]);
+            let mut sumi = [vdupq_n_f32(0.0); RG];
+            for (s, y) in ys.iter().enumerate() {
+                let y: &BlockQ8_0 = y;
+                let mut acc = [S::zero(); RG];
+                let mut sa = vdupq_n_s16(0);
+                for i in 0..2 {
+                    let av = vld1q_s8(y.qs[16 * i..].as_ptr() as *const i8);
+                    sa = add_act(sa, av);
+                    let ap = S::act(av);
+                    for k in 0..RG {
+                        S::group(&mut acc[k], vld1q_u8(x[k].qs[2 * s + i].as_ptr()), &ap);
+                    }
+                }
+                let sa = vdupq_n_s32(vaddlvq_s16(sa));
+                let da = h2f(y.d);
+                for k in 0..RG {
+                    let isum = vsubq_s32(S::total(acc[k]), sa);
+                    sumi[k] = vaddq_f32(sumi[k], vmulq_n_f32(vcvtq_f32_s32(isum), da));
+                }
+            }
+            for k in 0..RG {
+                sum[k] = vaddq_f32(sum[k], vmulq_f32(scales4(&x[k].d), sumi[k]));
+            }
+        }
+        sum
+    }
+}
+
+/// Rows `range` of plain rows of `ty` through `table`'s row-range kernel, else its one-row
+/// kernel; `false` when it has neither.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn plain_rows(
+    table: &'static KernelTable,
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    range: Range<usize>,
+    acts: &[u8],
+    arb: usize,
+    out: &mut [f32],
+) -> bool {
+    if range.is_empty() || table.rows(ty, w, row_bytes, range.clone(), acts, arb, out) {
+        return true;
+    }
+    let Some(dot) = table.dot_kernel(ty) else {
+        return false;
+    };
+    let n_tok = acts.len() / arb;
+    for (i, r) in range.enumerate() {
+        let wr = &w[r * row_bytes..(r + 1) * row_bytes];
+        for t in 0..n_tok {
+            let Some(v) = dot.call(wr, &acts[t * arb..(t + 1) * arb]) else {
+                return false;
+            };
+            out[i * n_tok + t] = v;
+        }
+    }
+    true
+}
+
+/// The product over a repacked tensor of format `F` for `rows` and every activation row;
+/// `false` (nothing written) when the shapes do not fit.
+///
+/// # Safety
+/// NEON (and dotprod where `S` uses `sdot`); `table` is a table for this CPU.
+#[inline(always)]
+unsafe fn run<F: Fmt, S: Sums>(
+    table: &'static KernelTable,
+    w: &[u8],
+    row_bytes: usize,
+    rows: Range<usize>,
+    acts: &[u8],
+    out: &mut [f32],
+) -> bool {
+    let shape = (F::BLOCK, F::ACT, 4);
+    let Some(PackedJob { n_tok, arb, split }) =
+        PackedJob::new(w, row_bytes, &rows, acts, out.len(), shape)
+    else {
+        return false;
+    };
+    let (head, tail) = out.split_at_mut((split - rows.start) * n_tok);
+    if !plain_rows(table, F::TY, w, row_bytes, split..rows.end, acts, arb, tail) {
+        return false;
+    }
+    if split == rows.start {
+        return true;
+    }
+    let gb = 4 * row_bytes;
+    let group = |g: usize| cast::<F::G>(&w[g * gb..(g + 1) * gb]);
+    let (mut g, end) = (rows.start / 4, split.div_ceil(4));
+    while g < end {
+        // Past the last group, the last one is computed again (not written).
+        let mut x: [&[F::G]; RG] = [&[]; RG];
+        for (i, x) in x.iter_mut().enumerate() {
+            let Some(b) = group((g + i).min(end - 1)) else {
+                return false;
+            };
+            *x = b;
+        }
+        for t in 0..n_tok {
+            let v = F::rows::<S>(x, &acts[t * arb..(t + 1) * arb]);
+            for (i, v) in v.iter().enumerate().take((end - g).min(RG)) {
+                let mut l = [0f32; 4];
+                vst1q_f32(l.as_mut_ptr(), *v);
+                for (j, v) in l.into_iter().enumerate() {
+                    let r = 4 * (g + i) + j;
+                    if (rows.start..split).contains(&r) {
+                        head[(r - rows.start) * n_tok + t] = v;
+                    }
+                }
+            }
+        }
+        g += RG;
+    }
+    true
+}
+
+/// A `PackedFn` `$name` running `$run` (a generic `run` instantiated for one kernel)
+/// compiled with `$feat`, through the inner function `$inner`.
+macro_rules! packed_fn {
+    ($name:ident, $inner:ident, $feat:literal, $run:expr) => {
+        #[target_feature(enable = $feat)]
+        unsafe fn $inner(
+            table: &'static KernelTable,
+            w: &[u8],
+            row_bytes: usize,
+            rows: Range<usize>,
+            acts: &[u8],
+            out: &mut [f32],
+        ) -> bool {
+            // SAFETY: the caller's contract (the CPU has `$feat`).
+            unsafe { $run(table, w, row_bytes, rows, acts, out) }
+        }
+
+        /// # Safety
+        /// The CPU has the ISA of the table that lists this function; `table` is that table.
+        pub(super) unsafe fn $name(
+            table: &'static KernelTable,
+            w: &[u8],
+            row_bytes: usize,
+            rows: Range<usize>,
+            acts: &[u8],
+            out: &mut [f32],
+        ) -> bool {
+            // SAFETY: the caller's contract.
+            unsafe { $inner(table, w, row_bytes, rows, acts, out) }
+        }
+    };
+}
+pub(super) use packed_fn;
+packed_fn!(tq2_0x4_base, tq2_0x4_base_in, "neon", run::<Tq2, Mull>);
+packed_fn!(
+    tq2_0x4_dot,
+    tq2_0x4_dot_in,
+    "neon,dotprod",
+    run::<Tq2, Sdot>
+);
+packed_fn!(q2_0x4_base, q2_0x4_base_in, "neon", run::<Q20, Mull>);
+packed_fn!(q2_0x4_dot, q2_0x4_dot_in, "neon,dotprod", run::<Q20, Sdot>);
