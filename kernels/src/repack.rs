@@ -44,7 +44,7 @@ use crate::quant::q8_0::{self, BlockQ8_0, Order, QK};
 use crate::quant::{q2_k, q8_k};
 use crate::{CpuFeatures, GgmlType};
 
-pub use crate::repack_lowbit::{BlockQ2Kx8, BlockQ2_0x4, BlockTq2_0x4};
+pub use crate::repack_lowbit::{BlockQ2Kx8, BlockQ2_0x4, BlockTq1_0x4, BlockTq2_0x4};
 
 /// How a weight tensor's bytes are arranged in memory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -70,6 +70,8 @@ pub enum Layout {
     Tq2_0x4,
     /// Q2_0, groups of four rows, codes regrouped per 16-weight group ([`BlockQ2_0x4`]).
     Q2_0x4,
+    /// TQ1_0, groups of four rows, base-3 bytes four at a time per row ([`BlockTq1_0x4`]).
+    Tq1_0x4,
 }
 
 impl Layout {
@@ -85,6 +87,7 @@ impl Layout {
             Layout::Q2Kx8 => 10,
             Layout::Tq2_0x4 => 11,
             Layout::Q2_0x4 => 12,
+            Layout::Tq1_0x4 => 13,
         }
     }
     /// The layout of id `id`, if known.
@@ -98,6 +101,7 @@ impl Layout {
             10 => Some(Layout::Q2Kx8),
             11 => Some(Layout::Tq2_0x4),
             12 => Some(Layout::Q2_0x4),
+            13 => Some(Layout::Tq1_0x4),
             _ => None,
         }
     }
@@ -121,6 +125,7 @@ impl Layout {
             Layout::Q2Kx8 => "q2_kx8",
             Layout::Tq2_0x4 => "tq2_0x4",
             Layout::Q2_0x4 => "q2_0x4",
+            Layout::Tq1_0x4 => "tq1_0x4",
         }
     }
     /// The repacked layout pinch uses for weights of type `ty` on a CPU with `feat`, if
@@ -139,6 +144,7 @@ impl Layout {
             Layout::Q2Kx8 => Some(GgmlType::Q2_K),
             Layout::Tq2_0x4 => Some(GgmlType::TQ2_0),
             Layout::Q2_0x4 => Some(GgmlType::Q2_0),
+            Layout::Tq1_0x4 => Some(GgmlType::TQ1_0),
         }
     }
     /// Whether products over this layout give the plain kernels' bits for the same CPU
@@ -353,6 +359,10 @@ macro_rules! with_group {
                 type $G = BlockQ2_0x4;
                 $body
             }
+            Layout::Tq1_0x4 => {
+                type $G = BlockTq1_0x4;
+                $body
+            }
         }
     };
 }
@@ -546,7 +556,10 @@ pub fn dot_row_scalar(
     act: &[u8],
 ) -> f32 {
     let n_rows = w.len() / row_bytes.max(1);
-    if matches!(layout, Layout::Q1_0x16 | Layout::Tq2_0x4 | Layout::Q2_0x4) {
+    if matches!(
+        layout,
+        Layout::Q1_0x16 | Layout::Tq2_0x4 | Layout::Q2_0x4 | Layout::Tq1_0x4
+    ) {
         // Block by block through the plain reference: each block's `d_w * sumi` added
         // to the row sum in order, as the type's `vec_dot` does over the whole row.
         let Some(ty) = layout.ty() else { return 0.0 };

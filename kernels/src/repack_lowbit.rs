@@ -11,8 +11,13 @@
 //! - [`BlockTq2_0x4`], [`BlockQ2_0x4`] ([`crate::repack::Layout::Tq2_0x4`],
 //!   [`crate::repack::Layout::Q2_0x4`]): four ternary / 2-bit rows, the codes regrouped the
 //!   same way (one 16-weight group of four rows per vector), the four scales adjacent.
+//! - [`BlockTq1_0x4`] ([`crate::repack::Layout::Tq1_0x4`]): four TQ1_0 rows, base-3 bytes
+//!   moved four at a time per row (each digit of a vector is four consecutive weights of
+//!   four rows). Ternary in 2-bit fields would need 66 bytes per 54 (it cannot be done in
+//!   place); the base-3 digits cost about five instructions per 16 weights to decode.
 use crate::quant::q2_0::{self, BlockQ2_0};
 use crate::quant::q2_k::{self, BlockQ2K};
+use crate::quant::tq1_0::{self, BlockTq1_0};
 use crate::quant::tq2_0::{self, BlockTq2_0};
 use crate::repack::Group;
 
@@ -161,6 +166,56 @@ impl Group for BlockQ2_0x4 {
                     acc | regrouped(&self.qs, r, 4 * b + t) << (2 * t)
                 })
             }),
+        }
+    }
+}
+
+/// Four TQ1_0 rows (4 x 54 bytes), their base-3 bytes moved (not re-encoded) so that one
+/// vector holds four bytes of each of four rows: digit `n` of the bytes of chunk `c`
+/// (`qa[c][4r + j]` = plain `qs[4c + j]` of row `r`) is weight `32n + 4c + j`, of chunk
+/// `c` of `qb` (plain `qs[32 + 4c + j]`) weight `160 + 16n + 4c + j`, of `qh` (plain
+/// `qh[j]`) weight `240 + 4n + j`: four consecutive weights of four rows, one `sdot` by
+/// element per digit. Then the four scales.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockTq1_0x4 {
+    /// Plain bytes `qs[0..32]` of the four rows, four at a time.
+    pub qa: [[u8; 16]; 8],
+    /// Plain bytes `qs[32..48]`, four at a time.
+    pub qb: [[u8; 16]; 4],
+    /// Plain bytes `qh[0..4]`.
+    pub qh: [u8; 16],
+    /// Scales (f16 little-endian) of rows 0..4.
+    pub d: [[u8; 2]; 4],
+}
+crate::pod_block!(BlockTq1_0x4);
+static_assertions::const_assert_eq!(core::mem::size_of::<BlockTq1_0x4>(), 4 * tq1_0::BLOCK_BYTES);
+
+impl Group for BlockTq1_0x4 {
+    const ROWS: usize = 4;
+    type Plain = BlockTq1_0;
+    fn pack(rows: &[&BlockTq1_0]) -> Self {
+        let four = |base: usize, c: usize| -> [u8; 16] {
+            core::array::from_fn(|i| rows[i / 4].qs[base + 4 * c + i % 4])
+        };
+        BlockTq1_0x4 {
+            qa: core::array::from_fn(|c| four(0, c)),
+            qb: core::array::from_fn(|c| four(32, c)),
+            qh: core::array::from_fn(|i| rows[i / 4].qh[i % 4]),
+            d: core::array::from_fn(|r| rows[r].d),
+        }
+    }
+    fn unpack(&self, r: usize) -> BlockTq1_0 {
+        BlockTq1_0 {
+            qs: core::array::from_fn(|b| {
+                if b < 32 {
+                    self.qa[b / 4][4 * r + b % 4]
+                } else {
+                    self.qb[(b - 32) / 4][4 * r + b % 4]
+                }
+            }),
+            qh: core::array::from_fn(|j| self.qh[4 * r + j]),
+            d: self.d[r],
         }
     }
 }

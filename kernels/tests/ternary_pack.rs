@@ -1,6 +1,6 @@
-//! TQ2_0 and Q2_0 over the repacked `Tq2_0x4` / `Q2_0x4` layouts (`sdot` by element on
-//! dotprod, widening multiplies without) against the plain scalar references
-//! (`tq2_0::vec_dot`, `q2_0::vec_dot`), **bit for bit** per (row, token): the kernels
+//! TQ2_0, Q2_0 and TQ1_0 over the repacked `Tq2_0x4` / `Q2_0x4` / `Tq1_0x4` layouts (`sdot`
+//! by element on dotprod, widening multiplies without) against the plain scalar references
+//! (`tq2_0::vec_dot`, `q2_0::vec_dot`, `tq1_0::vec_dot`), **bit for bit** per (row, token): the kernels
 //! regroup exact integer sums and keep the reference's float steps. Every feature set of
 //! the running CPU (on x86 the scalar loop runs and must agree too); odd row counts (plain
 //! tail rows), unaligned ranges, several tokens, code 3 (level 2, which TQ2_0 files never
@@ -13,15 +13,17 @@ use pinch_kernels::repack::{self, Layout};
 use pinch_kernels::GgmlType;
 
 /// The formats, their layouts, and where the f16 scale sits in a plain block.
-const CASES: [(GgmlType, Layout, usize); 2] = [
+const CASES: [(GgmlType, Layout, usize); 3] = [
     (GgmlType::TQ2_0, Layout::Tq2_0x4, 64),
     (GgmlType::Q2_0, Layout::Q2_0x4, 0),
+    (GgmlType::TQ1_0, Layout::Tq1_0x4, 52),
 ];
 
 /// Every 2-bit layout (Q2_K's kernels are checked in `q2k_pack.rs`) and its f16 scales.
-const LAYOUTS: [(GgmlType, Layout, &[usize]); 3] = [
+const LAYOUTS: [(GgmlType, Layout, &[usize]); 4] = [
     (GgmlType::TQ2_0, Layout::Tq2_0x4, &[64]),
     (GgmlType::Q2_0, Layout::Q2_0x4, &[0]),
+    (GgmlType::TQ1_0, Layout::Tq1_0x4, &[52]),
     (GgmlType::Q2_K, Layout::Q2Kx8, &[80, 82]),
 ];
 
@@ -135,12 +137,12 @@ fn repacked_ternary_equals_plain_scalar_bits() {
 fn repacked_ternary_on_extremes_equals_plain_scalar_bits() {
     for (ty, l, d_at) in CASES {
         let (rows, cols) = (36usize, 1024usize);
-        let (qk, bb) = ty.block_geometry();
+        let bb = ty.block_geometry().1;
         let rb = ty.row_bytes(cols as u64).unwrap() as usize;
         let mut rng = Rng(3);
         let mut w = weights(&mut rng, ty, d_at, rows, cols);
         for (i, blk) in w.chunks_mut(bb).enumerate() {
-            let q = if d_at == 0 { 2..bb } else { 0..qk / 4 };
+            let q = if d_at == 0 { 2..bb } else { 0..d_at };
             match i % 3 {
                 0 => blk[q].fill(0xff),
                 1 => blk[q].fill(0),

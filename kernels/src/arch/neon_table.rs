@@ -120,6 +120,7 @@ pub(super) static NEON: KernelTable = KernelTable {
         Kernels::packed(T::Q2_K, Layout::Q2Kx8, q2k_pack::base),
         Kernels::packed(T::TQ2_0, Layout::Tq2_0x4, tern::tq2_0x4_base),
         Kernels::packed(T::Q2_0, Layout::Q2_0x4, tern::q2_0x4_base),
+        Kernels::packed(T::TQ1_0, Layout::Tq1_0x4, tern::tq1_0x4_base),
     ],
 };
 
@@ -150,5 +151,6 @@ pub(super) static NEON_DOT: KernelTable = KernelTable {
         Kernels::packed(T::Q2_K, Layout::Q2Kx8, q2k_pack::dot),
         Kernels::packed(T::TQ2_0, Layout::Tq2_0x4, tern::tq2_0x4_dot),
         Kernels::packed(T::Q2_0, Layout::Q2_0x4, tern::q2_0x4_dot),
+        Kernels::packed(T::TQ1_0, Layout::Tq1_0x4, tern::tq1_0x4_dot),
     ],
 };

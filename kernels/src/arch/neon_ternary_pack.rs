@@ -30,8 +30,8 @@ use super::table::{KernelTable, PackedJob};
 use crate::blocks::{cast, Pod};
 use crate::quant::q8_0::{self, BlockQ8_0};
 use crate::quant::q8_k;
-use crate::quant::{q2_0, tq2_0};
-use crate::repack::{BlockQ2_0x4, BlockTq2_0x4};
+use crate::quant::{q2_0, tq1_0, tq2_0};
+use crate::repack::{BlockQ2_0x4, BlockTq1_0x4, BlockTq2_0x4};
 use crate::GgmlType;
 
 /// Group-blocks per pass (sixteen rows share each activation load and broadcast).
@@ -48,6 +48,11 @@ trait Sums {
     unsafe fn group(acc: &mut Self::Acc, v: uint8x16_t, a: &Self::A);
     /// The four rows' `sum(code * a)` (lanes 0..4).
     unsafe fn total(acc: Self::Acc) -> int32x4_t;
+    /// Activation word `L` of a vector, prepared for [`Sums::lane`].
+    type P: Copy;
+    unsafe fn prep<const L: i32>(a: int8x16_t) -> Self::P;
+    /// `acc += w x word L` (`w`: four bytes of each of four rows, values 0..4).
+    unsafe fn lane<const L: i32>(acc: &mut Self::Acc, w: int8x16_t, p: &Self::P);
 }
 
 struct Sdot;
@@ -74,6 +79,15 @@ impl Sums for Sdot {
     #[inline(always)]
     unsafe fn total(acc: Self::Acc) -> int32x4_t {
         vsraq_n_s32::<4>(vsraq_n_s32::<2>(acc[0], acc[1]), acc[2])
+    }
+    type P = int8x16_t;
+    #[inline(always)]
+    unsafe fn prep<const L: i32>(a: int8x16_t) -> int8x16_t {
+        a
+    }
+    #[inline(always)]
+    unsafe fn lane<const L: i32>(acc: &mut Self::Acc, w: int8x16_t, a: &int8x16_t) {
+        acc[0] = sdot_lane::<L>(acc[0], w, *a);
     }
 }
 
@@ -116,6 +130,17 @@ impl Sums for Mull {
     #[inline(always)]
     unsafe fn total(acc: Self::Acc) -> int32x4_t {
         vpaddq_s32(vpaddlq_s16(acc[0]), vpaddlq_s16(acc[1]))
+    }
+    /// Word `L` in every lane.
+    type P = int8x16_t;
+    #[inline(always)]
+    unsafe fn prep<const L: i32>(a: int8x16_t) -> int8x16_t {
+        vreinterpretq_s8_s32(vdupq_laneq_s32::<L>(vreinterpretq_s32_s8(a)))
+    }
+    #[inline(always)]
+    unsafe fn lane<const L: i32>(acc: &mut Self::Acc, w: int8x16_t, b: &int8x16_t) {
+        acc[0] = vmlal_s8(acc[0], vget_low_s8(w), vget_low_s8(*b));
+        acc[1] = vmlal_high_s8(acc[1], w, *b);
     }
 }
 
@@ -229,8 +254,105 @@ impl Fmt for Q20 {
     }
 }
 
+/// The base-3 digits of `RG` group-blocks' vectors `w` (digit `n` of byte `b`:
+/// `((b * 3^n mod 256) * 3) >> 8`, 0..3, as [`crate::quant::tq1_0`]) dotted with word `L` of
+/// `a[n]`, `N` digits.
+#[inline(always)]
+unsafe fn digits<S: Sums, const L: i32, const N: usize>(
+    acc: &mut [S::Acc; RG],
+    w: [&[u8; 16]; RG],
+    a: [int8x16_t; N],
+) {
+    let mut q: [uint8x16_t; RG] = w.map(|w| vld1q_u8(w.as_ptr()));
+    for (n, a) in a.iter().enumerate() {
+        let p = S::prep::<L>(*a);
+        for k in 0..RG {
+            if n > 0 {
+                q[k] = vmulq_u8(q[k], vdupq_n_u8(3));
+            }
+            // (3q) >> 8 = ((q + q / 2) / 2) / 64, every step flooring (no 16-bit product).
+            let d = vshrq_n_u8::<6>(vhaddq_u8(q[k], vshrq_n_u8::<1>(q[k])));
+            S::lane::<L>(&mut acc[k], vreinterpretq_s8_u8(d), &p);
+        }
+    }
+}
+
+/// The `qh` digits: digit `n` pairs with word `n` of `a`.
+#[inline(always)]
+unsafe fn qh_digits<S: Sums>(acc: &mut [S::Acc; RG], w: [&[u8; 16]; RG], a: int8x16_t) {
+    let mut q: [uint8x16_t; RG] = w.map(|w| vld1q_u8(w.as_ptr()));
+    let p = [
+        S::prep::<0>(a),
+        S::prep::<1>(a),
+        S::prep::<2>(a),
+        S::prep::<3>(a),
+    ];
+    for (n, p) in p.iter().enumerate() {
+        for k in 0..RG {
+            if n > 0 {
+                q[k] = vmulq_u8(q[k], vdupq_n_u8(3));
+            }
+            let d = vreinterpretq_s8_u8(vshrq_n_u8::<6>(vhaddq_u8(q[k], vshrq_n_u8::<1>(q[k]))));
+            match n {
+                0 => S::lane::<0>(&mut acc[k], d, p),
+                1 => S::lane::<1>(&mut acc[k], d, p),
+                2 => S::lane::<2>(&mut acc[k], d, p),
+                _ => S::lane::<3>(&mut acc[k], d, p),
+            }
+        }
+    }
+}
+
+struct Tq1;
+impl Fmt for Tq1 {
+    type G = BlockTq1_0x4;
+    const TY: GgmlType = GgmlType::TQ1_0;
+    const BLOCK: usize = tq1_0::BLOCK_BYTES;
+    const ACT: usize = q8_k::BLOCK_BYTES;
+    /// Per block: `sum += sumi * (d_w * d_a)` (multiply, then add), as the reference.
+    #[inline(always)]
+    unsafe fn rows<S: Sums>(g: [&[BlockTq1_0x4]; RG], act: &[u8]) -> [float32x4_t; RG] {
+        let a = q8_k::act_blocks(act);
+        let mut sum = [vdupq_n_f32(0.0); RG];
+        let nb = g.iter().map(|x| x.len()).min().unwrap_or(0);
+        for (b, y) in a.iter().enumerate().take(nb) {
+            let x: [&BlockTq1_0x4; RG] = core::array::from_fn(|k| &g[k][b]);
+            let av = |i: usize| vld1q_s8(y.qs[16 * i..].as_ptr() as *const i8);
+            let mut acc = [S::zero(); RG];
+            let mut sa = vdupq_n_s16(0);
+            for i in 0..16 {
+                sa = add_act(sa, av(i));
+            }
+            // `qa` chunk 4h + L: digit n is weights 32n + 16h + 4L.., word L of vector 2n + h.
+            for h in 0..2 {
+                let ah = [av(h), av(2 + h), av(4 + h), av(6 + h), av(8 + h)];
+                digits::<S, 0, 5>(&mut acc, x.map(|x| &x.qa[4 * h]), ah);
+                digits::<S, 1, 5>(&mut acc, x.map(|x| &x.qa[4 * h + 1]), ah);
+                digits::<S, 2, 5>(&mut acc, x.map(|x| &x.qa[4 * h + 2]), ah);
+                digits::<S, 3, 5>(&mut acc, x.map(|x| &x.qa[4 * h + 3]), ah);
+            }
+            // `qb` chunk L: digit n is weights 160 + 16n + 4L.., word L of vector 10 + n.
+            let ab = [av(10), av(11), av(12), av(13), av(14)];
+            digits::<S, 0, 5>(&mut acc, x.map(|x| &x.qb[0]), ab);
+            digits::<S, 1, 5>(&mut acc, x.map(|x| &x.qb[1]), ab);
+            digits::<S, 2, 5>(&mut acc, x.map(|x| &x.qb[2]), ab);
+            digits::<S, 3, 5>(&mut acc, x.map(|x| &x.qb[3]), ab);
+            // `qh`: digit n is weights 240 + 4n.., word n of vector 15.
+            qh_digits::<S>(&mut acc, x.map(|x| &x.qh), av(15));
+            let sa = vdupq_n_s32(vaddlvq_s16(sa));
+            let da = y.scale();
+            for k in 0..RG {
+                let isum = vsubq_s32(S::total(acc[k]), sa);
+                let d = vmulq_n_f32(scales4(&x[k].d), da);
+                sum[k] = vaddq_f32(sum[k], vmulq_f32(vcvtq_f32_s32(isum), d));
+            }
+        }
+        sum
+    }
+}
+
 /// Rows `range` of plain rows of `ty` through `table`'s row-range kernel, else its one-row
-/// kernel; `false` when it has neither.
+/// kernel, else the scalar reference; `false` when `ty` has none.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn plain_rows(
     table: &'static KernelTable,
@@ -245,14 +367,20 @@ pub(super) fn plain_rows(
     if range.is_empty() || table.rows(ty, w, row_bytes, range.clone(), acts, arb, out) {
         return true;
     }
-    let Some(dot) = table.dot_kernel(ty) else {
+    let dot = table.dot_kernel(ty);
+    let Some(scalar) = crate::quant::scalar_kernels(ty).and_then(|k| k.vec_dot) else {
         return false;
     };
     let n_tok = acts.len() / arb;
     for (i, r) in range.enumerate() {
         let wr = &w[r * row_bytes..(r + 1) * row_bytes];
         for t in 0..n_tok {
-            let Some(v) = dot.call(wr, &acts[t * arb..(t + 1) * arb]) else {
+            let a = &acts[t * arb..(t + 1) * arb];
+            let v = match dot {
+                Some(k) => k.call(wr, a),
+                None => Some(scalar(wr, a)),
+            };
+            let Some(v) = v else {
                 return false;
             };
             out[i * n_tok + t] = v;
@@ -360,3 +488,10 @@ packed_fn!(
 );
 packed_fn!(q2_0x4_base, q2_0x4_base_in, "neon", run::<Q20, Mull>);
 packed_fn!(q2_0x4_dot, q2_0x4_dot_in, "neon,dotprod", run::<Q20, Sdot>);
+packed_fn!(tq1_0x4_base, tq1_0x4_base_in, "neon", run::<Tq1, Mull>);
+packed_fn!(
+    tq1_0x4_dot,
+    tq1_0x4_dot_in,
+    "neon,dotprod",
+    run::<Tq1, Sdot>
+);
