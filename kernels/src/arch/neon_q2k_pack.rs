@@ -27,7 +27,7 @@ use core::ops::Range;
 
 use super::neon_legacy::h2f4;
 use super::neon_repack::sdot_lane;
-use super::neon_ternary_pack::{packed_fn, plain_rows};
+use super::neon_ternary_pack::{fields, packed_fn, plain_rows};
 use super::table::{KernelTable, PackedJob};
 use crate::blocks::cast;
 use crate::quant::q2_k::BLOCK_BYTES;
@@ -42,19 +42,6 @@ const R: usize = 8;
 /// `a` the group's 16 activation quants.
 trait Sums {
     unsafe fn group(q: &[[u8; 16]; 2], a: int8x16_t) -> int16x8_t;
-}
-
-/// The four 2-bit fields of each byte of `v`, as i8 lanes.
-#[inline(always)]
-unsafe fn fields(v: uint8x16_t) -> [int8x16_t; 4] {
-    let m3 = vdupq_n_u8(3);
-    [
-        vandq_u8(v, m3),
-        vandq_u8(vshrq_n_u8::<2>(v), m3),
-        vandq_u8(vshrq_n_u8::<4>(v), m3),
-        vshrq_n_u8::<6>(v),
-    ]
-    .map(|f| vreinterpretq_s8_u8(f))
 }
 
 /// Four `sdot` by element per four rows.

@@ -34,9 +34,6 @@ use crate::quant::{q2_0, tq1_0, tq2_0};
 use crate::repack::{BlockQ2_0x4, BlockTq1_0x4, BlockTq2_0x4};
 use crate::GgmlType;
 
-/// Group-blocks per pass (sixteen rows share each activation load and broadcast).
-const RG: usize = 4;
-
 /// How one 16-weight group of four rows is multiplied with its 16 activation quants.
 trait Sums {
     /// The activation vector as the products need it.
@@ -48,6 +45,9 @@ trait Sums {
     unsafe fn group(acc: &mut Self::Acc, v: uint8x16_t, a: &Self::A);
     /// The four rows' `sum(code * a)` (lanes 0..4).
     unsafe fn total(acc: Self::Acc) -> int32x4_t;
+    /// As [`Sums::group`], every field shifted down (more instructions per group, fewer
+    /// accumulators to merge: for short activation blocks).
+    unsafe fn group_shifted(acc: &mut Self::Acc, v: uint8x16_t, a: &Self::A);
     /// Activation word `L` of a vector, prepared for [`Sums::lane`].
     type P: Copy;
     unsafe fn prep<const L: i32>(a: int8x16_t) -> Self::P;
@@ -75,6 +75,14 @@ impl Sums for Sdot {
         acc[1] = sdot_lane::<1>(acc[1], f(0x0c), *a);
         acc[2] = sdot_lane::<2>(acc[2], f(0x30), *a);
         acc[0] = sdot_lane::<3>(acc[0], vreinterpretq_s8_u8(vshrq_n_u8::<6>(v)), *a);
+    }
+    #[inline(always)]
+    unsafe fn group_shifted(acc: &mut Self::Acc, v: uint8x16_t, a: &int8x16_t) {
+        let f = fields(v);
+        acc[0] = sdot_lane::<0>(acc[0], f[0], *a);
+        acc[0] = sdot_lane::<1>(acc[0], f[1], *a);
+        acc[0] = sdot_lane::<2>(acc[0], f[2], *a);
+        acc[0] = sdot_lane::<3>(acc[0], f[3], *a);
     }
     #[inline(always)]
     unsafe fn total(acc: Self::Acc) -> int32x4_t {
@@ -114,18 +122,15 @@ impl Sums for Mull {
     }
     #[inline(always)]
     unsafe fn group(acc: &mut Self::Acc, v: uint8x16_t, b: &Self::A) {
-        let m3 = vdupq_n_u8(3);
-        let f = [
-            vandq_u8(v, m3),
-            vandq_u8(vshrq_n_u8::<2>(v), m3),
-            vandq_u8(vshrq_n_u8::<4>(v), m3),
-            vshrq_n_u8::<6>(v),
-        ]
-        .map(|f| vreinterpretq_s8_u8(f));
+        let f = fields(v);
         for k in 0..4 {
             acc[0] = vmlal_s8(acc[0], vget_low_s8(f[k]), vget_low_s8(b[k]));
             acc[1] = vmlal_high_s8(acc[1], f[k], b[k]);
         }
+    }
+    #[inline(always)]
+    unsafe fn group_shifted(acc: &mut Self::Acc, v: uint8x16_t, b: &Self::A) {
+        Self::group(acc, v, b)
     }
     #[inline(always)]
     unsafe fn total(acc: Self::Acc) -> int32x4_t {
@@ -144,6 +149,19 @@ impl Sums for Mull {
     }
 }
 
+/// The four 2-bit fields of each byte of `v`, shifted down (0..4).
+#[inline(always)]
+pub(super) unsafe fn fields(v: uint8x16_t) -> [int8x16_t; 4] {
+    let m3 = vdupq_n_u8(3);
+    [
+        vandq_u8(v, m3),
+        vandq_u8(vshrq_n_u8::<2>(v), m3),
+        vandq_u8(vshrq_n_u8::<4>(v), m3),
+        vshrq_n_u8::<6>(v),
+    ]
+    .map(|f| vreinterpretq_s8_u8(f))
+}
+
 /// `sum(a)` of activation vectors, accumulated pairwise in i16.
 #[inline(always)]
 unsafe fn add_act(s: int16x8_t, a: int8x16_t) -> int16x8_t {
@@ -158,9 +176,9 @@ trait Fmt {
     const BLOCK: usize;
     /// Activation bytes per plain block.
     const ACT: usize;
-    /// `RG` group-blocks' rows (`g[i]`: the row group's blocks) dotted with one
+    /// `N` group-blocks' rows (`g[i]`: the row group's blocks) dotted with one
     /// activation row.
-    unsafe fn rows<S: Sums>(g: [&[Self::G]; RG], act: &[u8]) -> [float32x4_t; RG];
+    unsafe fn rows<S: Sums, const N: usize>(g: [&[Self::G]; N], act: &[u8]) -> [float32x4_t; N];
 }
 
 /// The four rows' scales as f32.
@@ -177,19 +195,22 @@ impl Fmt for Tq2 {
     const ACT: usize = q8_k::BLOCK_BYTES;
     /// Per block: `sum += sumi * (d_a * d_w)` (multiply, then add), as the reference.
     #[inline(always)]
-    unsafe fn rows<S: Sums>(g: [&[BlockTq2_0x4]; RG], act: &[u8]) -> [float32x4_t; RG] {
+    unsafe fn rows<S: Sums, const N: usize>(
+        g: [&[BlockTq2_0x4]; N],
+        act: &[u8],
+    ) -> [float32x4_t; N] {
         let a = q8_k::act_blocks(act);
-        let mut sum = [vdupq_n_f32(0.0); RG];
+        let mut sum = [vdupq_n_f32(0.0); N];
         let nb = g.iter().map(|x| x.len()).min().unwrap_or(0);
         for (b, y) in a.iter().enumerate().take(nb) {
-            let x: [&BlockTq2_0x4; RG] = core::array::from_fn(|k| &g[k][b]);
-            let mut acc = [S::zero(); RG];
+            let x: [&BlockTq2_0x4; N] = core::array::from_fn(|k| &g[k][b]);
+            let mut acc = [S::zero(); N];
             let mut sa = vdupq_n_s16(0);
             let mut step = |i: usize| {
                 let av = vld1q_s8(y.qs[16 * i..].as_ptr() as *const i8);
                 sa = add_act(sa, av);
                 let ap = S::act(av);
-                for k in 0..RG {
+                for k in 0..N {
                     S::group(&mut acc[k], vld1q_u8(x[k].qs[i].as_ptr()), &ap);
                 }
             };
@@ -201,7 +222,7 @@ impl Fmt for Tq2 {
             }
             let sa = vdupq_n_s32(vaddlvq_s16(sa));
             let da = y.scale();
-            for k in 0..RG {
+            for k in 0..N {
                 let isum = vsubq_s32(S::total(acc[k]), sa);
                 let d = vmulq_n_f32(scales4(&x[k].d), da);
                 sum[k] = vaddq_f32(sum[k], vmulq_f32(vcvtq_f32_s32(isum), d));
@@ -220,33 +241,36 @@ impl Fmt for Q20 {
     /// Per Q8_0 block `sumi += d_a * isum`, per Q2_0 block `sum += d_w * sumi` (each a
     /// multiply, then an add), as the reference.
     #[inline(always)]
-    unsafe fn rows<S: Sums>(g: [&[BlockQ2_0x4]; RG], act: &[u8]) -> [float32x4_t; RG] {
+    unsafe fn rows<S: Sums, const N: usize>(
+        g: [&[BlockQ2_0x4]; N],
+        act: &[u8],
+    ) -> [float32x4_t; N] {
         let a = q8_0::act_blocks(act);
-        let mut sum = [vdupq_n_f32(0.0); RG];
+        let mut sum = [vdupq_n_f32(0.0); N];
         let nb = g.iter().map(|x| x.len()).min().unwrap_or(0);
         for (b, ys) in a.chunks_exact(2).enumerate().take(nb) {
-            let x: [&BlockQ2_0x4; RG] = core::array::from_fn(|k| &g[k][b]);
-            let mut sumi = [vdupq_n_f32(0.0); RG];
+            let x: [&BlockQ2_0x4; N] = core::array::from_fn(|k| &g[k][b]);
+            let mut sumi = [vdupq_n_f32(0.0); N];
             for (s, y) in ys.iter().enumerate() {
                 let y: &BlockQ8_0 = y;
-                let mut acc = [S::zero(); RG];
+                let mut acc = [S::zero(); N];
                 let mut sa = vdupq_n_s16(0);
                 for i in 0..2 {
                     let av = vld1q_s8(y.qs[16 * i..].as_ptr() as *const i8);
                     sa = add_act(sa, av);
                     let ap = S::act(av);
-                    for k in 0..RG {
-                        S::group(&mut acc[k], vld1q_u8(x[k].qs[2 * s + i].as_ptr()), &ap);
+                    for k in 0..N {
+                        S::group_shifted(&mut acc[k], vld1q_u8(x[k].qs[2 * s + i].as_ptr()), &ap);
                     }
                 }
                 let sa = vdupq_n_s32(vaddlvq_s16(sa));
                 let da = h2f(y.d);
-                for k in 0..RG {
+                for k in 0..N {
                     let isum = vsubq_s32(S::total(acc[k]), sa);
                     sumi[k] = vaddq_f32(sumi[k], vmulq_n_f32(vcvtq_f32_s32(isum), da));
                 }
             }
-            for k in 0..RG {
+            for k in 0..N {
                 sum[k] = vaddq_f32(sum[k], vmulq_f32(scales4(&x[k].d), sumi[k]));
             }
         }
@@ -254,19 +278,19 @@ impl Fmt for Q20 {
     }
 }
 
-/// The base-3 digits of `RG` group-blocks' vectors `w` (digit `n` of byte `b`:
+/// The base-3 digits of `N` group-blocks' vectors `w` (digit `n` of byte `b`:
 /// `((b * 3^n mod 256) * 3) >> 8`, 0..3, as [`crate::quant::tq1_0`]) dotted with word `L` of
 /// `a[n]`, `N` digits.
 #[inline(always)]
-unsafe fn digits<S: Sums, const L: i32, const N: usize>(
-    acc: &mut [S::Acc; RG],
-    w: [&[u8; 16]; RG],
-    a: [int8x16_t; N],
+unsafe fn digits<S: Sums, const L: i32, const D: usize, const N: usize>(
+    acc: &mut [S::Acc; N],
+    w: [&[u8; 16]; N],
+    a: [int8x16_t; D],
 ) {
-    let mut q: [uint8x16_t; RG] = w.map(|w| vld1q_u8(w.as_ptr()));
+    let mut q: [uint8x16_t; N] = w.map(|w| vld1q_u8(w.as_ptr()));
     for (n, a) in a.iter().enumerate() {
         let p = S::prep::<L>(*a);
-        for k in 0..RG {
+        for k in 0..N {
             if n > 0 {
                 q[k] = vmulq_u8(q[k], vdupq_n_u8(3));
             }
@@ -279,8 +303,12 @@ unsafe fn digits<S: Sums, const L: i32, const N: usize>(
 
 /// The `qh` digits: digit `n` pairs with word `n` of `a`.
 #[inline(always)]
-unsafe fn qh_digits<S: Sums>(acc: &mut [S::Acc; RG], w: [&[u8; 16]; RG], a: int8x16_t) {
-    let mut q: [uint8x16_t; RG] = w.map(|w| vld1q_u8(w.as_ptr()));
+unsafe fn qh_digits<S: Sums, const N: usize>(
+    acc: &mut [S::Acc; N],
+    w: [&[u8; 16]; N],
+    a: int8x16_t,
+) {
+    let mut q: [uint8x16_t; N] = w.map(|w| vld1q_u8(w.as_ptr()));
     let p = [
         S::prep::<0>(a),
         S::prep::<1>(a),
@@ -288,7 +316,7 @@ unsafe fn qh_digits<S: Sums>(acc: &mut [S::Acc; RG], w: [&[u8; 16]; RG], a: int8
         S::prep::<3>(a),
     ];
     for (n, p) in p.iter().enumerate() {
-        for k in 0..RG {
+        for k in 0..N {
             if n > 0 {
                 q[k] = vmulq_u8(q[k], vdupq_n_u8(3));
             }
@@ -311,14 +339,17 @@ impl Fmt for Tq1 {
     const ACT: usize = q8_k::BLOCK_BYTES;
     /// Per block: `sum += sumi * (d_w * d_a)` (multiply, then add), as the reference.
     #[inline(always)]
-    unsafe fn rows<S: Sums>(g: [&[BlockTq1_0x4]; RG], act: &[u8]) -> [float32x4_t; RG] {
+    unsafe fn rows<S: Sums, const N: usize>(
+        g: [&[BlockTq1_0x4]; N],
+        act: &[u8],
+    ) -> [float32x4_t; N] {
         let a = q8_k::act_blocks(act);
-        let mut sum = [vdupq_n_f32(0.0); RG];
+        let mut sum = [vdupq_n_f32(0.0); N];
         let nb = g.iter().map(|x| x.len()).min().unwrap_or(0);
         for (b, y) in a.iter().enumerate().take(nb) {
-            let x: [&BlockTq1_0x4; RG] = core::array::from_fn(|k| &g[k][b]);
+            let x: [&BlockTq1_0x4; N] = core::array::from_fn(|k| &g[k][b]);
             let av = |i: usize| vld1q_s8(y.qs[16 * i..].as_ptr() as *const i8);
-            let mut acc = [S::zero(); RG];
+            let mut acc = [S::zero(); N];
             let mut sa = vdupq_n_s16(0);
             for i in 0..16 {
                 sa = add_act(sa, av(i));
@@ -326,22 +357,22 @@ impl Fmt for Tq1 {
             // `qa` chunk 4h + L: digit n is weights 32n + 16h + 4L.., word L of vector 2n + h.
             for h in 0..2 {
                 let ah = [av(h), av(2 + h), av(4 + h), av(6 + h), av(8 + h)];
-                digits::<S, 0, 5>(&mut acc, x.map(|x| &x.qa[4 * h]), ah);
-                digits::<S, 1, 5>(&mut acc, x.map(|x| &x.qa[4 * h + 1]), ah);
-                digits::<S, 2, 5>(&mut acc, x.map(|x| &x.qa[4 * h + 2]), ah);
-                digits::<S, 3, 5>(&mut acc, x.map(|x| &x.qa[4 * h + 3]), ah);
+                digits::<S, 0, 5, N>(&mut acc, x.map(|x| &x.qa[4 * h]), ah);
+                digits::<S, 1, 5, N>(&mut acc, x.map(|x| &x.qa[4 * h + 1]), ah);
+                digits::<S, 2, 5, N>(&mut acc, x.map(|x| &x.qa[4 * h + 2]), ah);
+                digits::<S, 3, 5, N>(&mut acc, x.map(|x| &x.qa[4 * h + 3]), ah);
             }
             // `qb` chunk L: digit n is weights 160 + 16n + 4L.., word L of vector 10 + n.
             let ab = [av(10), av(11), av(12), av(13), av(14)];
-            digits::<S, 0, 5>(&mut acc, x.map(|x| &x.qb[0]), ab);
-            digits::<S, 1, 5>(&mut acc, x.map(|x| &x.qb[1]), ab);
-            digits::<S, 2, 5>(&mut acc, x.map(|x| &x.qb[2]), ab);
-            digits::<S, 3, 5>(&mut acc, x.map(|x| &x.qb[3]), ab);
+            digits::<S, 0, 5, N>(&mut acc, x.map(|x| &x.qb[0]), ab);
+            digits::<S, 1, 5, N>(&mut acc, x.map(|x| &x.qb[1]), ab);
+            digits::<S, 2, 5, N>(&mut acc, x.map(|x| &x.qb[2]), ab);
+            digits::<S, 3, 5, N>(&mut acc, x.map(|x| &x.qb[3]), ab);
             // `qh`: digit n is weights 240 + 4n.., word n of vector 15.
-            qh_digits::<S>(&mut acc, x.map(|x| &x.qh), av(15));
+            qh_digits::<S, N>(&mut acc, x.map(|x| &x.qh), av(15));
             let sa = vdupq_n_s32(vaddlvq_s16(sa));
             let da = y.scale();
-            for k in 0..RG {
+            for k in 0..N {
                 let isum = vsubq_s32(S::total(acc[k]), sa);
                 let d = vmulq_n_f32(scales4(&x[k].d), da);
                 sum[k] = vaddq_f32(sum[k], vmulq_f32(vcvtq_f32_s32(isum), d));
@@ -395,7 +426,7 @@ pub(super) fn plain_rows(
 /// # Safety
 /// NEON (and dotprod where `S` uses `sdot`); `table` is a table for this CPU.
 #[inline(always)]
-unsafe fn run<F: Fmt, S: Sums>(
+unsafe fn run<F: Fmt, S: Sums, const N: usize>(
     table: &'static KernelTable,
     w: &[u8],
     row_bytes: usize,
@@ -421,7 +452,7 @@ unsafe fn run<F: Fmt, S: Sums>(
     let (mut g, end) = (rows.start / 4, split.div_ceil(4));
     while g < end {
         // Past the last group, the last one is computed again (not written).
-        let mut x: [&[F::G]; RG] = [&[]; RG];
+        let mut x: [&[F::G]; N] = [&[]; N];
         for (i, x) in x.iter_mut().enumerate() {
             let Some(b) = group((g + i).min(end - 1)) else {
                 return false;
@@ -429,8 +460,8 @@ unsafe fn run<F: Fmt, S: Sums>(
             *x = b;
         }
         for t in 0..n_tok {
-            let v = F::rows::<S>(x, &acts[t * arb..(t + 1) * arb]);
-            for (i, v) in v.iter().enumerate().take((end - g).min(RG)) {
+            let v = F::rows::<S, N>(x, &acts[t * arb..(t + 1) * arb]);
+            for (i, v) in v.iter().enumerate().take((end - g).min(N)) {
                 let mut l = [0f32; 4];
                 vst1q_f32(l.as_mut_ptr(), *v);
                 for (j, v) in l.into_iter().enumerate() {
@@ -441,7 +472,7 @@ unsafe fn run<F: Fmt, S: Sums>(
                 }
             }
         }
-        g += RG;
+        g += N;
     }
     true
 }
@@ -479,19 +510,24 @@ macro_rules! packed_fn {
     };
 }
 pub(super) use packed_fn;
-packed_fn!(tq2_0x4_base, tq2_0x4_base_in, "neon", run::<Tq2, Mull>);
+packed_fn!(tq2_0x4_base, tq2_0x4_base_in, "neon", run::<Tq2, Mull, 4>);
 packed_fn!(
     tq2_0x4_dot,
     tq2_0x4_dot_in,
     "neon,dotprod",
-    run::<Tq2, Sdot>
+    run::<Tq2, Sdot, 4>
 );
-packed_fn!(q2_0x4_base, q2_0x4_base_in, "neon", run::<Q20, Mull>);
-packed_fn!(q2_0x4_dot, q2_0x4_dot_in, "neon,dotprod", run::<Q20, Sdot>);
-packed_fn!(tq1_0x4_base, tq1_0x4_base_in, "neon", run::<Tq1, Mull>);
+packed_fn!(q2_0x4_base, q2_0x4_base_in, "neon", run::<Q20, Mull, 4>);
+packed_fn!(
+    q2_0x4_dot,
+    q2_0x4_dot_in,
+    "neon,dotprod",
+    run::<Q20, Sdot, 2>
+);
+packed_fn!(tq1_0x4_base, tq1_0x4_base_in, "neon", run::<Tq1, Mull, 4>);
 packed_fn!(
     tq1_0x4_dot,
     tq1_0x4_dot_in,
     "neon,dotprod",
-    run::<Tq1, Sdot>
+    run::<Tq1, Sdot, 4>
 );
