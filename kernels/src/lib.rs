@@ -39,6 +39,7 @@ pub mod ops;
 pub mod quant;
 pub mod recurrent;
 pub mod repack;
+mod repack_lowbit;
 
 pub use cpu::CpuFeatures;
 pub use ggml_type::{ActFormat, GgmlType};

@@ -30,7 +30,10 @@
 //!
 //! Every product over a repacked matrix ([`matmul_rows`]) gives, per (row, token), the
 //! plain kernels' bits for the same CPU features: the same blocks in the same order with
-//! the same float steps ([`crate::quant::q8_0::Order`]).
+//! the same float steps ([`crate::quant::q8_0::Order`]); except where
+//! [`Layout::keeps_plain_bits`] says otherwise (the 2-bit layouts of [`crate::repack_lowbit`],
+//! whose kernels sum a block's integer lanes before the float steps: exact against their
+//! own scalar reference, [`dot_row_scalar`], and within float rounding of the plain one).
 use core::ops::Range;
 
 use crate::blocks::{cast, cast_mut, Pod};
@@ -38,7 +41,10 @@ use crate::matvec::KernelError;
 use crate::quant::q1_0::{self, BlockQ1_0};
 use crate::quant::q5_0::{self, BlockQ5_0};
 use crate::quant::q8_0::{self, BlockQ8_0, Order, QK};
+use crate::quant::{q2_k, q8_k};
 use crate::{CpuFeatures, GgmlType};
+
+pub use crate::repack_lowbit::{BlockQ2Kx8, BlockQ2_0x4, BlockTq1_0x4, BlockTq2_0x4};
 
 /// How a weight tensor's bytes are arranged in memory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -57,6 +63,15 @@ pub enum Layout {
     /// Q1_0, groups of sixteen rows, the rows' sign bytes side by side
     /// ([`BlockQ1_0x16`], for the lookup-table kernel).
     Q1_0x16,
+    /// Q2_K, groups of eight rows, quants regrouped per 16-weight group for `sdot` by
+    /// element ([`BlockQ2Kx8`], block-sum arithmetic: [`crate::quant::q2_k::vec_dot_block_sum`]).
+    Q2Kx8,
+    /// TQ2_0, groups of four rows, codes regrouped per 16-weight group ([`BlockTq2_0x4`]).
+    Tq2_0x4,
+    /// Q2_0, groups of four rows, codes regrouped per 16-weight group ([`BlockQ2_0x4`]).
+    Q2_0x4,
+    /// TQ1_0, groups of four rows, base-3 bytes four at a time per row ([`BlockTq1_0x4`]).
+    Tq1_0x4,
 }
 
 impl Layout {
@@ -69,6 +84,10 @@ impl Layout {
             Layout::Q8_0x4s => 2,
             Layout::Q5_0x4s => 3,
             Layout::Q1_0x16 => 5,
+            Layout::Q2Kx8 => 10,
+            Layout::Tq2_0x4 => 11,
+            Layout::Q2_0x4 => 12,
+            Layout::Tq1_0x4 => 13,
         }
     }
     /// The layout of id `id`, if known.
@@ -79,6 +98,10 @@ impl Layout {
             2 => Some(Layout::Q8_0x4s),
             3 => Some(Layout::Q5_0x4s),
             5 => Some(Layout::Q1_0x16),
+            10 => Some(Layout::Q2Kx8),
+            11 => Some(Layout::Tq2_0x4),
+            12 => Some(Layout::Q2_0x4),
+            13 => Some(Layout::Tq1_0x4),
             _ => None,
         }
     }
@@ -87,6 +110,7 @@ impl Layout {
         match self {
             Layout::Plain => 1,
             Layout::Q1_0x16 => 16,
+            Layout::Q2Kx8 => 8,
             _ => 4,
         }
     }
@@ -98,6 +122,10 @@ impl Layout {
             Layout::Q8_0x4s => "q8_0x4s",
             Layout::Q5_0x4s => "q5_0x4s",
             Layout::Q1_0x16 => "q1_0x16",
+            Layout::Q2Kx8 => "q2_kx8",
+            Layout::Tq2_0x4 => "tq2_0x4",
+            Layout::Q2_0x4 => "q2_0x4",
+            Layout::Tq1_0x4 => "tq1_0x4",
         }
     }
     /// The repacked layout pinch uses for weights of type `ty` on a CPU with `feat`, if
@@ -113,7 +141,17 @@ impl Layout {
             Layout::Q8_0x4 | Layout::Q8_0x4s => Some(GgmlType::Q8_0),
             Layout::Q5_0x4s => Some(GgmlType::Q5_0),
             Layout::Q1_0x16 => Some(GgmlType::Q1_0),
+            Layout::Q2Kx8 => Some(GgmlType::Q2_K),
+            Layout::Tq2_0x4 => Some(GgmlType::TQ2_0),
+            Layout::Q2_0x4 => Some(GgmlType::Q2_0),
+            Layout::Tq1_0x4 => Some(GgmlType::TQ1_0),
         }
+    }
+    /// Whether products over this layout give the plain kernels' bits for the same CPU
+    /// features (all but [`Layout::Q2Kx8`], whose kernels sum each block's eight integer
+    /// lanes before the float steps: the same sums, other roundings).
+    pub fn keeps_plain_bits(self) -> bool {
+        !matches!(self, Layout::Q2Kx8)
     }
     /// Whether tensors of type `ty` can have this layout.
     pub fn fits(self, ty: GgmlType) -> bool {
@@ -191,7 +229,7 @@ crate::pod_block!(BlockQ1_0x16);
 static_assertions::const_assert_eq!(core::mem::size_of::<BlockQ1_0x16>(), 16 * q1_0::BLOCK_BYTES);
 
 /// A group-block layout: `ROWS` plain blocks (one per row) in, `ROWS` out.
-trait Group: Pod {
+pub(crate) trait Group: Pod {
     /// Rows per group.
     const ROWS: usize;
     type Plain: Pod;
@@ -307,6 +345,22 @@ macro_rules! with_group {
             }
             Layout::Q1_0x16 => {
                 type $G = BlockQ1_0x16;
+                $body
+            }
+            Layout::Q2Kx8 => {
+                type $G = BlockQ2Kx8;
+                $body
+            }
+            Layout::Tq2_0x4 => {
+                type $G = BlockTq2_0x4;
+                $body
+            }
+            Layout::Q2_0x4 => {
+                type $G = BlockQ2_0x4;
+                $body
+            }
+            Layout::Tq1_0x4 => {
+                type $G = BlockTq1_0x4;
                 $body
             }
         }
@@ -502,17 +556,29 @@ pub fn dot_row_scalar(
     act: &[u8],
 ) -> f32 {
     let n_rows = w.len() / row_bytes.max(1);
-    if layout == Layout::Q1_0x16 {
+    if matches!(
+        layout,
+        Layout::Q1_0x16 | Layout::Tq2_0x4 | Layout::Q2_0x4 | Layout::Tq1_0x4
+    ) {
         // Block by block through the plain reference: each block's `d_w * sumi` added
-        // to the row sum in order, as `q1_0::vec_dot` does over the whole row.
-        let ab = 4 * q8_0::BLOCK_BYTES;
+        // to the row sum in order, as the type's `vec_dot` does over the whole row.
+        let Some(ty) = layout.ty() else { return 0.0 };
+        let Some(dot) = crate::quant::scalar_kernels(ty).and_then(|k| k.vec_dot) else {
+            return 0.0;
+        };
+        let ab = act_row_bytes_of(ty, ty.block_geometry().1);
         let mut sum = 0.0f32;
-        for b in 0..row_bytes / q1_0::BLOCK_BYTES {
-            let x = row_block::<BlockQ1_0x16>(w, row_bytes, n_rows, r, b);
-            let y = act.get(b * ab..(b + 1) * ab).unwrap_or(&[]);
-            sum += q1_0::vec_dot(crate::blocks::bytes_of(core::slice::from_ref(&x)), y);
-        }
+        with_group!(layout, G => {
+            for b in 0..row_bytes / core::mem::size_of::<<G as Group>::Plain>() {
+                let x = row_block::<G>(w, row_bytes, n_rows, r, b);
+                let y = act.get(b * ab..(b + 1) * ab).unwrap_or(&[]);
+                sum += dot(crate::blocks::bytes_of(core::slice::from_ref(&x)), y);
+            }
+        }, plain => ());
         return sum;
+    }
+    if layout == Layout::Q2Kx8 {
+        return q2_kx8_dot_scalar(w, row_bytes, n_rows, r, act);
     }
     let a = q8_0::act_blocks(act);
     with_group!(layout, G => {
@@ -523,6 +589,18 @@ pub fn dot_row_scalar(
             (d * y.scale(), q, y)
         }))
     }, plain => 0.0)
+}
+
+/// [`dot_row_scalar`] for [`Layout::Q2Kx8`]: rows in whole groups in the block-sum
+/// arithmetic of its kernels, the plain tail rows in the plain one (as the kernels, which
+/// hand them to the plain row kernel).
+fn q2_kx8_dot_scalar(w: &[u8], row_bytes: usize, n_rows: usize, r: usize, act: &[u8]) -> f32 {
+    if r >= n_rows / 8 * 8 {
+        return q2_k::vec_dot(&w[r * row_bytes..(r + 1) * row_bytes], act);
+    }
+    let nb = row_bytes / q2_k::BLOCK_BYTES;
+    let blocks = (0..nb).map(|b| row_block::<BlockQ2Kx8>(w, row_bytes, n_rows, r, b));
+    q2_k::vec_dot_block_sum(blocks.zip(q8_k::act_blocks(act)))
 }
 
 /// Scale and signed quants of one plain block of `layout`'s type.
@@ -563,7 +641,7 @@ pub fn matmul_rows(
     let n_rows = w.len() / row_bytes;
     let act_bytes = act_row_bytes_of(ty, row_bytes);
     if act_row_bytes != act_bytes || !acts.len().is_multiple_of(act_row_bytes) {
-        // The repacked formats pair with Q8_0 activations of the same length.
+        // Activation rows of the weight type's format, of the same length.
         return Err(KernelError::BadLength {
             what: "activation rows",
             expected: act_bytes,
@@ -592,10 +670,12 @@ pub fn matmul_rows(
     Ok(())
 }
 
-/// Bytes of the Q8_0 activation row that a weight row of `row_bytes` of `ty` pairs with.
+/// Bytes of the activation row (in `ty`'s activation format) that a weight row of
+/// `row_bytes` of `ty` pairs with.
 fn act_row_bytes_of(ty: GgmlType, row_bytes: usize) -> usize {
     let (qk, bytes) = ty.block_geometry();
-    row_bytes / bytes * qk / QK * q8_0::BLOCK_BYTES
+    let cols = row_bytes / bytes * qk;
+    ty.act_format().and_then(|f| f.row_bytes(cols)).unwrap_or(0)
 }
 
 /// The scalar loop of [`matmul_rows`] (shapes already checked).

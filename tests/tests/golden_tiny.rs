@@ -331,7 +331,13 @@ fn repacked_weights_give_the_plain_logits() {
         let bytes = std::fs::read(data_dir().join("tiny").join(&name)).unwrap();
         let meta = Meta::load(&data_dir().join("tiny").join(format!("{name}.meta")));
         let tokens = meta.u32s("token_ids");
-        let mut repacked = 0;
+        // Bit for bit unless a tensor takes a layout whose arithmetic differs from plain.
+        let g = pinch_runtime_min::gguf::Gguf::parse(&bytes, bytes.len() as u64).unwrap();
+        let exact = g.tensors().all(|t| {
+            pinch_kernels::repack::Layout::preferred(t.ty, &host_cpu())
+                .is_none_or(|l| l.keeps_plain_bits())
+        });
+        let (mut repacked, mut worst) = (0, 0f32);
         for batch in [1, 24] {
             let spec = RunSpec {
                 math: Math::Fast,
@@ -344,11 +350,31 @@ fn repacked_weights_give_the_plain_logits() {
             let (packed, n) = run_logits_repacked(&bytes, &tokens, spec).unwrap();
             repacked = n;
             for (pos, (a, b)) in plain.iter().zip(&packed).enumerate() {
-                let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-                assert!(same, "{name}: batch {batch}, position {pos}: logits differ");
+                if exact {
+                    let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(same, "{name}: batch {batch}, position {pos}: logits differ");
+                } else {
+                    // Same integer sums, other float roundings (Q2Kx8's block sums).
+                    let d = max_abs_diff(a, b);
+                    worst = worst.max(d);
+                    assert!(
+                        d <= 1e-3,
+                        "{name}: batch {batch}, position {pos}: max diff {d}"
+                    );
+                    assert_eq!(
+                        argmax(a),
+                        argmax(b),
+                        "{name}: batch {batch}, position {pos}"
+                    );
+                }
             }
         }
-        report += &format!("{name:32} {repacked} tensors repacked\n");
+        report += &format!("{name:32} {repacked} tensors repacked");
+        report += &if exact {
+            " (same bits)\n".to_string()
+        } else {
+            format!(" (max |diff| {worst:.2e} from plain)\n")
+        };
         // Where this CPU has a repacked kernel for the format (not on armv7).
         let packs = |ty| pinch_kernels::repack::Layout::preferred(ty, &host_cpu()).is_some();
         let expect = (name.contains("Q8_0") && packs(pinch_kernels::GgmlType::Q8_0))

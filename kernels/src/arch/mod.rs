@@ -38,11 +38,15 @@ mod neon_min;
 #[cfg(target_arch = "aarch64")]
 mod neon_q1_lut;
 #[cfg(target_arch = "aarch64")]
+mod neon_q2k_pack;
+#[cfg(target_arch = "aarch64")]
 mod neon_repack;
 #[cfg(target_arch = "aarch64")]
 mod neon_rows;
 #[cfg(target_arch = "aarch64")]
 mod neon_table;
+#[cfg(target_arch = "aarch64")]
+mod neon_ternary_pack;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_act;
 #[cfg(target_arch = "x86_64")]

@@ -15,8 +15,10 @@ use super::neon_iq2 as iq2;
 use super::neon_legacy::{self as lg, base, dot};
 use super::neon_min as mn;
 use super::neon_q1_lut::Neon as Q1Lut;
+use super::neon_q2k_pack as q2k_pack;
 use super::neon_repack as rp;
 use super::neon_rows::{kquant, lanes};
+use super::neon_ternary_pack as tern;
 use super::q1_lut;
 use super::table::{block_dot, float_dot, kquant_dot, KernelTable, Kernels};
 use super::{neon_kquant as kq, Job};
@@ -130,6 +132,10 @@ pub(super) static NEON: KernelTable = KernelTable {
         Kernels::packed(T::Q8_0, Layout::Q8_0x4, rp::q8_0x4_base),
         Kernels::packed(T::Q5_0, Layout::Q5_0x4s, rp::q5_0x4s_base),
         Kernels::packed(T::Q1_0, Layout::Q1_0x16, q1_lut::matmul::<Q1Lut>),
+        Kernels::packed(T::Q2_K, Layout::Q2Kx8, q2k_pack::base),
+        Kernels::packed(T::TQ2_0, Layout::Tq2_0x4, tern::tq2_0x4_base),
+        Kernels::packed(T::Q2_0, Layout::Q2_0x4, tern::q2_0x4_base),
+        Kernels::packed(T::TQ1_0, Layout::Tq1_0x4, tern::tq1_0x4_base),
     ],
 };
 
@@ -159,5 +165,9 @@ pub(super) static NEON_DOT: KernelTable = KernelTable {
         Kernels::packed(T::Q5_0, Layout::Q5_0x4s, rp::q5_0x4s_dot),
         // The lookup-table kernel needs no `sdot` (and counts fewer instructions).
         Kernels::packed(T::Q1_0, Layout::Q1_0x16, q1_lut::matmul::<Q1Lut>),
+        Kernels::packed(T::Q2_K, Layout::Q2Kx8, q2k_pack::dot),
+        Kernels::packed(T::TQ2_0, Layout::Tq2_0x4, tern::tq2_0x4_dot),
+        Kernels::packed(T::Q2_0, Layout::Q2_0x4, tern::q2_0x4_dot),
+        Kernels::packed(T::TQ1_0, Layout::Tq1_0x4, tern::tq1_0x4_dot),
     ],
 };

@@ -14,10 +14,10 @@
 use core::ops::Range;
 
 use super::table::{block_dot, float_dot, kquant_dot, KernelTable, Kernels};
+use super::x86_min as mn;
 use super::x86_q1_lut::Avx2 as Q1Lut;
 use super::{q1_lut, x86_repack, x86_rows as xr, Job};
 use super::{x86_gemm as gemm, x86_gemm_lanes as gl, x86_kquant as kq, x86_legacy as lg};
-use super::x86_min as mn;
 use crate::quant::q1_0::BlockQ1_0;
 use crate::quant::q2_0::BlockQ2_0;
 use crate::quant::q4_0::BlockQ4_0;

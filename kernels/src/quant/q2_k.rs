@@ -97,3 +97,29 @@ pub fn terms(x: &BlockQ2K, y: &q8_k::BlockQ8K) -> q8_k::KTerms {
         mins,
     }
 }
+
+/// Scalar reference of the *block-sum* arithmetic of the repacked Q2_K kernels
+/// ([`crate::repack::Layout::Q2Kx8`]): per super-block one exact integer
+/// `isum = sum_g (scales[g] & 0xF) * sum_{i in g} q[i] * q8[i]` and one
+/// `mins = sum_g (scales[g] >> 4) * bsums[g]`, then `acc = fma(d_w * d_a, isum, acc)` and
+/// `macc = fma(dmin_w * d_a, mins, macc)`; the result is `acc - macc`.
+///
+/// It is the arithmetic of [`vec_dot`] with the eight integer lanes of each block summed
+/// before the conversion (two fused steps per block instead of eight): the same integers,
+/// other float roundings (not bit for bit; `tests/q2k_pack.rs` bounds the difference).
+pub fn vec_dot_block_sum<'a>(blocks: impl Iterator<Item = (BlockQ2K, &'a q8_k::BlockQ8K)>) -> f32 {
+    let (mut acc, mut macc) = (0f32, 0f32);
+    for (x, y) in blocks {
+        let q = x.quants();
+        let (mut isum, mut mins) = (0i32, 0i32);
+        for g in 0..16 {
+            let s: i32 = (16 * g..16 * g + 16).map(|i| q[i] as i32 * y.q(i)).sum();
+            isum += (x.scales[g] & 0xF) as i32 * s;
+            mins += (x.scales[g] >> 4) as i32 * y.bsum(g);
+        }
+        let da = y.scale();
+        acc = libm::fmaf(read_f16(x.d) * da, isum as f32, acc);
+        macc = libm::fmaf(read_f16(x.dmin) * da, mins as f32, macc);
+    }
+    acc - macc
+}
