@@ -96,7 +96,7 @@ pub struct Opts<'s> {
     /// The storage's sequential read bandwidth in bytes per second (`--read-bw`, as
     /// measured by `pinch bench --storage FILE`), for the plan's speed ceiling.
     pub read_bw: Option<u64>,
-    /// Compare every streamed tensor with the file (`--verify-stream`).
+    /// Compare every streamed tensor and paged expert with the file (`--verify-stream`).
     pub verify_stream: bool,
     /// bench: measure the read bandwidth of this file instead of a model (`--storage`).
     pub storage: Option<&'s str>,
@@ -195,7 +195,7 @@ flags (llama.cpp names):
   --read-bw RATE          storage read speed in bytes/s (K/M/G = 1e3/1e6/1e9), e.g.
                           278M, as `pinch bench --storage FILE` measures it: the plan
                           prints the speed ceiling it implies for streamed weights
-  --verify-stream         compare every streamed tensor with the file
+  --verify-stream         compare every streamed tensor and paged expert with the file
   --storage FILE          bench: sequential read speed of FILE (direct and buffered)
   -ctk, --cache-type-k f32|f16|q8_0
                           K cache type (default f16; q8_0: llama.cpp's blocks of
