@@ -11,8 +11,10 @@ The file is written block by block, never from a float source (a float copy of a
 scales/mins from numpy (PCG64, seed 2026) and d / dmin chosen so that the weights
 have mean ~0 and the std a random float matrix of that width would have (dmin = 1.5 d
 cancels the mean of d * scale * q). Every block is a valid Q2_K block, so the model is
-a valid random-weight Q2_K model that llama.cpp and pinch both compute. Q8_0 blocks
-likewise: random int8 with d = std / 73.
+a valid random-weight Q2_K model; Q8_0 blocks likewise: random int8 with d = std / 73.
+llama.cpp (llama-cpp-python 0.3.36) loads it, and its greedy tokens after the prompt
+"T" are pinch's for the first five, then part: with top-8 routing over 64 close
+router scores, last-bit differences flip a pick now and then and the text drifts.
 
 Expert popularity is skewed like a real router's: each router row has its own scale,
 calibrated by Monte Carlo on Gaussian inputs so that expert r's chance of being in a
