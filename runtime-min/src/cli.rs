@@ -73,6 +73,8 @@ pub struct Opts<'s> {
     pub swa_full: bool,
     /// moe-sim: expert slots per MoE layer (`--pool`).
     pub moe_pool: usize,
+    /// `moe-sim --from N`: replay the first N tokens without counting them.
+    pub moe_from: usize,
     /// moe-sim: the pool's eviction policy (`--policy lfu|lru`).
     pub moe_policy: crate::pager::Policy,
     /// moe-sim: bytes of one expert (its three matrices), for bytes per token.
@@ -96,7 +98,7 @@ pub struct Opts<'s> {
     /// The storage's sequential read bandwidth in bytes per second (`--read-bw`, as
     /// measured by `pinch bench --storage FILE`), for the plan's speed ceiling.
     pub read_bw: Option<u64>,
-    /// Compare every streamed tensor with the file (`--verify-stream`).
+    /// Compare every streamed tensor and paged expert with the file (`--verify-stream`).
     pub verify_stream: bool,
     /// bench: measure the read bandwidth of this file instead of a model (`--storage`).
     pub storage: Option<&'s str>,
@@ -195,7 +197,7 @@ flags (llama.cpp names):
   --read-bw RATE          storage read speed in bytes/s (K/M/G = 1e3/1e6/1e9), e.g.
                           278M, as `pinch bench --storage FILE` measures it: the plan
                           prints the speed ceiling it implies for streamed weights
-  --verify-stream         compare every streamed tensor with the file
+  --verify-stream         compare every streamed tensor and paged expert with the file
   --storage FILE          bench: sequential read speed of FILE (direct and buffered)
   -ctk, --cache-type-k f32|f16|q8_0
                           K cache type (default f16; q8_0: llama.cpp's blocks of
@@ -248,6 +250,7 @@ flags (llama.cpp names):
   --pool N                moe-sim: expert slots per MoE layer
   --policy lfu|lru        moe-sim: eviction (decayed use frequency, or least recent)
   --expert-bytes SIZE     moe-sim: bytes of one expert, for bytes read per token
+  --from N                moe-sim: count from token N on (the first N only warm the pools)
   --policy lfu|lru        run: the expert pools' eviction too (default lfu)
   --moe-trace FILE        write which experts each token used per MoE layer (for moe-sim)
   --moe-warm FILE         start the expert pools from FILE's hot list if it exists, and
@@ -380,6 +383,7 @@ impl<'s> Opts<'s> {
             attn_skip: None,
             swa_full: false,
             moe_pool: 0,
+            moe_from: 0,
             moe_policy: crate::pager::Policy::LFU,
             expert_bytes: None,
             moe: MoeOpts::default(),
@@ -518,6 +522,7 @@ impl<'s> Opts<'s> {
                 "--no-attn-skip" => o.attn_skip = Some(false),
                 "--swa-full" => o.swa_full = true,
                 "--pool" => o.moe_pool = num!(),
+                "--from" => o.moe_from = num!(),
                 "--policy" => {
                     let v = val()?;
                     o.moe_policy = crate::pager::Policy::from_name(v)

@@ -67,6 +67,8 @@ pub struct GenStats {
     pub stream: crate::model::stream::StreamStats,
     /// Bytes the OS fetched from storage for this process during the generation.
     pub os_read_bytes: Option<u64>,
+    /// What the expert pager did during the generation (MoE models).
+    pub experts: crate::pager::PagerStats,
     /// Weight passes of the generation (one per token without drafts).
     pub passes: usize,
     /// Passes that verified a draft, drafted tokens, and how many of them were
@@ -87,6 +89,7 @@ impl Default for GenStats {
             stopped: None,
             stream: Default::default(),
             os_read_bytes: None,
+            experts: Default::default(),
             passes: 0,
             drafts: 0,
             drafted: 0,
@@ -394,6 +397,7 @@ pub fn generate<P: Platform>(
     st.prompt_s = secs(t0, t1);
     let s0 = sess.stream;
     let io0 = p.storage_read_bytes();
+    let x0 = sess.experts().map(|x| x.total()).unwrap_or_default();
     st.end = End::Length;
     if let Some(d) = s.draft.as_deref_mut() {
         d.start(prompt);
@@ -470,6 +474,10 @@ pub fn generate<P: Platform>(
     }
     st.gen_s = secs(t1, p.now_ns());
     st.stream = sess.stream.since(&s0);
+    st.experts = sess
+        .experts()
+        .map(|x| x.total().since(&x0))
+        .unwrap_or_default();
     st.os_read_bytes = io0
         .zip(p.storage_read_bytes())
         .map(|(a, b)| b.saturating_sub(a));

@@ -88,7 +88,8 @@ pub struct ResidencyPlan {
 }
 
 /// The expert pager's share of the plan: a pool of `slots` expert slots in each of the
-/// `layers` MoE layers, plus one transient slot for an expert the pool does not admit.
+/// `layers` MoE layers, plus staging slots (`crate::pager::paged::staging_slots`) and one
+/// transient slot for experts the pools do not admit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct ExpertPlan {
     /// MoE layers whose experts are paged (0: every expert resident).
@@ -100,11 +101,11 @@ pub struct ExpertPlan {
     pub slots: usize,
     /// Bytes of one slot, summed over the paged layers (slots differ by quant type).
     pub slot_bytes_sum: u64,
-    /// The largest slot (the transient slot's size).
+    /// The largest slot (the size of the transient and each staging slot).
     pub slot_bytes_max: u64,
     /// Bytes one expert read fetches (three aligned reads), summed over paged layers.
     pub read_bytes_sum: u64,
-    /// Pools, transient slot and the pools' bookkeeping.
+    /// Pools, staging and transient slots and the pools' bookkeeping.
     pub bytes: u64,
 }
 
@@ -197,12 +198,15 @@ fn expert_plan(
     }
     let book =
         e.layers as u64 * (crate::pager::PoolMem::bytes_needed(m.n_expert) as u64 + IO_ALIGN);
-    let base = all.bytes() - stacks + book + e.slot_bytes_max + IO_ALIGN;
+    // The transient slot and the staging slots, each as large as the largest slot.
+    let extra =
+        (1 + crate::pager::paged::staging_slots(m.n_expert, m.n_used) as u64) * e.slot_bytes_max;
+    let base = all.bytes() - stacks + book + extra + IO_ALIGN;
     if base > budget {
         return Err(base);
     }
     e.slots = (((budget - base) / e.slot_bytes_sum.max(1)) as usize).min(m.n_expert);
-    e.bytes = book + e.slot_bytes_max + IO_ALIGN + e.slots as u64 * e.slot_bytes_sum;
+    e.bytes = book + extra + IO_ALIGN + e.slots as u64 * e.slot_bytes_sum;
     Ok(ResidencyPlan {
         layer_bytes: all.layer_bytes - stacks,
         experts: e,

@@ -567,6 +567,32 @@ pub fn with_session_reads<R>(
         bytes: gguf_bytes,
         cpu: host_cpu(),
     };
+    session_on(&plat, gguf_bytes, spec, weight_budget, fail, f)
+}
+
+/// [`with_session_budget`] on [`ThreadedMem`]: the expert pager reads on the I/O thread
+/// while the compute thread works.
+pub fn with_session_threaded<R>(
+    gguf_bytes: &[u8],
+    spec: RunSpec,
+    weight_budget: Option<u64>,
+    f: impl FnOnce(&mut Session<'_, '_>, &ThreadedMem<'_>, &[(&'static str, usize)]) -> R,
+) -> Result<R, ModelError> {
+    let plat = ThreadedMem(MemPlatform {
+        bytes: gguf_bytes,
+        cpu: host_cpu(),
+    });
+    session_on(&plat, gguf_bytes, spec, weight_budget, None, f)
+}
+
+fn session_on<P: Platform<File = ()>, R>(
+    plat: &P,
+    gguf_bytes: &[u8],
+    spec: RunSpec,
+    weight_budget: Option<u64>,
+    fail: Option<FailRead<'_>>,
+    f: impl FnOnce(&mut Session<'_, '_>, &P, &[(&'static str, usize)]) -> R,
+) -> Result<R, ModelError> {
     let g = Gguf::parse(gguf_bytes, gguf_bytes.len() as u64)
         .map_err(|_| ModelError::BadShape("gguf parse"))?;
     let cfg = Config::from_gguf(&g)?;
@@ -576,7 +602,7 @@ pub fn with_session_reads<R>(
     let plan = residency::plan(&g, &cfg, weight_budget, None)
         .map_err(|_| ModelError::BadShape("no residency plan fits"))?;
     let weights = Loader {
-        platform: &plat,
+        platform: plat,
         file: &(),
         gguf: &g,
         arena: &mut arena,
@@ -596,7 +622,7 @@ pub fn with_session_reads<R>(
     let mut sess = Session::new(cfg, &weights, &mut arena, opts)?;
     sess.set_reader(&read);
     let accounts: Vec<_> = arena.accounts().to_vec();
-    Ok(f(&mut sess, &plat, &accounts))
+    Ok(f(&mut sess, plat, &accounts))
 }
 
 /// The session options of the helpers above: context 256 (or `n_tokens` when longer),

@@ -1,13 +1,17 @@
 //! The expert pager in the forward pass: under budgets whose pools hold fewer experts
 //! than a layer has, every MoE layer is paged, and the logits must be the all-resident
-//! run's bit for bit (one token at a time and in batches, LFU and LRU, with prefetch);
+//! run's bit for bit (one token at a time and in batches, LFU and LRU, with prefetch,
+//! with and without an I/O thread reading experts while the compute runs);
 //! the weights and pools stay under the budget; the simulator replaying the pager's own
 //! trace counts the same hits and misses.
 use pinch_runtime_min::gguf::Gguf;
 use pinch_runtime_min::model::{Config, KvType, Logits, Math, ModelError, Session};
 use pinch_runtime_min::pager::{simulate, ExpertPager, PagerError, PagerStats, Policy, Trace};
+use pinch_runtime_min::platform::Platform;
 use pinch_runtime_min::residency::{self, ResidencyPlan};
-use pinch_tests::{data_dir, with_session_budget, with_session_reads, RunSpec};
+use pinch_tests::{
+    data_dir, with_session_budget, with_session_reads, with_session_threaded, RunSpec,
+};
 
 const MODELS: [&str; 4] = [
     "tiny-qwen3moe-Q8_0.gguf",
@@ -92,7 +96,41 @@ fn run(
     budget: Option<u64>,
     setup: &dyn Fn(&mut ExpertPager),
 ) -> Run {
-    with_session_budget(bytes, spec(batch), budget, |sess: &mut Session, p, acc| {
+    run_on(false, bytes, toks, batch, budget, setup)
+}
+
+/// [`run`], `threaded`: on a platform with an I/O thread (the expert reads overlap the
+/// compute).
+fn run_on(
+    threaded: bool,
+    bytes: &[u8],
+    toks: &[u32],
+    batch: usize,
+    budget: Option<u64>,
+    setup: &dyn Fn(&mut ExpertPager),
+) -> Run {
+    let s = spec(batch);
+    let got = if threaded {
+        with_session_threaded(bytes, s, budget, |x, p, a| {
+            run_in(x, p, a, toks, batch, setup)
+        })
+    } else {
+        with_session_budget(bytes, s, budget, |x, p, a| {
+            run_in(x, p, a, toks, batch, setup)
+        })
+    };
+    got.unwrap()
+}
+
+fn run_in<P: Platform>(
+    sess: &mut Session,
+    p: &P,
+    acc: &[(&'static str, usize)],
+    toks: &[u32],
+    batch: usize,
+    setup: &dyn Fn(&mut ExpertPager),
+) -> Run {
+    {
         let weight_bytes = acc
             .iter()
             .filter(|(a, _)| {
@@ -115,8 +153,7 @@ fn run(
             weight_bytes,
             trace: x.trace_bytes().map(|b| b.to_vec()),
         }
-    })
-    .unwrap()
+    }
 }
 
 fn assert_same_bits(name: &str, what: &str, want: &[Vec<f32>], got: &[Vec<f32>]) {
@@ -141,23 +178,33 @@ fn paged_experts_give_the_resident_logits_bit_for_bit() {
         let g = Gguf::parse(&bytes, bytes.len() as u64).unwrap();
         let cfg = Config::from_gguf(&g).unwrap();
         let ne = cfg.moe.unwrap().n_expert;
-        let toks = tokens(12, cfg.n_vocab);
+        let toks = tokens(20, cfg.n_vocab);
         let want = run(&bytes, &toks, 1, None, &|_| {});
         assert!(want.layers.is_empty(), "{name}: paged without a budget");
         for slots in pool_sizes(&bytes, ne) {
             let (budget, plan) = budget_for(&bytes, slots);
-            for (batch, policy, prefetch) in [
-                (1, Policy::LFU, false),
-                (4, Policy::LFU, false),
-                (1, Policy::Lru, false),
-                (1, Policy::LFU, true),
-                (5, Policy::Lru, true),
+            // Batches up to 16 tokens may compute experts out of order (with an I/O
+            // thread: as their reads come in); the batch of 20 computes them in order.
+            for (batch, policy, prefetch, threaded) in [
+                (1, Policy::LFU, false, false),
+                (4, Policy::LFU, false, false),
+                (1, Policy::Lru, false, false),
+                (1, Policy::LFU, true, false),
+                (5, Policy::Lru, true, false),
+                (20, Policy::LFU, true, false),
+                (1, Policy::LFU, false, true),
+                (1, Policy::Lru, true, true),
+                (5, Policy::LFU, true, true),
+                (20, Policy::Lru, true, true),
             ] {
-                let what = format!("{slots} slots, batch {batch}, {policy:?}, prefetch {prefetch}");
-                let got = run(&bytes, &toks, batch, Some(budget), &|x| {
+                let what = format!(
+                    "{slots} slots, batch {batch}, {policy:?}, prefetch {prefetch}, I/O thread {threaded}"
+                );
+                let setup = |x: &mut ExpertPager| {
                     x.set_policy(policy);
                     x.prefetch = prefetch;
-                });
+                };
+                let got = run_on(threaded, &bytes, &toks, batch, Some(budget), &setup);
                 assert_same_bits(name, &what, &want.logits, &got.logits);
                 // Every MoE layer is paged, with a pool smaller than its experts.
                 assert_eq!(got.layers.len(), moe_layers(&bytes), "{name} {what}");

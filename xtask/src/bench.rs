@@ -18,6 +18,8 @@
 //!   the plan's ceiling at the storage speed `pinch bench --storage` measured, peak RSS.
 //! - `--draft`: speculative decoding at 40 % of the resident need (`crate::draft_bench`).
 //! - `--bonsai [--vocab N]`: the Bonsai-1.7B-shaped Q1_0 model (`crate::bonsai_bench`).
+//! - `--moe-scaled`: the expert pager on a 1.8 GB random MoE with Q2_K experts at pools
+//!   of 100 / 50 / 25 % of its experts (`crate::moe_bench`).
 use crate::device::{self, Device};
 use crate::fetch;
 use crate::util::{output, root, run, Result};
@@ -31,6 +33,9 @@ const LLAMA_PP512: [(usize, f64); 2] = [(1, 351.45), (2, 677.48)];
 pub fn main(args: &[String]) -> Result<()> {
     let vs = args.iter().any(|a| a == "--vs-llama-cpp");
     let qemu = args.iter().any(|a| a == "--qemu");
+    if args.iter().any(|a| a == "--moe-scaled") {
+        return crate::moe_bench::table(&device::build(Device::Host)?);
+    }
     let moe = args.iter().any(|a| a == "--moe");
     let reps: usize = 3;
     let (model, title) = if moe {

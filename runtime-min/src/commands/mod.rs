@@ -326,6 +326,9 @@ fn with_model<P: Platform>(
     sess.set_reader(&read);
     if o.verify_stream {
         sess.set_verify(arena.bytes("stream verify", crate::model::stream::VERIFY_CHUNK)?);
+        if let Some(x) = sess.experts_mut().filter(|x| x.pages()) {
+            x.set_verify(arena.bytes("stream verify", crate::model::stream::VERIFY_CHUNK)?);
+        }
     }
     let draft = crate::generate::drafter(n_draft, sopts.n_ctx, &mut arena)?;
     let mut ctx = Ctx {

@@ -34,10 +34,11 @@ pub fn print_plan(
     }
     let _ = writeln!(
         w,
-        "  experts paged: a pool of {} of {} experts in each of {} MoE layers, one transient slot ({})",
+        "  experts paged: a pool of {} of {} experts in each of {} MoE layers, {} staging slots and one transient slot ({})",
         e.slots,
         e.n_expert,
         e.layers,
+        crate::pager::paged::staging_slots(e.n_expert, e.n_used),
         Mib(e.bytes)
     );
     for (il, slot, read) in crate::residency::expert_layers(g, n_layer) {
@@ -263,16 +264,38 @@ pub fn finish<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError>
     let tokens = ctx.sess.n_past().max(1) as f64;
     if x.pages() {
         let t = x.total();
-        let _ = writeln!(
+        let per_token = t.bytes as f64 / tokens;
+        let _ = write!(
             err,
-            "experts: hit rate {:.1} % ({} hits, {} misses), {} reads, {} per evaluated token, reading {:.0} ms",
+            "experts: hit rate {:.1} % ({} hits, {} misses), {} reads, {} per evaluated token, reading {:.0} ms, compute waiting for experts {:.0} ms",
             100.0 * t.hit_rate(),
             t.hits,
             t.misses,
             t.reads,
-            Mib((t.bytes as f64 / tokens) as u64),
+            Mib(per_token as u64),
             t.read_ns as f64 / 1e6,
+            t.wait_ns as f64 / 1e6,
         );
+        match ctx.o.read_bw {
+            Some(bw) if per_token > 0.0 => {
+                let _ = writeln!(
+                    err,
+                    "; ceiling at {:.0} MB/s for these reads {:.2} tok/s",
+                    bw as f64 / 1e6,
+                    bw as f64 / per_token
+                );
+            }
+            _ => {
+                let _ = writeln!(err);
+            }
+        }
+        if t.verified > 0 {
+            let _ = writeln!(
+                err,
+                "experts: every one of {} expert reads verified against the file",
+                t.verified
+            );
+        }
         if t.prefetched > 0 {
             let _ = writeln!(
                 err,

@@ -1,4 +1,4 @@
-//! `pinch moe-sim TRACE --pool N --policy lfu|lru [--expert-bytes SIZE]`: replay a
+//! `pinch moe-sim TRACE --pool N --policy lfu|lru [--expert-bytes SIZE] [--from N]`: replay a
 //! routing trace through a pool of N expert slots per MoE layer and print the hit rate
 //! per layer beside the best fixed pool of that size, and the bytes read per token.
 use core::fmt::Write;
@@ -8,7 +8,7 @@ use crate::cli::Opts;
 use crate::commands::head_select::read_file;
 use crate::commands::out::Out;
 use crate::commands::AppError;
-use crate::pager::{simulate, Trace};
+use crate::pager::{sim::simulate_from, Trace};
 use crate::platform::Platform;
 
 pub fn moe_sim<P: Platform>(p: &P, o: &Opts, region: &mut [u8]) -> Result<(), AppError> {
@@ -18,7 +18,8 @@ pub fn moe_sim<P: Platform>(p: &P, o: &Opts, region: &mut [u8]) -> Result<(), Ap
     let mut arena = Arena::new(region);
     let bytes = read_file(p, &mut arena, path)?;
     let trace = Trace::parse(bytes).map_err(AppError::Trace)?;
-    let report = simulate(&trace, o.moe_pool, o.moe_policy).map_err(AppError::Pool)?;
+    let report =
+        simulate_from(&trace, o.moe_pool, o.moe_policy, o.moe_from).map_err(AppError::Pool)?;
     let mut out = Out::stdout(p);
     let _ = writeln!(
         out,

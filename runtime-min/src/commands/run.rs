@@ -245,7 +245,7 @@ pub fn run<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
         let mut w = Out::stdout(p);
         let _ = write!(
             w,
-            "\n{{\"command\":\"run\",\"prompt_tokens\":{},\"gen_tokens\":{},\"prompt_tps\":{:.3},\"gen_tps\":{:.3},\"peak_rss\":{},\"stream_bytes\":{},\"stream_passes\":{},\"stream_plan_per_token\":{},\"stream_verified\":{},\"os_read_bytes\":{},\"gen_passes\":{},\"drafted\":{},\"accepted\":{},\"stopped\":",
+            "\n{{\"command\":\"run\",\"prompt_tokens\":{},\"gen_tokens\":{},\"prompt_tps\":{:.3},\"gen_tps\":{:.3},\"peak_rss\":{},\"stream_bytes\":{},\"stream_passes\":{},\"stream_plan_per_token\":{},\"stream_verified\":{},\"os_read_bytes\":{},\"gen_passes\":{},\"drafted\":{},\"accepted\":{},",
             st.prompt_tokens,
             st.gen_tokens,
             st.prompt_tps(),
@@ -259,6 +259,12 @@ pub fn run<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
             st.passes,
             st.drafted,
             st.accepted
+        );
+        let x = &st.experts;
+        let _ = write!(
+            w,
+            "\"expert_hits\":{},\"expert_misses\":{},\"expert_read_ahead\":{},\"expert_reads\":{},\"expert_bytes\":{},\"expert_prefetched\":{},\"expert_read_ns\":{},\"expert_wait_ns\":{},\"stopped\":",
+            x.hits, x.misses, x.read_ahead, x.reads, x.bytes, x.prefetched, x.read_ns, x.wait_ns
         );
         match st.stopped {
             Some(s) => {

@@ -100,9 +100,19 @@ pub trait Experts {
     fn prepare(&mut self, _block: &MoeFfn<'_>, _want: &[u16], _n: usize) -> Result<(), ModelError> {
         Ok(())
     }
-    /// Expert `e`'s three matrices (after [`Self::prepare`]).
-    fn get<'x>(&'x mut self, block: &'x MoeFfn<'_>, e: usize) -> Result<SwiGlu<'x>, ModelError> {
-        block.expert(e)
+    /// Run `f(e, expert e's matrices)` for every expert of the prepared batch `want`
+    /// (after [`Self::prepare`] and [`Self::prefetch`]): in `want`'s order, or, when
+    /// `any_order`, in the order the source has them ready (experts in memory first,
+    /// then each as its read comes in).
+    fn each(
+        &mut self,
+        block: &MoeFfn<'_>,
+        want: &[u16],
+        any_order: bool,
+        f: &mut dyn FnMut(u16, SwiGlu<'_>) -> Result<(), ModelError>,
+    ) -> Result<(), ModelError> {
+        let _ = any_order;
+        block.each_resident(want, f)
     }
     /// Runtime routing knobs (`--experts`, `--moe-bias`).
     fn routing(&self) -> crate::pager::Routing {
@@ -171,6 +181,18 @@ impl<'a> MoeFfn<'a> {
             up: expert(&self.up_exps, e, ne)?,
             down: expert(&self.down_exps, e, ne)?,
         })
+    }
+
+    /// `f(e, expert e)` for each of `want`, from the stacks (resident stacks only).
+    pub fn each_resident(
+        &self,
+        want: &[u16],
+        f: &mut dyn FnMut(u16, SwiGlu<'_>) -> Result<(), ModelError>,
+    ) -> Result<(), ModelError> {
+        for &e in want {
+            f(e, self.expert(e as usize)?)?;
+        }
+        Ok(())
     }
 
     /// The matrices' GGUF suffixes (router, experts, then the shared expert's).
@@ -266,23 +288,16 @@ impl<'a> MoeFfn<'a> {
         let r = match cx.experts.as_deref_mut() {
             Some(pager) => {
                 let p = cx.p;
-                let parallel = |k: usize, f: &(dyn Fn(usize) + Sync)| p.parallel(k, f);
-                let now = || p.now_ns();
                 let no_read = |_: u64, _: &mut [u8], _: bool| {
                     Err(crate::platform::PlatformError::Unsupported(
                         "expert reads without a reader",
                     ))
                 };
-                let mut src = crate::pager::paged::Paged {
-                    pager,
-                    io: crate::pager::Io {
-                        read: cx.read.unwrap_or(&no_read),
-                        workers: cx.opts.threads.min(p.workers()),
-                        parallel: &parallel,
-                        now: &now,
-                    },
-                };
-                self.run(&mut pr, &s.xn[..n * e], n, &mut out[..n * e], ms, &mut src)
+                let read = cx.read.unwrap_or(&no_read);
+                crate::pager::paged::with_io(p, read, cx.opts.threads, |io| {
+                    let mut src = crate::pager::paged::Paged { pager, io };
+                    self.run(&mut pr, &s.xn[..n * e], n, &mut out[..n * e], ms, &mut src)
+                })
             }
             None => self.run(
                 &mut pr,
@@ -366,44 +381,77 @@ impl<'a> MoeFfn<'a> {
             gate,
             up,
             down,
+            ys,
             ..
         } = s;
         let mut b = Bufs { gate, up, down };
         let out = &mut out[..n * e];
         out.fill(0.0);
-        for ex in 0..ne {
+        // Small batches keep each pick's weighted output apart (`ys`) and add them up
+        // in expert order at the end, so the experts may be computed in any order (the
+        // ones in memory while the others are read) with the same bits.
+        let any_order = n * k * e <= ys.len();
+        let ids = &ids[..n * k];
+        let mut one = |ex: u16, sw: SwiGlu<'_>| -> Result<(), ModelError> {
+            let ex = ex as u32;
             // The tokens that chose expert `ex`, with its weight for each.
             let mut m_tok = 0;
             for t in 0..n {
                 let slots = &ids[t * k..(t + 1) * k];
-                if let Some(j) = slots.iter().position(|&id| id as usize == ex) {
-                    tokens[m_tok] = t as u32;
+                if let Some(j) = slots.iter().position(|&id| id == ex) {
+                    tokens[m_tok] = (t * k + j) as u32;
                     token_w[m_tok] = weights[t * k + j];
                     m_tok += 1;
                 }
             }
             if m_tok == 0 {
-                continue;
+                return Ok(());
             }
             let x: &[f32] = if m_tok == n {
                 &xn[..n * e]
             } else {
-                for (i, &t) in tokens[..m_tok].iter().enumerate() {
-                    let t = t as usize;
+                for (i, &tj) in tokens[..m_tok].iter().enumerate() {
+                    let t = tj as usize / k;
                     xg[i * e..(i + 1) * e].copy_from_slice(&xn[t * e..(t + 1) * e]);
                 }
                 &xg[..m_tok * e]
             };
-            let sw = experts.get(self, ex)?;
             mm.lap(Op::ExpertWait);
             swiglu_ffn(mm, &sw.gate, &sw.up, &sw.down, x, m_tok, &mut b)?;
             // llama.cpp multiplies each expert's output by its weight, then adds the
             // products (the sum starts from 0, and 0 + a = a exactly).
-            for (i, &t) in tokens[..m_tok].iter().enumerate() {
-                let (w, t) = (token_w[i], t as usize);
+            for (i, &tj) in tokens[..m_tok].iter().enumerate() {
+                let (w, tj) = (token_w[i], tj as usize);
                 let d = &b.down[i * e..(i + 1) * e];
-                for (o, d) in out[t * e..(t + 1) * e].iter_mut().zip(d) {
-                    *o += d * w;
+                if any_order {
+                    for (y, d) in ys[tj * e..(tj + 1) * e].iter_mut().zip(d) {
+                        *y = d * w;
+                    }
+                } else {
+                    let t = tj / k;
+                    for (o, d) in out[t * e..(t + 1) * e].iter_mut().zip(d) {
+                        *o += d * w;
+                    }
+                }
+            }
+            Ok(())
+        };
+        experts.each(self, &want[..n_want], any_order, &mut one)?;
+        if any_order {
+            // Each token's picks in expert order, as the in-order sum adds them.
+            for t in 0..n {
+                let mut order = [0u32; crate::pager::MAX_EXPERTS];
+                let order = &mut order[..k];
+                for (j, o) in order.iter_mut().enumerate() {
+                    *o = j as u32;
+                }
+                order.sort_unstable_by_key(|&j| ids[t * k + j as usize]);
+                let o = &mut out[t * e..(t + 1) * e];
+                for &j in order.iter() {
+                    let y = &ys[(t * k + j as usize) * e..][..e];
+                    for (o, y) in o.iter_mut().zip(y) {
+                        *o += y;
+                    }
                 }
             }
         }
@@ -458,12 +506,18 @@ pub struct MoeScratch<'a> {
     down: &'a mut [f32],
     /// The block's output before it replaces its input.
     out: &'a mut [f32],
+    /// Each pick's weighted expert output, for batches of up to [`ANY_ORDER_TOKENS`].
+    ys: &'a mut [f32],
 }
+
+/// Batches of up to this many tokens may compute their experts in any order (the
+/// draft's verify batches included).
+pub const ANY_ORDER_TOKENS: usize = 16;
 
 impl<'a> MoeScratch<'a> {
     /// Values (4 bytes each) of the scratch for `m`, embedding width `n_embd`, batches
     /// of `n_batch`.
-    fn sizes(m: &MoeConfig, n_embd: usize, n_batch: usize) -> [usize; 10] {
+    fn sizes(m: &MoeConfig, n_embd: usize, n_batch: usize) -> [usize; 11] {
         let f = m.n_ff_exp.max(m.n_ff_shexp);
         let nb = n_batch.max(1);
         [
@@ -477,6 +531,7 @@ impl<'a> MoeScratch<'a> {
             nb * f,
             nb * n_embd,
             nb * n_embd,
+            nb.min(ANY_ORDER_TOKENS) * m.n_used * n_embd,
         ]
     }
 
@@ -494,7 +549,7 @@ impl<'a> MoeScratch<'a> {
         n_embd: usize,
         n_batch: usize,
     ) -> Result<MoeScratch<'a>, ModelError> {
-        let [lg, ids, w, tk, tw, xg, g, u, d, o] = Self::sizes(m, n_embd, n_batch);
+        let [lg, ids, w, tk, tw, xg, g, u, d, o, y] = Self::sizes(m, n_embd, n_batch);
         let a = "activations";
         Ok(MoeScratch {
             n_batch: n_batch.max(1),
@@ -508,6 +563,7 @@ impl<'a> MoeScratch<'a> {
             up: arena.slice(a, u)?,
             down: arena.slice(a, d)?,
             out: arena.slice(a, o)?,
+            ys: arena.slice(a, y)?,
         })
     }
 }

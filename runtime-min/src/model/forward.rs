@@ -237,6 +237,7 @@ impl<'w, 'a> Session<'w, 'a> {
                 &w.layers,
                 w.plan.experts.slots,
                 w.plan.experts.slot_bytes_max,
+                crate::pager::paged::staging_slots(w.plan.experts.n_expert, w.plan.experts.n_used),
                 crate::pager::Policy::LFU,
             )?),
             None => None,
@@ -276,15 +277,10 @@ impl<'w, 'a> Session<'w, 'a> {
     ) -> Option<R> {
         let read = self.read?;
         let x = self.experts.as_mut()?;
-        let parallel = |k: usize, g: &(dyn Fn(usize) + Sync)| p.parallel(k, g);
-        let now = || p.now_ns();
-        let io = crate::pager::Io {
-            read,
-            workers: self.opts.threads.min(p.workers()),
-            parallel: &parallel,
-            now: &now,
-        };
-        Some(f(x, &io))
+        let threads = self.opts.threads;
+        Some(crate::pager::paged::with_io(p, read, threads, |io| {
+            f(x, &io)
+        }))
     }
 
     /// Give the session the model file's reader (needed when weights are streamed or

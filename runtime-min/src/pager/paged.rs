@@ -3,22 +3,28 @@
 //!
 //! The MoE block asks for a batch's experts once, after routing ([`ExpertPager::prepare`]
 //! with the union of the batch's picks, ascending): the [`Pool`] says which are resident
-//! and where to put the others, and every admitted miss is read at once, its three
-//! matrices (the expert's rows of `ffn_{gate,up,down}_exps`) as one aligned direct read
-//! each, spread over the platform's workers. A miss the pool does not admit (LFU keeps
-//! something more used, or the batch needs more experts than the pool has slots) is
-//! read into the one transient slot just before it is computed ([`ExpertPager::expert`]).
-//! The bytes an expert is computed from are the file's bytes whichever way they came,
-//! so the block's output is the all-resident one bit for bit.
+//! and where to put the others: an admitted miss into its pool slot, one the pool does
+//! not admit (LFU keeps something more used) into a staging slot, and past those into
+//! the transient slot just before it is computed. [`ExpertPager::each`] then reads the
+//! misses, each of an expert's three matrices (its rows of `ffn_{gate,up,down}_exps`)
+//! as one aligned direct read, and hands the block every expert: with an I/O thread
+//! the reads run there while the compute thread works through the experts already in
+//! memory and waits only for the one it needs next; without one, the reads are spread
+//! over the workers first. The bytes an expert is computed from are the file's bytes
+//! whichever way they came, and the block adds the experts' outputs in a fixed order,
+//! so its output is the all-resident one bit for bit.
 //!
-//! Pre-gated prefetch ([`ExpertPager::prefetch`]): the next MoE layer's router applied
-//! to the current layer's input guesses its picks; the guessed experts that are missing
-//! are read into free or evictable slots ahead of use. A wrong guess costs a read, never
-//! a wrong number: prepare checks the pool as always.
+//! Pre-gated prefetch ([`ExpertPager::prefetch_into`]): the next MoE layer's router
+//! applied to the current layer's input guesses its picks; the guessed experts that
+//! are missing are read, after the batch's misses, into a slot the pool gives them or
+//! else a staging slot. A wrong guess costs a read, never a wrong number: prepare
+//! checks the pool and the staging slots as always.
 //!
 //! # Invariants
-//! A slot's bytes are the file bytes of the expert the pool says it holds; the transient
-//! slot's are those of `transient`'s expert.
+//! A slot's bytes are the file bytes of the expert the pool says it holds, a staging
+//! slot's those of the expert `stage_holds` names, the transient slot's those of
+//! `transient_holds`'s expert, once the reads [`ExpertPager::each`] does are done; a
+//! read that fails or never runs is forgotten (the pool and the holders let go).
 use core::sync::atomic::{AtomicUsize, Ordering};
 
 use super::pool::{Access, Policy, Pool, PoolError, PoolMem};
@@ -85,8 +91,14 @@ pub struct PagerStats {
     /// Prefetched experts, and those the layer then did not use.
     pub prefetched: u64,
     pub prefetch_wasted: u64,
-    /// Time spent reading (the compute thread waits for it).
+    /// Time the reads took (on the I/O thread, or on the compute thread when there is
+    /// none).
     pub read_ns: u64,
+    /// Time the compute thread waited for expert reads (with an I/O thread: for the
+    /// expert it needed next, and for the reads still under way when it was done).
+    pub wait_ns: u64,
+    /// Expert reads compared with a buffered read of the file (`--verify-stream`).
+    pub verified: u64,
 }
 
 impl PagerStats {
@@ -99,6 +111,24 @@ impl PagerStats {
         self.prefetched += o.prefetched;
         self.prefetch_wasted += o.prefetch_wasted;
         self.read_ns += o.read_ns;
+        self.wait_ns += o.wait_ns;
+        self.verified += o.verified;
+    }
+    /// What was added since `earlier`.
+    pub fn since(&self, earlier: &PagerStats) -> PagerStats {
+        let d = |a: u64, b: u64| a.saturating_sub(b);
+        PagerStats {
+            hits: d(self.hits, earlier.hits),
+            misses: d(self.misses, earlier.misses),
+            read_ahead: d(self.read_ahead, earlier.read_ahead),
+            reads: d(self.reads, earlier.reads),
+            bytes: d(self.bytes, earlier.bytes),
+            prefetched: d(self.prefetched, earlier.prefetched),
+            prefetch_wasted: d(self.prefetch_wasted, earlier.prefetch_wasted),
+            read_ns: d(self.read_ns, earlier.read_ns),
+            wait_ns: d(self.wait_ns, earlier.wait_ns),
+            verified: d(self.verified, earlier.verified),
+        }
     }
     pub fn hit_rate(&self) -> f64 {
         self.hits as f64 / (self.hits + self.misses).max(1) as f64
@@ -155,15 +185,68 @@ pub struct Routing {
     pub resident_bias: f32,
 }
 
-/// Every paged layer's pool and slots, the transient slot, the routing trace.
+/// Most staging slots a pager has.
+pub const MAX_STAGE: usize = 32;
+
+/// Staging slots for layers of `n_expert` experts, top-`n_used`: twice the picks of one
+/// token (its misses the pool does not admit, plus the next layer's guesses), but no
+/// more than a quarter of the experts nor [`MAX_STAGE`], and none for layers of fewer
+/// than 16 experts (tiny models, whose pools are a slot or two). The plan reserves
+/// them beside the pools.
+pub fn staging_slots(n_expert: usize, n_used: usize) -> usize {
+    if n_expert < 16 {
+        return 0;
+    }
+    (2 * n_used).min(n_expert / 4).min(MAX_STAGE)
+}
+
+/// Where one of the batch's experts is, or is being read to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Loc {
+    /// A slot of its layer's pool.
+    Slot(u16),
+    /// A staging slot.
+    Stage(u8),
+    /// The transient slot, read just before the expert is computed.
+    Transient,
+}
+
+/// A read decided on and not done yet: expert `e` of paged layer `page` into `to`.
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    page: u8,
+    e: u16,
+    to: Loc,
+}
+
+/// Reads decided per batch at most: the batch's misses and the next layer's guesses.
+const MAX_PENDING: usize = 2 * MAX_EXPERTS;
+
+/// Every paged layer's pool and slots, the staging and transient slots, the routing
+/// trace.
+///
+/// Staging slots hold experts outside the pools, one layer's at a time: a batch's
+/// misses the pool does not admit (LFU keeps something more used), and the pre-gated
+/// prefetch's guesses for the next layer that the pool does not admit either. So a
+/// prefetch reads ahead even where LFU would not let the guess in: a guess that is
+/// then picked is a hit (copied into the pool if the pool now admits it).
 pub struct ExpertPager<'a> {
     pages: heapless::Vec<LayerPages<'a>, MAX_LAYERS>,
     at: [u8; MAX_LAYERS],
     transient: &'a mut [u8],
     transient_holds: Option<(usize, u16)>,
-    /// The current batch's picks and where each is: slot, or `u16::MAX` (transient).
-    batch: heapless::Vec<(u16, u16), MAX_EXPERTS>,
+    stage: heapless::Vec<&'a mut [u8], MAX_STAGE>,
+    /// (paged layer, expert) each staging slot holds.
+    stage_holds: [Option<(u8, u16)>; MAX_STAGE],
+    /// Staging slots the current batch or its prefetch uses.
+    stage_pin: [bool; MAX_STAGE],
+    /// The current batch's picks and where each is.
+    batch: heapless::Vec<(u16, Loc), MAX_EXPERTS>,
     batch_layer: usize,
+    /// Reads of the current batch and its prefetch, done by [`Self::each`].
+    pending: heapless::Vec<Pending, MAX_PENDING>,
+    /// `--verify-stream`: compare every expert read with a buffered read.
+    verify: Option<&'a mut [u8]>,
     pub routing: Routing,
     /// Read ahead the next MoE layer's guessed experts.
     pub prefetch: bool,
@@ -177,20 +260,16 @@ pub struct ExpertPager<'a> {
     n_expert: usize,
 }
 
-/// A read job: an expert part's aligned span and where it goes.
-type Job<'d> = spin::Mutex<Option<(Span, &'d mut [u8], usize, u16)>>;
-
-/// Most reads issued at once (each worker takes jobs in turn).
-const JOBS: usize = 48;
-
 impl<'a> ExpertPager<'a> {
     /// A pager for `layers` (the model's layers; the MoE ones whose stacks have no data
-    /// are paged) with `slots` slots each under `policy`, from `arena`.
+    /// are paged) with `slots` slots each under `policy`, plus `stage` staging slots
+    /// and a transient one of `slot_bytes_max`, from `arena`.
     pub fn new(
         arena: &mut Arena<'a>,
         layers: &[crate::model::layer::Layer<'a>],
         slots: usize,
         slot_bytes_max: u64,
+        stage: usize,
         policy: Policy,
     ) -> Result<ExpertPager<'a>, ModelError> {
         let mut pages = heapless::Vec::new();
@@ -240,18 +319,31 @@ impl<'a> ExpertPager<'a> {
                 cfg: m.cfg,
             });
         }
+        let mut staging = heapless::Vec::new();
         let transient = if pages.is_empty() {
             &mut [][..]
         } else {
-            arena.bytes_aligned("expert pool", slot_bytes_max as usize, IO_ALIGN as usize)?
+            let n = stage.min(MAX_STAGE);
+            let sb = slot_bytes_max as usize;
+            let all = arena.bytes_aligned("expert pool", (n + 1) * sb, IO_ALIGN as usize)?;
+            let (t, rest) = all.split_at_mut(sb);
+            for s in rest.chunks_exact_mut(sb.max(1)).take(n) {
+                let _ = staging.push(s);
+            }
+            t
         };
         Ok(ExpertPager {
             pages,
             at,
             transient,
             transient_holds: None,
+            stage: staging,
+            stage_holds: [None; MAX_STAGE],
+            stage_pin: [false; MAX_STAGE],
             batch: heapless::Vec::new(),
             batch_layer: usize::MAX,
+            pending: heapless::Vec::new(),
+            verify: None,
             routing: Routing::default(),
             prefetch: false,
             trace: None,
@@ -267,19 +359,34 @@ impl<'a> ExpertPager<'a> {
         self.n_moe
     }
 
+    /// `--verify-stream`: compare every expert read with a buffered read of the same
+    /// bytes, in pieces of `buf.len()`; a difference is [`ModelError::StreamMismatch`].
+    pub fn set_verify(&mut self, buf: &'a mut [u8]) {
+        self.verify = Some(buf);
+    }
+
     /// Warm start: place layer `il`'s hot list `hot` (most used first) into its free
     /// slots and read them. Returns how many were placed.
     pub fn warm(&mut self, io: &Io<'_>, il: usize, hot: &[u16]) -> Result<usize, ModelError> {
         let Some(pi) = self.pages_of(il) else {
             return Ok(0);
         };
-        let lp = &mut self.pages[pi];
+        self.abandon_pending();
         let mut placed = [(0u16, 0u16); MAX_EXPERTS];
-        let n = lp
+        let n = self.pages[pi]
             .pool
             .warm(hot, &mut placed)
             .map_err(|err| PagerError::Pool { layer: il, err })?;
-        read_into_slots(io, lp, &placed[..n])?;
+        for &(e, s) in &placed[..n] {
+            let _ = self.pending.push(Pending {
+                page: pi as u8,
+                e,
+                to: Loc::Slot(s),
+            });
+        }
+        self.batch.clear();
+        self.batch_layer = il;
+        self.each(io, true, &mut |_, _| Ok(()))?;
         Ok(n)
     }
 
@@ -290,11 +397,13 @@ impl<'a> ExpertPager<'a> {
 
     /// Empty every pool and use `policy` from now on.
     pub fn set_policy(&mut self, policy: Policy) {
+        self.abandon_pending();
         for lp in self.pages.iter_mut() {
             lp.pool.reset(policy);
             lp.prefetched.fill(0);
         }
         self.transient_holds = None;
+        self.stage_holds = [None; MAX_STAGE];
     }
 
     /// Record every token's picks into `buf` (a PMOE trace, see [`super::trace`]).
@@ -328,6 +437,11 @@ impl<'a> ExpertPager<'a> {
             t.add(&p.stats);
         }
         t
+    }
+
+    /// Staging slots (see [`staging_slots`]).
+    pub fn staging(&self) -> usize {
+        self.stage.len()
     }
 
     /// The experts of paged layers by decayed use, most used first, as one hot list per
@@ -378,139 +492,391 @@ impl<'a> ExpertPager<'a> {
         }
     }
 
+    /// Reads decided and never done (a batch that stopped on an error): their slots do
+    /// not hold what the pool says, so forget them.
+    fn abandon_pending(&mut self) {
+        for r in core::mem::take(&mut self.pending) {
+            forget(&mut self.pages, &mut self.stage_holds, r);
+        }
+    }
+
+    /// The staging slot holding expert `e` of paged layer `page`.
+    fn staged(&self, page: usize, e: u16) -> Option<usize> {
+        self.stage_holds[..self.stage.len()]
+            .iter()
+            .position(|h| *h == Some((page as u8, e)))
+    }
+
+    /// A staging slot no read of this batch uses (an empty one first), now pinned; what
+    /// it held is dropped (a prefetched expert never used counts as wasted).
+    fn free_stage(&mut self) -> Option<usize> {
+        let n = self.stage.len();
+        let free = |j: &usize| !self.stage_pin[*j];
+        let j = (0..n)
+            .filter(free)
+            .find(|&j| self.stage_holds[j].is_none())
+            .or_else(|| (0..n).find(free))?;
+        if let Some((pg, x)) = self.stage_holds[j].take() {
+            if let Some(lp) = self.pages.get_mut(pg as usize) {
+                if core::mem::take(&mut lp.prefetched[x as usize]) == 1 {
+                    lp.stats.prefetch_wasted += 1;
+                }
+            }
+        }
+        self.stage_pin[j] = true;
+        Some(j)
+    }
+
     /// Layer `il`'s batch of `tokens` tokens needs `want` (distinct, ascending): look
-    /// them up, and read the admitted misses into their slots with `read`, over `par`.
-    pub fn prepare(
-        &mut self,
-        io: &Io<'_>,
-        il: usize,
-        want: &[u16],
-        tokens: usize,
-    ) -> Result<(), ModelError> {
+    /// them up and decide where each miss goes; [`Self::each`] then reads and computes.
+    pub fn prepare(&mut self, il: usize, want: &[u16], tokens: usize) -> Result<(), ModelError> {
+        self.abandon_pending();
         self.batch.clear();
         self.batch_layer = il;
+        self.stage_pin = [false; MAX_STAGE];
         let Some(pi) = self.pages_of(il) else {
             return Ok(());
         };
-        let lp = &mut self.pages[pi];
         let mut acc = [Access::Hit(0); MAX_EXPERTS];
+        let lp = &mut self.pages[pi];
         lp.pool
             .access(want, &mut acc)
             .map_err(|err| PagerError::Pool { layer: il, err })?;
         for _ in 0..tokens {
             lp.pool.tick();
         }
-        let mut misses = heapless::Vec::<(u16, u16), MAX_EXPERTS>::new();
         for (&e, a) in want.iter().zip(&acc) {
-            let at = match *a {
+            let staged = self.staged(pi, e);
+            let lp = &mut self.pages[pi];
+            let loc = match *a {
                 Access::Hit(s) => {
                     lp.stats.hits += 1;
                     if core::mem::take(&mut lp.prefetched[e as usize]) == 1 {
                         lp.stats.read_ahead += 1;
                     }
-                    s
+                    Loc::Slot(s)
                 }
                 Access::Miss { slot, evicted } => {
-                    lp.stats.misses += 1;
                     if let Some(v) = evicted {
                         if core::mem::take(&mut lp.prefetched[v as usize]) == 1 {
                             lp.stats.prefetch_wasted += 1;
                         }
                     }
-                    match slot {
-                        Some(s) => {
-                            let _ = misses.push((e, s));
-                            s
+                    match (staged, slot) {
+                        (Some(j), slot) => {
+                            // Read ahead into a staging slot: a hit. Left there by an
+                            // earlier batch: a miss that costs no read (as the pool
+                            // alone, which the simulator replays, would count it).
+                            if core::mem::take(&mut lp.prefetched[e as usize]) == 1 {
+                                lp.stats.hits += 1;
+                                lp.stats.read_ahead += 1;
+                            } else {
+                                lp.stats.misses += 1;
+                            }
+                            match slot {
+                                Some(s) => {
+                                    let sb = lp.slot_bytes;
+                                    let at = s as usize * sb;
+                                    lp.slots[at..at + sb].copy_from_slice(&self.stage[j][..sb]);
+                                    self.stage_holds[j] = None;
+                                    Loc::Slot(s)
+                                }
+                                None => {
+                                    self.stage_pin[j] = true;
+                                    Loc::Stage(j as u8)
+                                }
+                            }
                         }
-                        None => u16::MAX,
+                        (None, Some(s)) => {
+                            lp.stats.misses += 1;
+                            self.queue(pi, e, Loc::Slot(s))
+                        }
+                        (None, None) => {
+                            lp.stats.misses += 1;
+                            match self.free_stage() {
+                                Some(j) => {
+                                    self.stage_holds[j] = Some((pi as u8, e));
+                                    self.queue(pi, e, Loc::Stage(j as u8))
+                                }
+                                None => Loc::Transient,
+                            }
+                        }
                     }
                 }
             };
-            let _ = self.batch.push((e, at));
+            let _ = self.batch.push((e, loc));
         }
+        let lp = &self.pages[pi];
         if self
             .transient_holds
             .is_some_and(|(l, e)| l == il && lp.pool.slot(e).is_some())
         {
             self.transient_holds = None;
         }
-        read_into_slots(io, lp, &misses)
+        Ok(())
     }
 
-    /// Expert `e` of the current batch's layer (after [`Self::prepare`]), or `None` when
-    /// the layer is not paged (its stacks hold every expert).
-    pub fn expert(&mut self, io: &Io<'_>, e: u16) -> Result<Option<SwiGlu<'_>>, ModelError> {
-        let il = self.batch_layer;
-        let Some(pi) = self.pages_of(il) else {
-            return Ok(None);
-        };
-        let &(_, at) = self
-            .batch
-            .iter()
-            .find(|(x, _)| *x == e)
-            .ok_or(ModelError::Pager(PagerError::NotPrepared {
-                layer: il,
-                expert: e,
-            }))?;
-        let lp = &mut self.pages[pi];
-        let buf: &[u8] = if at == u16::MAX {
-            if self.transient_holds != Some((il, e)) {
-                self.transient_holds = None;
-                let t0 = (io.now)();
-                let n = read_expert(io.read, &lp.parts, il, e, self.transient)?;
-                lp.stats.reads += 1;
-                lp.stats.bytes += n;
-                lp.stats.read_ns += (io.now)().saturating_sub(t0);
-                self.transient_holds = Some((il, e));
+    fn queue(&mut self, page: usize, e: u16, to: Loc) -> Loc {
+        match self.pending.push(Pending {
+            page: page as u8,
+            e,
+            to,
+        }) {
+            Ok(()) => to,
+            Err(r) => {
+                forget(&mut self.pages, &mut self.stage_holds, r);
+                Loc::Transient
             }
-            &self.transient[..lp.slot_bytes]
-        } else {
-            let s = at as usize * lp.slot_bytes;
-            &lp.slots[s..s + lp.slot_bytes]
-        };
-        let [g, u, d] = lp.parts.map(|p| view(&p, buf, e));
-        Ok(Some(SwiGlu {
-            gate: g,
-            up: u,
-            down: d,
-        }))
+        }
     }
 
     /// Pre-gated prefetch: `guess` (distinct) are the experts layer `il` will probably
-    /// pick; read the missing ones into slots now. Does not count as a use.
-    pub fn prefetch_into(
-        &mut self,
-        io: &Io<'_>,
-        il: usize,
-        guess: &[u16],
-    ) -> Result<(), ModelError> {
-        let Some(pi) = self.pages_of(il) else {
-            return Ok(());
+    /// pick; decide where the missing ones go (a slot the pool gives, else a staging
+    /// slot); [`Self::each`] reads them after the current batch's misses. Not a use.
+    pub fn prefetch_into(&mut self, il: usize, guess: &[u16]) {
+        let Some(pn) = self.pages_of(il) else {
+            return;
         };
-        let lp = &mut self.pages[pi];
-        let mut jobs = heapless::Vec::<(u16, u16), MAX_EXPERTS>::new();
         for &e in guess {
-            if lp.pool.slot(e).is_some() {
+            if self.pages[pn].pool.slot(e).is_some() || self.staged(pn, e).is_some() {
                 continue;
             }
-            if let Some((s, evicted)) = lp.pool.place_ahead(e, guess) {
-                if let Some(v) = evicted {
-                    if core::mem::take(&mut lp.prefetched[v as usize]) == 1 {
-                        lp.stats.prefetch_wasted += 1;
+            let to = match self.pages[pn].pool.place_ahead(e, guess) {
+                Some((s, evicted)) => {
+                    let lp = &mut self.pages[pn];
+                    if let Some(v) = evicted {
+                        if core::mem::take(&mut lp.prefetched[v as usize]) == 1 {
+                            lp.stats.prefetch_wasted += 1;
+                        }
                     }
+                    Loc::Slot(s)
                 }
+                None => match self.free_stage() {
+                    Some(j) => {
+                        self.stage_holds[j] = Some((pn as u8, e));
+                        Loc::Stage(j as u8)
+                    }
+                    None => break,
+                },
+            };
+            if self.queue(pn, e, to) == to {
+                let lp = &mut self.pages[pn];
                 lp.prefetched[e as usize] = 1;
                 lp.stats.prefetched += 1;
-                let _ = jobs.push((e, s));
             }
         }
+        let lp = &self.pages[pn];
         if self
             .transient_holds
             .is_some_and(|(l, e)| l == il && lp.pool.slot(e).is_some())
         {
             self.transient_holds = None;
         }
-        read_into_slots(io, lp, &jobs)
+    }
+
+    /// Read what [`Self::prepare`] and [`Self::prefetch_into`] decided and run
+    /// `f(e, expert e)` for each expert of the batch. Returns `false` when the batch's
+    /// layer is not paged (its stacks hold every expert; `f` was not called).
+    ///
+    /// In batch order (ascending ids), the reads first, or, `any_order`, on a platform
+    /// with an I/O thread: the reads there, one after another (the batch's misses,
+    /// then the prefetch), while this thread computes the experts already in memory
+    /// and then each read expert as soon as it is in, waiting only for the one it
+    /// needs. The time waited is counted in `wait_ns`.
+    pub fn each(
+        &mut self,
+        io: &Io<'_>,
+        any_order: bool,
+        f: &mut dyn FnMut(u16, SwiGlu<'_>) -> Result<(), ModelError>,
+    ) -> Result<bool, ModelError> {
+        // A layer that is not paged may still have prefetched for the next one.
+        let (pi, paged) = match (self.pages_of(self.batch_layer), self.pending.first()) {
+            (Some(p), _) => (p, true),
+            (None, Some(r)) => (r.page as usize, false),
+            (None, None) => return Ok(false),
+        };
+        let il = self.pages[pi].il;
+        let pending = core::mem::take(&mut self.pending);
+        let ExpertPager {
+            pages,
+            transient,
+            transient_holds,
+            stage,
+            stage_holds,
+            batch,
+            verify,
+            ..
+        } = self;
+        let pn = pending.iter().map(|r| r.page as usize).find(|&p| p != pi);
+        let (cur, next) = two_pages(pages, pi, pn);
+        let (cur_parts, cur_sb) = (cur.parts, cur.slot_bytes);
+        let mut cur_slots: heapless::Vec<Option<&mut [u8]>, MAX_EXPERTS> =
+            cur.slots.chunks_exact_mut(cur_sb).map(Some).collect();
+        let next_at = next
+            .as_ref()
+            .map_or((il, cur_parts, cur_sb), |n| (n.il, n.parts, n.slot_bytes));
+        let mut next_slots: heapless::Vec<Option<&mut [u8]>, MAX_EXPERTS> = heapless::Vec::new();
+        let mut next_book = None;
+        if let Some(n) = next {
+            next_slots = n.slots.chunks_exact_mut(n.slot_bytes).map(Some).collect();
+            next_book = Some((&mut n.stats, &mut n.pool));
+        }
+        let mut stage_bufs: heapless::Vec<Option<&mut [u8]>, MAX_STAGE> =
+            stage.iter_mut().map(|b| Some(&mut **b)).collect();
+        // The reads, each into its own slot's bytes.
+        let mut jobs: heapless::Vec<ReadJob<'_>, MAX_PENDING> = heapless::Vec::new();
+        let mut job_of = [u16::MAX; MAX_EXPERTS];
+        for r in &pending {
+            let mine = r.page as usize == pi;
+            let sb = if mine { cur_sb } else { next_at.2 };
+            let buf = match r.to {
+                Loc::Slot(s) if mine => cur_slots.get_mut(s as usize).and_then(Option::take),
+                Loc::Slot(s) => next_slots.get_mut(s as usize).and_then(Option::take),
+                Loc::Stage(j) => stage_bufs.get_mut(j as usize).and_then(Option::take),
+                Loc::Transient => None,
+            };
+            let Some(buf) = buf else { continue };
+            if mine {
+                job_of[r.e as usize] = jobs.len() as u16;
+            }
+            let _ = jobs.push(ReadJob::new(*r, &mut buf[..sb], !mine));
+        }
+        // What the batch computes from, in the order it is computed.
+        let mut order: heapless::Vec<(u16, Src<'_>), MAX_EXPERTS> = heapless::Vec::new();
+        let mut later: heapless::Vec<u16, MAX_EXPERTS> = heapless::Vec::new();
+        for &(e, loc) in batch.iter() {
+            let j = job_of[e as usize];
+            let src = if j != u16::MAX {
+                Src::Job(j)
+            } else {
+                let buf = match loc {
+                    Loc::Slot(s) => cur_slots.get_mut(s as usize).and_then(Option::take),
+                    Loc::Stage(j) => stage_bufs.get_mut(j as usize).and_then(Option::take),
+                    Loc::Transient => {
+                        let _ = later.push(e);
+                        continue;
+                    }
+                };
+                let buf = buf.ok_or(PagerError::NotPrepared {
+                    layer: il,
+                    expert: e,
+                })?;
+                Src::Ready(&buf[..cur_sb])
+            };
+            let _ = order.push((e, src));
+        }
+        let overlap = io.overlap.filter(|_| any_order && !jobs.is_empty());
+        let verifying = verify.is_some();
+        if overlap.is_some() {
+            // Ready experts first, each group in batch order.
+            let is_job = |x: &&(u16, Src<'_>)| matches!(x.1, Src::Job(_));
+            let ready = order.iter().filter(|x| !is_job(x));
+            order = ready.chain(order.iter().filter(is_job)).copied().collect();
+        }
+        let parts_of = |j: &ReadJob| {
+            if j.next {
+                (next_at.0, next_at.1)
+            } else {
+                (il, cur_parts)
+            }
+        };
+        let mut waited = 0u64;
+        let mut compute = |waited: &mut u64| -> Result<(), ModelError> {
+            for (e, src) in order.iter_mut() {
+                let bytes: &[u8] = match src {
+                    Src::Ready(b) => b,
+                    Src::Job(j) => {
+                        let job = &jobs[*j as usize];
+                        let t0 = (io.now)();
+                        while job.state.load(Ordering::Acquire) == PENDING {
+                            (io.yield_now)();
+                        }
+                        *waited += (io.now)().saturating_sub(t0);
+                        job.result(il)?;
+                        let b = job.dst.lock().take().ok_or(PagerError::NotPrepared {
+                            layer: il,
+                            expert: *e,
+                        })?;
+                        *src = Src::Ready(b);
+                        match src {
+                            Src::Ready(b) => b,
+                            Src::Job(_) => unreachable!(),
+                        }
+                    }
+                };
+                f(*e, views(&cur_parts, bytes, *e))?;
+            }
+            Ok(())
+        };
+        let result = match overlap {
+            Some(overlap) => {
+                let mut verify = verify.as_deref_mut();
+                let mut reader = || {
+                    for j in jobs.iter() {
+                        let (l, parts) = parts_of(j);
+                        j.run(io, l, &parts, verify.as_deref_mut());
+                    }
+                };
+                let mut r = Ok(());
+                let mut done_at = 0;
+                let mut work = || {
+                    r = compute(&mut waited);
+                    done_at = (io.now)();
+                };
+                overlap(&mut reader, &mut work);
+                waited += (io.now)().saturating_sub(done_at);
+                r
+            }
+            None => {
+                let t0 = (io.now)();
+                read_all(io, &jobs, &parts_of, verify.as_deref_mut());
+                waited += (io.now)().saturating_sub(t0);
+                compute(&mut waited)
+            }
+        };
+        drop(order);
+        // Counts, and forget what a failed read left stale.
+        let mut failed = None;
+        for j in jobs.iter() {
+            let (stats, pool) = match (j.next, next_book.as_mut()) {
+                (true, Some((s, p))) => (&mut **s, &mut **p),
+                _ => (&mut cur.stats, &mut cur.pool),
+            };
+            stats.reads += 1;
+            stats.bytes += j.bytes.load(Ordering::Relaxed);
+            stats.read_ns += j.ns.load(Ordering::Relaxed);
+            let outcome = j.result(parts_of(j).0);
+            stats.verified += (verifying && outcome.is_ok()) as u64;
+            if let Err(e) = outcome {
+                failed.get_or_insert(e);
+                match j.what.to {
+                    Loc::Slot(_) => pool.forget(j.what.e),
+                    Loc::Stage(s) => stage_holds[s as usize] = None,
+                    Loc::Transient => {}
+                }
+            }
+        }
+        cur.stats.wait_ns += waited;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        result?;
+        for e in later {
+            if *transient_holds != Some((il, e)) {
+                *transient_holds = None;
+                let t0 = (io.now)();
+                let n = read_expert(io.read, &cur_parts, il, e, transient, verify.as_deref_mut())?;
+                let dt = (io.now)().saturating_sub(t0);
+                cur.stats.reads += 1;
+                cur.stats.bytes += n;
+                cur.stats.read_ns += dt;
+                cur.stats.wait_ns += dt;
+                cur.stats.verified += verifying as u64;
+                *transient_holds = Some((il, e));
+            }
+            f(e, views(&cur_parts, &transient[..cur_sb], e))?;
+        }
+        Ok(paged)
     }
 
     /// The paged layer after `il` (in layer order) with its router, if any.
@@ -525,16 +891,190 @@ impl<'a> ExpertPager<'a> {
     }
 }
 
+/// A read that never happened or failed: its slot does not hold the expert.
+fn forget(pages: &mut [LayerPages<'_>], stage_holds: &mut [Option<(u8, u16)>], r: Pending) {
+    match r.to {
+        Loc::Slot(_) => {
+            if let Some(lp) = pages.get_mut(r.page as usize) {
+                lp.pool.forget(r.e);
+            }
+        }
+        Loc::Stage(j) => stage_holds[j as usize] = None,
+        Loc::Transient => {}
+    }
+}
+
+/// Paged layers `a` and `b` (`b != a`) mutably at once.
+fn two_pages<'p, 'a>(
+    pages: &'p mut [LayerPages<'a>],
+    a: usize,
+    b: Option<usize>,
+) -> (&'p mut LayerPages<'a>, Option<&'p mut LayerPages<'a>>) {
+    match b {
+        Some(b) if b > a => {
+            let (lo, hi) = pages.split_at_mut(b);
+            (&mut lo[a], Some(&mut hi[0]))
+        }
+        Some(b) if b < a => {
+            let (lo, hi) = pages.split_at_mut(a);
+            (&mut hi[0], Some(&mut lo[b]))
+        }
+        _ => (&mut pages[a], None),
+    }
+}
+
+/// An expert's bytes for the compute: in memory, or the read job bringing them.
+#[derive(Clone, Copy)]
+enum Src<'d> {
+    Ready(&'d [u8]),
+    Job(u16),
+}
+
+const PENDING: u8 = 0;
+const DONE: u8 = 1;
+const FAILED: u8 = 2;
+const MISMATCH: u8 = 3;
+
+/// One expert read: its slot's bytes (lent to the reader, then to the compute), and
+/// how it went.
+struct ReadJob<'d> {
+    what: Pending,
+    /// For the next layer (a prefetch), not the batch's.
+    next: bool,
+    dst: spin::Mutex<Option<&'d mut [u8]>>,
+    state: core::sync::atomic::AtomicU8,
+    /// The failing offset (`FAILED`, `MISMATCH`).
+    at: core::sync::atomic::AtomicU64,
+    bytes: core::sync::atomic::AtomicU64,
+    ns: core::sync::atomic::AtomicU64,
+}
+
+impl<'d> ReadJob<'d> {
+    fn new(what: Pending, dst: &'d mut [u8], next: bool) -> ReadJob<'d> {
+        ReadJob {
+            what,
+            next,
+            dst: spin::Mutex::new(Some(dst)),
+            state: core::sync::atomic::AtomicU8::new(PENDING),
+            at: core::sync::atomic::AtomicU64::new(0),
+            bytes: core::sync::atomic::AtomicU64::new(0),
+            ns: core::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Read the expert's three parts, one aligned read each, then publish the outcome.
+    fn run(&self, io: &Io<'_>, il: usize, parts: &[Part; 3], verify: Option<&mut [u8]>) {
+        let t0 = (io.now)();
+        let mut slot = self.dst.lock();
+        let state = match slot.as_deref_mut() {
+            Some(buf) => match read_expert(io.read, parts, il, self.what.e, buf, verify) {
+                Ok(n) => {
+                    self.bytes.store(n, Ordering::Relaxed);
+                    DONE
+                }
+                Err(ModelError::StreamMismatch { offset }) => {
+                    self.at.store(offset, Ordering::Relaxed);
+                    MISMATCH
+                }
+                Err(ModelError::Pager(PagerError::Read { offset, .. })) => {
+                    self.at.store(offset, Ordering::Relaxed);
+                    FAILED
+                }
+                Err(_) => FAILED,
+            },
+            None => FAILED,
+        };
+        drop(slot);
+        self.ns
+            .store((io.now)().saturating_sub(t0), Ordering::Relaxed);
+        self.state.store(state, Ordering::Release);
+    }
+
+    /// The read's outcome as the error it was (`il`: its layer).
+    fn result(&self, il: usize) -> Result<(), ModelError> {
+        let offset = self.at.load(Ordering::Relaxed);
+        match self.state.load(Ordering::Acquire) {
+            DONE => Ok(()),
+            MISMATCH => Err(ModelError::StreamMismatch { offset }),
+            _ => Err(ModelError::Pager(PagerError::Read {
+                layer: il,
+                expert: self.what.e,
+                offset,
+            })),
+        }
+    }
+}
+
+/// Every job read now, spread over the platform's workers (one after another when
+/// verifying: the comparison buffer is one).
+fn read_all(
+    io: &Io<'_>,
+    jobs: &[ReadJob<'_>],
+    parts_of: &(dyn Fn(&ReadJob) -> (usize, [Part; 3]) + Sync),
+    verify: Option<&mut [u8]>,
+) {
+    if let Some(v) = verify {
+        for j in jobs {
+            let (l, parts) = parts_of(j);
+            j.run(io, l, &parts, Some(&mut *v));
+        }
+        return;
+    }
+    let next = AtomicUsize::new(0);
+    let work = |_: usize| loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        let Some(j) = jobs.get(i) else { break };
+        let (l, parts) = parts_of(j);
+        j.run(io, l, &parts, None);
+    };
+    let n = io.workers.clamp(1, jobs.len().max(1));
+    if n > 1 {
+        (io.parallel)(n, &work);
+    } else {
+        work(0);
+    }
+}
+
 /// `parallel(n, f)`: run `f(i)` for `i in 0..n` on the platform's workers.
 pub type ParallelFn<'x> = dyn Fn(usize, &(dyn Fn(usize) + Sync)) + Sync + 'x;
 
-/// What reading needs from the session: the file reader, the platform's workers and
-/// clock.
+/// `overlap(io, work)`: [`crate::platform::Platform::overlap`] on a platform with an I/O
+/// thread.
+pub type OverlapFn<'x> = dyn Fn(&mut (dyn FnMut() + Send), &mut dyn FnMut()) + Sync + 'x;
+
+/// What reading needs from the session: the file reader, the platform's workers, I/O
+/// thread and clock.
 pub struct Io<'x> {
     pub read: &'x ReadFn<'x>,
     pub workers: usize,
     pub parallel: &'x ParallelFn<'x>,
+    /// `None`: no I/O thread (reads happen before the compute).
+    pub overlap: Option<&'x OverlapFn<'x>>,
+    pub yield_now: &'x (dyn Fn() + Sync),
     pub now: &'x (dyn Fn() -> u64 + Sync),
+}
+
+/// Run `f` with platform `p`'s I/O: the file reader `read`, up to `threads` workers,
+/// the I/O thread if `p` has one, its clock.
+pub fn with_io<P: crate::platform::Platform, R>(
+    p: &P,
+    read: &ReadFn<'_>,
+    threads: usize,
+    f: impl FnOnce(Io<'_>) -> R,
+) -> R {
+    let parallel = |k: usize, g: &(dyn Fn(usize) + Sync)| p.parallel(k, g);
+    let overlap = |io: &mut (dyn FnMut() + Send), work: &mut dyn FnMut()| p.overlap(io, work);
+    let yield_now = || p.yield_now();
+    let now = || p.now_ns();
+    let overlap: &OverlapFn = &overlap;
+    f(Io {
+        read,
+        workers: threads.min(p.workers()),
+        parallel: &parallel,
+        overlap: p.io_thread().then_some(overlap),
+        yield_now: &yield_now,
+        now: &now,
+    })
 }
 
 /// Expert `e`'s part `p` viewed in a slot's bytes.
@@ -552,6 +1092,16 @@ fn view<'b>(p: &Part, slot: &'b [u8], e: u16) -> Tensor<'b> {
     }
 }
 
+/// Expert `e`'s three matrices in a slot's bytes.
+fn views<'b>(parts: &[Part; 3], slot: &'b [u8], e: u16) -> SwiGlu<'b> {
+    let [g, u, d] = parts.map(|p| view(&p, slot, e));
+    SwiGlu {
+        gate: g,
+        up: u,
+        down: d,
+    }
+}
+
 /// Read expert `e`'s three parts into `slot` (one after another); returns the bytes.
 fn read_expert(
     read: &ReadFn,
@@ -559,12 +1109,14 @@ fn read_expert(
     il: usize,
     e: u16,
     slot: &mut [u8],
+    mut verify: Option<&mut [u8]>,
 ) -> Result<u64, ModelError> {
     let mut n = 0;
     for p in parts {
         let span = p.exact(e).aligned();
         let dst = &mut slot[p.at..p.at + slot_part_bytes(p.bytes) as usize];
-        n += fill(read, dst, span, None).map_err(|err| read_err(err, il, e, span))?;
+        n += fill(read, dst, span, verify.as_deref_mut())
+            .map_err(|err| read_err(err, il, e, span))?;
     }
     Ok(n)
 }
@@ -585,81 +1137,6 @@ fn read_err(err: ModelError, layer: usize, expert: u16, span: Span) -> ModelErro
     }
 }
 
-/// Read `(expert, slot)` pairs into their slots: every part one aligned read, spread
-/// over the workers.
-fn read_into_slots(
-    io: &Io<'_>,
-    lp: &mut LayerPages<'_>,
-    misses: &[(u16, u16)],
-) -> Result<(), ModelError> {
-    if misses.is_empty() {
-        return Ok(());
-    }
-    let t0 = (io.now)();
-    let il = lp.il;
-    let sb = lp.slot_bytes;
-    let parts = lp.parts;
-    let mut by_slot: heapless::Vec<Option<&mut [u8]>, MAX_EXPERTS> =
-        lp.slots.chunks_exact_mut(sb).map(Some).collect();
-    let mut jobs: heapless::Vec<Job<'_>, JOBS> = heapless::Vec::new();
-    let err = spin::Mutex::new(None);
-    let bytes = core::sync::atomic::AtomicU64::new(0);
-    let run = |jobs: &heapless::Vec<Job<'_>, JOBS>| {
-        let next = AtomicUsize::new(0);
-        let work = |_: usize| loop {
-            let i = next.fetch_add(1, Ordering::Relaxed);
-            let Some(j) = jobs.get(i) else { break };
-            let Some((span, dst, layer, e)) = j.lock().take() else {
-                continue;
-            };
-            match fill(io.read, dst, span, None) {
-                Ok(n) => {
-                    bytes.fetch_add(n, Ordering::Relaxed);
-                }
-                Err(x) => {
-                    err.lock().get_or_insert(read_err(x, layer, e, span));
-                }
-            }
-        };
-        let n = io.workers.clamp(1, jobs.len().max(1));
-        if n > 1 {
-            (io.parallel)(n, &work);
-        } else {
-            work(0);
-        }
-    };
-    for &(e, s) in misses {
-        let Some(mut slot) = by_slot.get_mut(s as usize).and_then(Option::take) else {
-            continue;
-        };
-        for p in &parts {
-            let len = slot_part_bytes(p.bytes) as usize;
-            let (dst, rest) = core::mem::take(&mut slot).split_at_mut(len);
-            slot = rest;
-            let _ = jobs.push(spin::Mutex::new(Some((p.exact(e).aligned(), dst, il, e))));
-        }
-        if jobs.len() + 3 > JOBS {
-            run(&jobs);
-            jobs.clear();
-        }
-    }
-    run(&jobs);
-    drop(jobs);
-    lp.stats.reads += misses.len() as u64;
-    lp.stats.bytes += bytes.into_inner();
-    lp.stats.read_ns += (io.now)().saturating_sub(t0);
-    match err.into_inner() {
-        Some(e) => {
-            // The slots that failed hold stale bytes: forget every expert of this read.
-            for &(e, _) in misses {
-                lp.pool.forget(e);
-            }
-            Err(e)
-        }
-        None => Ok(()),
-    }
-}
-
 /// The MoE block's [`Experts`] when the session has a pager: hits from the pools,
 /// misses read through `io`; layers that are not paged use their stacks.
 pub struct Paged<'x, 'a> {
@@ -669,13 +1146,19 @@ pub struct Paged<'x, 'a> {
 
 impl Experts for Paged<'_, '_> {
     fn prepare(&mut self, block: &MoeFfn<'_>, want: &[u16], n: usize) -> Result<(), ModelError> {
-        self.pager.prepare(&self.io, block.il, want, n)
+        self.pager.prepare(block.il, want, n)
     }
-    fn get<'y>(&'y mut self, block: &'y MoeFfn<'_>, e: usize) -> Result<SwiGlu<'y>, ModelError> {
-        match self.pager.expert(&self.io, e as u16)? {
-            Some(sw) => Ok(sw),
-            None => block.expert(e),
+    fn each(
+        &mut self,
+        block: &MoeFfn<'_>,
+        want: &[u16],
+        any_order: bool,
+        f: &mut dyn FnMut(u16, SwiGlu<'_>) -> Result<(), ModelError>,
+    ) -> Result<(), ModelError> {
+        if self.pager.each(&self.io, any_order, f)? {
+            return Ok(());
         }
+        block.each_resident(want, f)
     }
     fn routing(&self) -> Routing {
         self.pager.routing
@@ -725,12 +1208,431 @@ impl Experts for Paged<'_, '_> {
         for (x, _) in used[..ne].iter().enumerate().filter(|(_, &u)| u) {
             let _ = guess.push(x as u16);
         }
-        self.pager.prefetch_into(&self.io, il, &guess)
+        self.pager.prefetch_into(il, &guess);
+        Ok(())
     }
 }
 
 impl From<PagerError> for ModelError {
     fn from(e: PagerError) -> Self {
         ModelError::Pager(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The pager on a fake model file: two MoE layers of 16 F32 experts (one I/O block
+    //! per matrix) whose bytes name their layer, matrix and expert, read through a fake reader that counts reads
+    //! and can fail, block or lie; with and without an I/O thread.
+    extern crate std;
+    use super::*;
+    use crate::model::attention::Attention;
+    use crate::model::layer::{Ffn, Layer, Mixer};
+    use crate::model::moe_route::Gating;
+    use crate::platform::PlatformError;
+    use std::sync::atomic::{AtomicBool, AtomicU64};
+    use std::vec;
+    use std::vec::Vec;
+
+    const NE: usize = 16;
+    /// Bytes of one expert's matrix (2 rows x 1024 f32: two I/O blocks).
+    const PART: usize = 8192;
+    const COLS: usize = 1024;
+    const BASE: u64 = 8192;
+
+    fn stack_offset(l: usize, p: usize) -> u64 {
+        BASE + ((l * 3 + p) * NE * PART) as u64
+    }
+
+    /// The model file: every expert's bytes distinct.
+    fn file() -> Vec<u8> {
+        let mut f = vec![0u8; BASE as usize + 2 * 3 * NE * PART + 8192];
+        for l in 0..2 {
+            for p in 0..3 {
+                for e in 0..NE {
+                    let at = stack_offset(l, p) as usize + e * PART;
+                    for (i, b) in f[at..at + PART].iter_mut().enumerate() {
+                        *b = (l * 97 + p * 31 + e * 7 + i % 251) as u8;
+                    }
+                }
+            }
+        }
+        f
+    }
+
+    /// Expert `e` of layer `l` as the file has it (gate, up, down).
+    fn want_bytes(f: &[u8], l: usize, e: u16) -> Vec<u8> {
+        (0..3)
+            .flat_map(|p| {
+                let at = stack_offset(l, p) as usize + e as usize * PART;
+                f[at..at + PART].to_vec()
+            })
+            .collect()
+    }
+
+    fn t(cols: usize, rows: usize, file: Span) -> Tensor<'static> {
+        Tensor {
+            ty: pinch_kernels::GgmlType::F32,
+            cols,
+            rows,
+            data: &[],
+            layout: pinch_kernels::repack::Layout::Plain,
+            file,
+        }
+    }
+
+    fn layers() -> Vec<Layer<'static>> {
+        let none = t(4, 4, Span::default());
+        (0..2)
+            .map(|l| {
+                let stack = |p| {
+                    t(
+                        COLS,
+                        2 * NE,
+                        Span {
+                            offset: stack_offset(l, p),
+                            len: (NE * PART) as u64,
+                        },
+                    )
+                };
+                Layer {
+                    attn_norm: &[],
+                    mixer: Mixer::Attention(Attention {
+                        wq: none,
+                        wk: none,
+                        wv: none,
+                        wo: none,
+                        bq: None,
+                        bk: None,
+                        bv: None,
+                        q_norm: None,
+                        k_norm: None,
+                        n_head_kv: 1,
+                        swa: false,
+                        fused_qkv: None,
+                        gated: false,
+                    }),
+                    post_mixer_norm: None,
+                    ffn_norm: &[],
+                    ffn: Ffn::Moe(MoeFfn {
+                        router: t(4, NE, Span::default()),
+                        bias: None,
+                        gate_exps: stack(0),
+                        up_exps: stack(1),
+                        down_exps: stack(2),
+                        shared: None,
+                        cfg: MoeConfig {
+                            n_expert: NE,
+                            n_used: 2,
+                            n_ff_exp: 2,
+                            n_ff_shexp: 0,
+                            gating: Gating::Softmax,
+                            norm_weights: true,
+                            weights_scale: 1.0,
+                            n_group: 0,
+                            n_group_used: 0,
+                            n_dense_lead: 0,
+                        },
+                        il: l,
+                    }),
+                    post_ffn_norm: None,
+                    stream: None,
+                }
+            })
+            .collect()
+    }
+
+    /// The fake storage: counts reads; `fail` / `lie` make reads touching expert
+    /// `(layer, expert)` fail or (buffered reads) come back with other bytes.
+    struct Disk {
+        bytes: Vec<u8>,
+        reads: AtomicU64,
+        fail: Option<(usize, u16)>,
+        lie: bool,
+    }
+
+    impl Disk {
+        fn new() -> Disk {
+            Disk {
+                bytes: file(),
+                reads: AtomicU64::new(0),
+                fail: None,
+                lie: false,
+            }
+        }
+        fn read(&self, off: u64, buf: &mut [u8], direct: bool) -> Result<usize, PlatformError> {
+            if let Some((l, e)) = self.fail {
+                let at = stack_offset(l, 0) + (e as usize * PART) as u64;
+                if off <= at && at < off + buf.len() as u64 {
+                    return Err(PlatformError::Read {
+                        offset: off,
+                        code: 5,
+                    });
+                }
+            }
+            if direct {
+                self.reads.fetch_add(1, Ordering::Relaxed);
+            }
+            let src = self.bytes.get(off as usize..).unwrap_or(&[]);
+            let n = src.len().min(buf.len());
+            buf[..n].copy_from_slice(&src[..n]);
+            if self.lie && !direct && n > 0 {
+                buf[n / 2] ^= 1;
+            }
+            Ok(n)
+        }
+        fn reads(&self) -> u64 {
+            self.reads.load(Ordering::Relaxed)
+        }
+    }
+
+    fn slot_bytes() -> u64 {
+        3 * slot_part_bytes(PART as u64)
+    }
+
+    /// Run `f` with a pager of `slots` slots and `stage` staging slots over the fake
+    /// file, reading through `disk` (with an I/O thread when `threaded`).
+    fn with_pager(
+        disk: &Disk,
+        slots: usize,
+        stage: usize,
+        policy: Policy,
+        threaded: bool,
+        f: impl FnOnce(&mut ExpertPager<'_>, &Io<'_>),
+    ) {
+        let mut region = vec![0u8; 4 << 20];
+        let mut arena = Arena::new(&mut region);
+        let layers = layers();
+        let mut x =
+            ExpertPager::new(&mut arena, &layers, slots, slot_bytes(), stage, policy).unwrap();
+        let read = |off: u64, buf: &mut [u8], d: bool| disk.read(off, buf, d);
+        let parallel = |n: usize, g: &(dyn Fn(usize) + Sync)| (0..n).for_each(g);
+        let overlap = |io: &mut (dyn FnMut() + Send), work: &mut dyn FnMut()| {
+            std::thread::scope(|s| {
+                let h = s.spawn(io);
+                work();
+                h.join().unwrap();
+            })
+        };
+        let yield_now = std::thread::yield_now;
+        let t0 = std::time::Instant::now();
+        let now = || t0.elapsed().as_nanos() as u64;
+        let overlap: &OverlapFn = &overlap;
+        let io = Io {
+            read: &read,
+            workers: 1,
+            parallel: &parallel,
+            overlap: threaded.then_some(overlap),
+            yield_now: &yield_now,
+            now: &now,
+        };
+        f(&mut x, &io);
+    }
+
+    /// One batch of layer `il` wanting `want` (and, first, guesses `guess` for layer
+    /// `il + 1`): the experts in the order the pager handed them out, with their bytes.
+    fn batch(
+        x: &mut ExpertPager,
+        io: &Io,
+        il: usize,
+        want: &[u16],
+        guess: &[u16],
+    ) -> Result<Vec<(u16, Vec<u8>)>, ModelError> {
+        x.prepare(il, want, 1)?;
+        if !guess.is_empty() {
+            x.prefetch_into(il + 1, guess);
+        }
+        let mut got = Vec::new();
+        x.each(io, true, &mut |e, sw| {
+            let mut b = sw.gate.data.to_vec();
+            b.extend_from_slice(sw.up.data);
+            b.extend_from_slice(sw.down.data);
+            got.push((e, b));
+            Ok(())
+        })?;
+        Ok(got)
+    }
+
+    fn check(disk: &Disk, il: usize, got: &[(u16, Vec<u8>)]) {
+        for (e, b) in got {
+            assert_eq!(b, &want_bytes(&disk.bytes, il, *e), "layer {il} expert {e}");
+        }
+    }
+
+    /// LFU keeps two experts used ten times each; a guess for that layer has no count,
+    /// so the pool does not admit it. Without staging slots nothing is read ahead (the
+    /// 3-9 % the bench-moe model measured); with one, the guess is read there and
+    /// the batch that picks it finds it without a read.
+    #[test]
+    fn lfu_prefetch_reads_a_guess_the_pool_does_not_admit_into_a_staging_slot() {
+        for stage in [0, 1] {
+            let disk = Disk::new();
+            with_pager(&disk, 2, stage, Policy::LFU, false, |x, io| {
+                for _ in 0..10 {
+                    check(&disk, 1, &batch(x, io, 1, &[0, 1], &[]).unwrap());
+                }
+                check(&disk, 0, &batch(x, io, 0, &[3], &[5]).unwrap());
+                let before = disk.reads();
+                let got = batch(x, io, 1, &[0, 5], &[]).unwrap();
+                check(&disk, 1, &got);
+                let s = x.layer_stats(1).unwrap();
+                if stage == 0 {
+                    assert_eq!((s.prefetched, s.read_ahead), (0, 0), "{s:?}");
+                    assert_eq!(disk.reads(), before + 3, "expert 5 read on use");
+                } else {
+                    assert_eq!((s.prefetched, s.read_ahead), (1, 1), "{s:?}");
+                    assert_eq!(disk.reads(), before, "expert 5 was read ahead");
+                    // Still outside the pool: LFU kept its two favourites.
+                    assert!(!x.is_resident(1, 5) && x.is_resident(1, 0));
+                }
+            });
+        }
+    }
+
+    /// A guess read into a staging slot that the pool admits when it is picked (its
+    /// count, one use, now beats the victim's decayed one) is copied into the slot.
+    #[test]
+    fn a_staged_guess_the_pool_then_admits_moves_into_its_slot_without_a_read() {
+        let disk = Disk::new();
+        with_pager(&disk, 1, 2, Policy::LFU, false, |x, io| {
+            check(&disk, 1, &batch(x, io, 1, &[0], &[]).unwrap());
+            check(&disk, 0, &batch(x, io, 0, &[2], &[3]).unwrap());
+            assert!(!x.is_resident(1, 3), "LFU admitted a guess with no use");
+            let before = disk.reads();
+            check(&disk, 1, &batch(x, io, 1, &[3], &[]).unwrap());
+            assert_eq!(disk.reads(), before);
+            assert!(x.is_resident(1, 3) && !x.is_resident(1, 0));
+            // From the slot now: the staging slot was let go, the bytes are the same.
+            check(&disk, 1, &batch(x, io, 1, &[3], &[]).unwrap());
+            assert_eq!(disk.reads(), before);
+            let s = x.layer_stats(1).unwrap();
+            assert_eq!((s.hits, s.read_ahead, s.prefetched), (2, 1, 1), "{s:?}");
+        });
+    }
+
+    /// Wrong guesses cost reads and are counted as wasted when their staging slot is
+    /// taken; what the batches compute is the file's bytes throughout.
+    #[test]
+    fn wrong_guesses_cost_reads_and_count_as_wasted() {
+        let disk = Disk::new();
+        with_pager(&disk, 2, 1, Policy::LFU, false, |x, io| {
+            for _ in 0..3 {
+                check(&disk, 1, &batch(x, io, 1, &[0, 1], &[]).unwrap());
+            }
+            check(&disk, 0, &batch(x, io, 0, &[4], &[7]).unwrap());
+            check(&disk, 1, &batch(x, io, 1, &[0, 8], &[]).unwrap());
+            check(&disk, 0, &batch(x, io, 0, &[4], &[9]).unwrap());
+            check(&disk, 1, &batch(x, io, 1, &[9, 1], &[]).unwrap());
+            let s = x.layer_stats(1).unwrap();
+            assert_eq!(s.prefetched, 2, "{s:?}");
+            assert_eq!(s.read_ahead, 1, "{s:?}");
+            assert!(s.prefetch_wasted >= 1, "{s:?}");
+        });
+    }
+
+    /// LRU admits every guess into the pool: a prefetch there evicts the least recent
+    /// expert, as a use would.
+    #[test]
+    fn lru_prefetch_places_guesses_in_the_pool() {
+        let disk = Disk::new();
+        with_pager(&disk, 2, 2, Policy::Lru, false, |x, io| {
+            check(&disk, 1, &batch(x, io, 1, &[0, 1], &[]).unwrap());
+            check(&disk, 0, &batch(x, io, 0, &[2], &[6]).unwrap());
+            assert!(x.is_resident(1, 6));
+            check(&disk, 1, &batch(x, io, 1, &[6], &[]).unwrap());
+            let s = x.layer_stats(1).unwrap();
+            assert_eq!((s.read_ahead, s.prefetched), (1, 1), "{s:?}");
+        });
+    }
+
+    /// With an I/O thread, the expert already in memory is computed while the missing
+    /// one is read: the read of expert 9 waits (up to 5 s) until the compute has had
+    /// expert 0, which can only happen when the two run at once.
+    #[test]
+    fn with_an_io_thread_resident_experts_are_computed_while_misses_are_read() {
+        let disk = Disk::new();
+        let computed = AtomicBool::new(false);
+        let saw = AtomicBool::new(false);
+        let miss_at = stack_offset(1, 0) + (9 * PART) as u64;
+        let read = |off: u64, buf: &mut [u8], d: bool| {
+            if off <= miss_at && miss_at < off + buf.len() as u64 {
+                let t0 = std::time::Instant::now();
+                while !computed.load(Ordering::Acquire) && t0.elapsed().as_secs() < 5 {
+                    std::thread::yield_now();
+                }
+                saw.store(computed.load(Ordering::Acquire), Ordering::Release);
+            }
+            disk.read(off, buf, d)
+        };
+        with_pager(&disk, 2, 0, Policy::LFU, true, |x, io| {
+            check(&disk, 1, &batch(x, io, 1, &[0], &[]).unwrap());
+            let io = Io { read: &read, ..*io };
+            x.prepare(1, &[0, 9], 1).unwrap();
+            let mut order = Vec::new();
+            x.each(&io, true, &mut |e, sw| {
+                if e == 0 {
+                    computed.store(true, Ordering::Release);
+                }
+                let b = [sw.gate.data, sw.up.data, sw.down.data].concat();
+                order.push((e, b));
+                Ok(())
+            })
+            .unwrap();
+            check(&disk, 1, &order);
+            assert_eq!(order.iter().map(|o| o.0).collect::<Vec<_>>(), [0, 9]);
+            assert!(
+                saw.load(Ordering::Acquire),
+                "the read did not overlap the compute"
+            );
+            let s = x.layer_stats(1).unwrap();
+            assert!(s.wait_ns > 0, "{s:?}");
+        });
+    }
+
+    /// A read that fails is an error naming layer, expert and offset, and the expert is
+    /// forgotten: the next batch reads it again (and gets the file's bytes).
+    #[test]
+    fn a_failed_read_is_an_error_and_its_expert_is_forgotten() {
+        for threaded in [false, true] {
+            let mut disk = Disk::new();
+            disk.fail = Some((1, 5));
+            let disk = disk;
+            let ok = Disk::new();
+            with_pager(&disk, 2, 2, Policy::LFU, threaded, |x, io| {
+                let err = batch(x, io, 1, &[1, 5], &[]).unwrap_err();
+                match err {
+                    ModelError::Pager(PagerError::Read { layer, expert, .. }) => {
+                        assert_eq!((layer, expert), (1, 5));
+                    }
+                    e => panic!("{e:?}"),
+                }
+                assert!(!x.is_resident(1, 5));
+                let read = |off: u64, buf: &mut [u8], d: bool| ok.read(off, buf, d);
+                let io = Io { read: &read, ..*io };
+                check(&ok, 1, &batch(x, &io, 1, &[1, 5], &[]).unwrap());
+                assert!(x.is_resident(1, 5));
+            });
+        }
+    }
+
+    /// `--verify-stream`: each expert read is compared with a buffered read; a
+    /// difference is an error naming the offset.
+    #[test]
+    fn verify_compares_every_expert_read_with_the_file() {
+        for lie in [false, true] {
+            let mut disk = Disk::new();
+            disk.lie = lie;
+            with_pager(&disk, 2, 0, Policy::LFU, true, |x, io| {
+                x.set_verify(std::boxed::Box::leak(vec![0u8; 4096].into_boxed_slice()));
+                let r = batch(x, io, 1, &[2, 3], &[]);
+                if lie {
+                    assert!(matches!(r, Err(ModelError::StreamMismatch { .. })), "{r:?}");
+                    assert!(!x.is_resident(1, 2) || !x.is_resident(1, 3));
+                } else {
+                    check(&disk, 1, &r.unwrap());
+                    assert_eq!(x.layer_stats(1).unwrap().verified, 2);
+                }
+            });
+        }
     }
 }

@@ -53,8 +53,19 @@ impl SimReport {
 
 /// Replay `trace` with `slots` per layer under `policy`, one token at a time.
 pub fn simulate(trace: &Trace, slots: usize, policy: Policy) -> Result<SimReport, PoolError> {
+    simulate_from(trace, slots, policy, 0)
+}
+
+/// [`simulate`] counting from token `from` on: the tokens before it go through the
+/// pools (a run's prompt) but count neither for the policy nor for the best fixed pool.
+pub fn simulate_from(
+    trace: &Trace,
+    slots: usize,
+    policy: Policy,
+    from: usize,
+) -> Result<SimReport, PoolError> {
     let mut report = SimReport {
-        tokens: trace.tokens(),
+        tokens: trace.tokens().saturating_sub(from),
         layers: heapless::Vec::new(),
     };
     let mut picks = [0u16; MAX_EXPERTS];
@@ -70,6 +81,9 @@ pub fn simulate(trace: &Trace, slots: usize, policy: Policy) -> Result<SimReport
             let want = distinct(&mut picks[..k]);
             pool.access(&picks[..want], &mut out)?;
             pool.tick();
+            if t < from {
+                continue;
+            }
             for (a, &e) in out[..want].iter().zip(&picks[..want]) {
                 freq[e as usize] += 1;
                 match a {
@@ -166,6 +180,29 @@ mod tests {
             lfu.hit_rate(),
             lfu.best_fixed_rate()
         );
+    }
+
+    /// Counting from token 100 on: the first 100 tokens fill the pool (a full pool
+    /// then never misses), and the counts cover only the rest.
+    #[test]
+    fn counting_from_a_token_skips_the_tokens_before_it() {
+        let mut buf = vec_buf();
+        let n = zipf_trace(&mut buf, 1, 16, 400);
+        let t = Trace::parse(&buf[..n]).unwrap();
+        let all = simulate(&t, 16, Policy::LFU).unwrap();
+        let late = simulate_from(&t, 16, Policy::LFU, 100).unwrap();
+        assert_eq!(late.tokens, 300);
+        let (a, b) = (all.total(), late.total());
+        assert!(
+            b.accesses() < a.accesses() && b.accesses() > 0,
+            "{a:?} {b:?}"
+        );
+        assert!(a.misses > 0);
+        assert_eq!(b.best_fixed_hits, b.accesses());
+        // Every expert the first 100 tokens used stays resident: few or no misses.
+        assert!(b.misses <= a.misses, "{a:?} {b:?}");
+        let small = simulate_from(&t, 4, Policy::LFU, 100).unwrap().total();
+        assert!(small.best_fixed_hits < small.accesses());
     }
 
     fn vec_buf() -> [u8; 20 + 3000 * 4 * 2] {
