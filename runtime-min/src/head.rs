@@ -147,10 +147,18 @@ pub fn must_keep(tok: &Tokenizer<'_>, id: u32) -> bool {
     tok.kind() == VocabKind::Bpe && tok.token_bytes(id).len() == 1 && a & attr::UNUSED == 0
 }
 
+/// The rows a head of about `rows` rows gets over a vocabulary of `n_vocab`: at least
+/// every [`must_keep`] id, padded up to a multiple of [`ROW_MULTIPLE`] (or the
+/// vocabulary).
+pub fn row_count(tok: &Tokenizer<'_>, rows: usize, n_vocab: usize) -> usize {
+    let forced = (0..n_vocab as u32).filter(|&i| must_keep(tok, i)).count();
+    (rows.max(forced).div_ceil(ROW_MULTIPLE) * ROW_MULTIPLE).min(n_vocab)
+}
+
 /// Choose the head: every [`must_keep`] id, then the most used ids of `counts` (ties:
-/// lower id first) until `rows`, padded up to a multiple of [`ROW_MULTIPLE`] (or the
-/// vocabulary). `order` is scratch of `counts.len()` ids. The kept ids are written to
-/// `out` (increasing) and their count returned.
+/// lower id first) until [`row_count`] rows (at most `out.len()`). `order` is scratch of
+/// `counts.len()` ids. The kept ids are written to `out` (increasing) and their count
+/// returned.
 pub fn select(
     tok: &Tokenizer<'_>,
     counts: &[u32],
@@ -158,7 +166,7 @@ pub fn select(
     order: &mut [u32],
     out: &mut [u32],
 ) -> usize {
-    let nv = counts.len().min(order.len()).min(out.len());
+    let nv = counts.len().min(order.len());
     let order = &mut order[..nv];
     for (i, o) in order.iter_mut().enumerate() {
         *o = i as u32;
@@ -170,10 +178,7 @@ pub fn select(
             .then(counts[b as usize].cmp(&counts[a as usize]))
             .then(a.cmp(&b))
     });
-    let forced = order.iter().take_while(|&&i| must_keep(tok, i)).count();
-    let mut k = rows.max(forced);
-    k = k.div_ceil(ROW_MULTIPLE) * ROW_MULTIPLE;
-    let k = k.min(nv);
+    let k = row_count(tok, rows, nv).min(out.len());
     let out = &mut out[..k];
     out.copy_from_slice(&order[..k]);
     out.sort_unstable();

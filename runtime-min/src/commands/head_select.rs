@@ -32,8 +32,9 @@ use crate::model::{Logits, ModelError};
 use crate::platform::Platform;
 use crate::tokenizer::Tokenizer;
 
-/// Bytes of text tokenized at a time.
-const PIECE: usize = 64 << 10;
+/// Bytes of text tokenized at a time (the tokenizer's scratch is about 100 bytes per
+/// byte of text, so this keeps the selection's scratch near 1.6 MiB).
+const PIECE: usize = 16 << 10;
 
 impl From<HeadError> for AppError {
     fn from(e: HeadError) -> Self {
@@ -297,7 +298,9 @@ pub fn add_softmax(logits: &[f32], weight: f32, acc: &mut [f32]) {
     }
 }
 
-/// Choose a head of `rows` rows from the corpus `spec`; the ids live in the arena.
+/// Choose a head of `rows` rows from the corpus `spec`; the ids live in the arena, the
+/// counting (corpus text, counts, order: about 12 bytes per vocabulary id plus the
+/// corpus) in a scratch scope freed before the return ([`Arena::scratch`]).
 pub fn select_from_corpus<'a, P: Platform>(
     p: &P,
     tok: &Tokenizer<'_>,
@@ -307,11 +310,13 @@ pub fn select_from_corpus<'a, P: Platform>(
     rows: usize,
 ) -> Result<&'a [u32], AppError> {
     let nv = tok.n_vocab() as usize;
-    let counts = arena.slice::<u32>("head select", nv)?;
-    let (files, bytes, tokens) = count_corpus(p, tok, arena, spec, langs, counts)?;
-    let order = arena.slice::<u32>("head select", nv)?;
-    let out = arena.slice::<u32>("head", nv)?;
-    let k = head::select(tok, counts, rows, order, out);
+    let out = arena.slice::<u32>("head", head::row_count(tok, rows, nv))?;
+    let (k, (files, bytes, tokens)) = arena.scratch(|s| -> Result<_, AppError> {
+        let counts = s.slice::<u32>("head select", nv)?;
+        let stats = count_corpus(p, tok, s, spec, langs, counts)?;
+        let order = s.slice::<u32>("head select", nv)?;
+        Ok((head::select(tok, counts, rows, order, out), stats))
+    })?;
     let mut err = Out::stderr(p);
     let _ = writeln!(
         err,
@@ -320,18 +325,28 @@ pub fn select_from_corpus<'a, P: Platform>(
     Ok(&out[..k])
 }
 
-/// Read a `head.ids` file for a vocabulary of `n_vocab`.
+/// Read a `head.ids` file for a vocabulary of `n_vocab`: the ids stay in the arena, the
+/// file's text only in scratch scopes (read twice: once to count, once to fill).
 pub fn read_ids<'a, P: Platform>(
     p: &P,
     arena: &mut Arena<'a>,
     path: &str,
     n_vocab: usize,
 ) -> Result<&'a [u32], AppError> {
-    let text = read_file(p, arena, path)?;
-    let text = core::str::from_utf8(text).map_err(|_| AppError::Usage("head file is not UTF-8"))?;
-    let out = arena.slice::<u32>("head", n_vocab)?;
-    let k = head::parse_ids(text, n_vocab, out)?;
-    Ok(&out[..k])
+    let parse = |s: &mut Arena<'_>, out: Option<&mut [u32]>| -> Result<usize, AppError> {
+        let text = read_file(p, s, path)?;
+        let text =
+            core::str::from_utf8(text).map_err(|_| AppError::Usage("head file is not UTF-8"))?;
+        let out = match out {
+            Some(o) => o,
+            None => s.slice::<u32>("head", n_vocab)?,
+        };
+        Ok(head::parse_ids(text, n_vocab, out)?)
+    };
+    let k = arena.scratch(|s| parse(s, None))?;
+    let out = arena.slice::<u32>("head", k)?;
+    arena.scratch(|s| parse(s, Some(&mut *out)))?;
+    Ok(out)
 }
 
 /// The head the options ask for (`--head FILE` or `--head-rows N`), if any.
