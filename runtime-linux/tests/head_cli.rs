@@ -371,3 +371,28 @@ fn head_rows_runs_at_the_smallest_budget_the_plan_accepts() {
         "{e}"
     );
 }
+
+/// The held-out English of the head measurements (`tests/data/eval`) is not in the
+/// selection corpus: no 64-byte window of it (every 16th) occurs in any corpus file.
+#[test]
+fn held_out_english_is_not_in_the_selection_corpus() {
+    let dir = repo().join("tests/data/corpus");
+    let list = std::fs::read_to_string(dir.join("files.txt")).unwrap();
+    let corpus: Vec<Vec<u8>> = list
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|n| std::fs::read(dir.join(n)).unwrap())
+        .collect();
+    assert!(corpus.len() >= 8);
+    let windows: std::collections::HashSet<&[u8]> =
+        corpus.iter().flat_map(|c| c.windows(64)).collect();
+    for name in ["wiki-excerpt.txt", "literary-excerpt.txt"] {
+        let text = std::fs::read(repo().join("tests/data/eval").join(name)).unwrap();
+        let found = text
+            .windows(64)
+            .step_by(16)
+            .filter(|w| windows.contains(w))
+            .count();
+        assert_eq!(found, 0, "{name}: {found} windows occur in the corpus");
+    }
+}
