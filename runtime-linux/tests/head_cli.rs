@@ -315,3 +315,84 @@ fn output_flag_writes_the_same_bytes_as_stdout() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("/nonexistent-dir/x.gguf"), "{err}");
 }
+
+/// `--head-rows` chooses its rows at load in a scratch scope the plan counts: at the
+/// smallest budget the plan accepts (found to 4 KiB), the run succeeds; below it the
+/// plan (or the selection, before any weight is read) refuses. Before the plan counted
+/// the selection, runs it accepted failed with "budget exhausted".
+#[test]
+fn head_rows_runs_at_the_smallest_budget_the_plan_accepts() {
+    let model = path("tests/data/tiny/tiny-gemma3-Q8_0.gguf");
+    let corpus = path("tests/data/corpus");
+    let run = |kib: u64| {
+        let budget = format!("{kib}K");
+        pinch(&[
+            "run",
+            "-m",
+            &model,
+            "-p",
+            "hello",
+            "-n",
+            "4",
+            "-c",
+            "256",
+            "--head-rows",
+            "64",
+            "--corpus",
+            &corpus,
+            "--budget",
+            &budget,
+        ])
+    };
+    let accepted = |o: &Output| String::from_utf8_lossy(&o.stderr).contains("(fits)");
+    let (mut lo, mut hi) = (8 << 10, 64 << 10); // KiB: refused, accepted
+    assert!(!accepted(&run(lo)) && accepted(&run(hi)));
+    while hi - lo > 4 {
+        let mid = (lo + hi) / 2;
+        if accepted(&run(mid)) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    for kib in [hi, hi + 4, hi + 64, hi + 1024] {
+        let o = run(kib);
+        assert!(
+            o.status.success(),
+            "--budget {kib}K: the plan accepted it but the run failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let below = run(hi - 4);
+    assert!(!below.status.success(), "--budget {}K ran", hi - 4);
+    let e = String::from_utf8_lossy(&below.stderr);
+    assert!(
+        e.contains("DOES NOT FIT") || e.contains("budget exhausted: 'tokenizer scratch'"),
+        "{e}"
+    );
+}
+
+/// The held-out English of the head measurements (`tests/data/eval`) is not in the
+/// selection corpus: no 64-byte window of it (every 16th) occurs in any corpus file.
+#[test]
+fn held_out_english_is_not_in_the_selection_corpus() {
+    let dir = repo().join("tests/data/corpus");
+    let list = std::fs::read_to_string(dir.join("files.txt")).unwrap();
+    let corpus: Vec<Vec<u8>> = list
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|n| std::fs::read(dir.join(n)).unwrap())
+        .collect();
+    assert!(corpus.len() >= 8);
+    let windows: std::collections::HashSet<&[u8]> =
+        corpus.iter().flat_map(|c| c.windows(64)).collect();
+    for name in ["wiki-excerpt.txt", "literary-excerpt.txt"] {
+        let text = std::fs::read(repo().join("tests/data/eval").join(name)).unwrap();
+        let found = text
+            .windows(64)
+            .step_by(16)
+            .filter(|w| windows.contains(w))
+            .count();
+        assert_eq!(found, 0, "{name}: {found} windows occur in the corpus");
+    }
+}

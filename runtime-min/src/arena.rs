@@ -47,6 +47,8 @@ pub struct Arena<'r> {
     rest: &'r mut [u8],
     capacity: usize,
     used: usize,
+    /// The most bytes in use at once, scratch scopes included ([`Arena::scratch`]).
+    peak: usize,
     accounts: heapless::Vec<(&'static str, usize), MAX_ACCOUNTS>,
 }
 
@@ -58,6 +60,7 @@ impl<'r> Arena<'r> {
             rest: region,
             capacity,
             used: 0,
+            peak: 0,
             accounts: heapless::Vec::new(),
         }
     }
@@ -69,6 +72,11 @@ impl<'r> Arena<'r> {
     /// Bytes handed out so far (including alignment padding).
     pub fn used(&self) -> usize {
         self.used
+    }
+    /// The most bytes in use at once so far, counting the scratch scopes that have
+    /// given theirs back.
+    pub fn peak(&self) -> usize {
+        self.peak.max(self.used)
     }
     /// Bytes still free.
     pub fn remaining(&self) -> usize {
@@ -115,6 +123,16 @@ impl<'r> Arena<'r> {
         Ok(out)
     }
 
+    /// Run `f` on a scratch arena over the free bytes; what it carves is free again when
+    /// `f` returns (handed out zeroed again later). Long-lived results go in slices carved
+    /// from `self` before the call. [`Arena::peak`] counts the scope's use.
+    pub fn scratch<R>(&mut self, f: impl FnOnce(&mut Arena<'_>) -> R) -> R {
+        let mut sub = Arena::new(&mut *self.rest);
+        let r = f(&mut sub);
+        self.peak = self.peak.max(self.used + sub.peak());
+        r
+    }
+
     /// `n` zeroed values of a plain-old-data type.
     pub fn slice<T: Pod>(
         &mut self,
@@ -156,6 +174,30 @@ mod tests {
         assert_eq!(y.len(), 100);
         assert_eq!(a.accounts().len(), 2);
         assert!(a.used() >= 140);
+    }
+
+    #[test]
+    fn scratch_gives_its_bytes_back_and_counts_its_peak() {
+        let mut region = [0u8; 4096];
+        let mut a = Arena::new(&mut region);
+        let kept: &mut [u32] = a.slice("head", 4).unwrap();
+        let used = a.used();
+        a.scratch(|s| {
+            let t = s.bytes("scratch", 3000).unwrap();
+            t.fill(0xAA);
+            kept[0] = 7;
+        });
+        assert_eq!(a.used(), used);
+        assert!(
+            (used + 3000..used + 3064).contains(&a.peak()),
+            "{}",
+            a.peak()
+        );
+        // The scratch bytes are free again, and handed out zeroed.
+        let again = a.bytes("kv", 3000).unwrap();
+        assert!(again.iter().all(|&b| b == 0));
+        assert_eq!(kept[0], 7);
+        assert!(a.scratch(|s| s.bytes("scratch", 2000).is_err()));
     }
 
     #[test]

@@ -37,6 +37,10 @@ pub struct Plan {
     pub possible: bool,
     /// Storage read bandwidth in bytes per second (`--read-bw`), for the ceiling.
     pub read_bw: Option<u64>,
+    /// Arena bytes in use at the peak of the load-time head selection (`--head-rows`,
+    /// `--head`): header, tokenizer, the kept ids and the selection's scratch, which is
+    /// freed before the weights are loaded; 0 without one. It must fit the budget too.
+    pub select_peak: u64,
 }
 
 impl Plan {
@@ -49,7 +53,10 @@ impl Plan {
             + self.overhead
     }
     pub fn fits(&self) -> bool {
-        self.possible && self.budget.is_none_or(|b| self.total() <= b)
+        self.possible
+            && self
+                .budget
+                .is_none_or(|b| self.total() <= b && self.select_peak + self.overhead <= b)
     }
     /// Bytes the arena region must hold.
     pub fn arena_bytes(&self) -> u64 {
@@ -150,6 +157,13 @@ impl Plan {
             Mib(self.tokenizer + self.header)
         )?;
         writeln!(w, "  process overhead        {:>12}", Mib(self.overhead))?;
+        if self.select_peak > 0 {
+            writeln!(
+                w,
+                "  head selection peak     {:>12}  (scratch freed before loading)",
+                Mib(self.select_peak + self.overhead)
+            )?;
+        }
         write!(w, "  total                   {:>12}", Mib(self.total()))?;
         match self.budget {
             Some(b) => writeln!(
@@ -199,11 +213,16 @@ pub fn plan(
     pruned_rows: Option<usize>,
     read_bw: Option<u64>,
     buffers: u64,
+    select_peak: u64,
 ) -> Plan {
-    // A pruned head (at load, or a recut file's) adds its id list and logits scratch.
+    // A pruned head (at load, or a recut file's) adds its id list, logits scratch and
+    // the tokenizer's mask of kept ids.
     let head_k = pruned_rows.or_else(|| g.get_array(crate::head::KEY_IDS).map(|a| a.len()));
+    let mask = cfg.n_vocab.div_ceil(64) * 8 + 64;
     let kv_and_scratch = Session::bytes_needed(cfg, s) as u64
-        + head_k.map_or(0, |k| (k * s.head_group.max(1) * 4 + k * 4 + 128) as u64);
+        + head_k.map_or(0, |k| {
+            (k * s.head_group.max(1) * 4 + k * 4 + 128 + mask) as u64
+        });
     let fixed = header + tokenizer + kv_and_scratch + buffers + PROCESS_OVERHEAD;
     let weight_budget = budget.map(|b| b.saturating_sub(fixed));
     let (res, possible, weights) = match residency::plan(g, cfg, weight_budget, pruned_rows) {
@@ -223,6 +242,7 @@ pub fn plan(
         res,
         possible,
         read_bw,
+        select_peak,
     }
 }
 
@@ -252,6 +272,7 @@ pub fn max_ctx_that_fits(
             pruned_rows,
             None,
             buffers,
+            p.select_peak,
         );
         if q.fits() {
             best = Some(n);

@@ -136,6 +136,9 @@ pub fn write_ids(out: &mut dyn Write, n_vocab: usize, ids: &[u32]) -> core::fmt:
 /// a control token (BOS, end of turn ...) could not be predicted.
 pub fn must_keep(tok: &Tokenizer<'_>, id: u32) -> bool {
     let a = tok.token_attr(id);
+    if is_unused(tok, id) {
+        return false;
+    }
     if a & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN | attr::BYTE) != 0 {
         return true;
     }
@@ -147,10 +150,137 @@ pub fn must_keep(tok: &Tokenizer<'_>, id: u32) -> bool {
     tok.kind() == VocabKind::Bpe && tok.token_bytes(id).len() == 1 && a & attr::UNUSED == 0
 }
 
+/// Whether `id` is a placeholder no model is trained to emit: the UNUSED attribute, or
+/// a control token named `<unusedN>` (Gemma's 6,242, stored as CONTROL). It is not
+/// forced into a head and ranks after every other id of the same count.
+pub fn is_unused(tok: &Tokenizer<'_>, id: u32) -> bool {
+    if tok.token_attr(id) & attr::UNUSED != 0 {
+        return true;
+    }
+    let t = tok.token_text(id);
+    tok.token_attr(id) & attr::CONTROL != 0
+        && t.len() >= 9
+        && t.starts_with(b"<unused")
+        && t.ends_with(b">")
+        && t[7..t.len() - 1].iter().all(u8::is_ascii_digit)
+}
+
+/// The rows a head of about `rows` rows gets over a vocabulary of `n_vocab`: at least
+/// every [`must_keep`] id, padded up to a multiple of [`ROW_MULTIPLE`] (or the
+/// vocabulary).
+pub fn row_count(tok: &Tokenizer<'_>, rows: usize, n_vocab: usize) -> usize {
+    let forced = (0..n_vocab as u32).filter(|&i| must_keep(tok, i)).count();
+    (rows.max(forced).div_ceil(ROW_MULTIPLE) * ROW_MULTIPLE).min(n_vocab)
+}
+
+/// Code points a [`CharSet`] tracks (the Basic Multilingual Plane and the CJK
+/// extension planes); characters above count as unseen.
+pub const CHARSET_CODEPOINTS: usize = 0x30000;
+/// `u64` words of a [`CharSet`] (24 KiB).
+pub const CHARSET_WORDS: usize = CHARSET_CODEPOINTS / 64;
+
+/// Code points per block of [`CharSet::in_block`] (a Unicode block is 128 or more).
+pub const CHARSET_BLOCK: u32 = 128;
+
+/// The characters a selection corpus uses, plus printable ASCII, tab and line feed
+/// (digits and punctuation every language's text has), and the 128-code-point blocks
+/// they fall in (the corpus's scripts). See [`char_prior`] for how a token ranks by it.
+pub struct CharSet<'a> {
+    bits: &'a mut [u64],
+    blocks: [u64; CHARSET_CODEPOINTS / CHARSET_BLOCK as usize / 64],
+}
+
+impl<'a> CharSet<'a> {
+    /// A set over `bits` ([`CHARSET_WORDS`] words, or fewer to track fewer code points)
+    /// holding printable ASCII, tab and line feed.
+    pub fn new(bits: &'a mut [u64]) -> CharSet<'a> {
+        bits.fill(0);
+        let mut s = CharSet {
+            bits,
+            blocks: [0; CHARSET_CODEPOINTS / CHARSET_BLOCK as usize / 64],
+        };
+        s.add_text(b"\t\n");
+        for c in 0x20u8..0x7F {
+            s.add(c as u32);
+        }
+        s
+    }
+    fn add(&mut self, c: u32) {
+        if let Some(w) = self.bits.get_mut(c as usize / 64) {
+            *w |= 1 << (c % 64);
+            let b = c / CHARSET_BLOCK;
+            self.blocks[b as usize / 64] |= 1 << (b % 64);
+        }
+    }
+    fn has(&self, c: u32) -> bool {
+        self.bits
+            .get(c as usize / 64)
+            .is_some_and(|w| w & (1 << (c % 64)) != 0)
+    }
+    /// Whether the 128-code-point block of `c` holds a character of the set.
+    pub fn in_block(&self, c: char) -> bool {
+        let b = c as u32 / CHARSET_BLOCK;
+        self.blocks
+            .get(b as usize / 64)
+            .is_some_and(|w| w & (1 << (b % 64)) != 0)
+    }
+    /// Add every character of `text` (invalid UTF-8 is skipped).
+    pub fn add_text(&mut self, text: &[u8]) {
+        for chunk in text.utf8_chunks() {
+            for c in chunk.valid().chars() {
+                self.add(c as u32);
+            }
+        }
+    }
+    /// Whether `bytes` (a token's) is valid UTF-8 made only of characters of the set; a
+    /// byte-level BPE token holding part of a character is not covered.
+    pub fn covers(&self, bytes: &[u8]) -> bool {
+        core::str::from_utf8(bytes).is_ok_and(|t| t.chars().all(|c| self.has(c as u32)))
+    }
+}
+
+/// The character prior of token `id`, 0..=3, for ranking among tokens of equal count:
+/// 2 when the token is made of the corpus's characters ([`CharSet::covers`]) or is one
+/// character (after a leading space) of a block the corpus uses, plus 1 when it is one
+/// character. So among the uncounted rows a multilingual vocabulary fills the head
+/// with the corpus's scripts (their single characters first: every character of the
+/// script stays one token, not bytes) instead of every script's words in id order.
+///
+/// Only for SentencePiece vocabularies: on the byte-level BPE ones measured (Qwen2,
+/// SmolLM2), whose ids are merge ranks and already order by frequency, the coverage
+/// part was mixed (tokens of held-out wiki text outside the head up at every size from
+/// 24K rows, of literary text down), so they keep count-then-id order.
+pub fn char_prior(tok: &Tokenizer<'_>, chars: &CharSet<'_>, id: u32) -> u32 {
+    if tok.kind() != VocabKind::Spm {
+        return 0;
+    }
+    let bytes = tok.token_bytes(id);
+    let body = bytes.strip_prefix(b" ").unwrap_or(bytes);
+    let mut it = core::str::from_utf8(body).ok().map(|t| t.chars());
+    let single = match it.as_mut().map(|c| (c.next(), c.next())) {
+        Some((Some(c), None)) => Some(c),
+        _ => None,
+    };
+    let covered = chars.covers(bytes) || single.is_some_and(|c| chars.in_block(c));
+    covered as u32 * 2 + single.is_some() as u32
+}
+
+/// Fold the character prior ([`char_prior`]) into selection counts: `counts[i] * 4 +
+/// prior` (saturating), so [`select`] ranks by count, then prior, then score and id.
+pub fn add_char_prior(tok: &Tokenizer<'_>, chars: &CharSet<'_>, counts: &mut [u32]) {
+    for (i, c) in counts.iter_mut().enumerate() {
+        *c = c
+            .saturating_mul(4)
+            .saturating_add(char_prior(tok, chars, i as u32));
+    }
+}
+
 /// Choose the head: every [`must_keep`] id, then the most used ids of `counts` (ties:
-/// lower id first) until `rows`, padded up to a multiple of [`ROW_MULTIPLE`] (or the
-/// vocabulary). `order` is scratch of `counts.len()` ids. The kept ids are written to
-/// `out` (increasing) and their count returned.
+/// the higher [`Tokenizer::score`] first, SentencePiece's log-probability or merge
+/// order, then the lower id: a byte-level BPE vocabulary's ids are its merge ranks)
+/// until [`row_count`] rows (at most `out.len()`). `order` is scratch of
+/// `counts.len()` ids. The kept ids are written to `out` (increasing) and their count
+/// returned.
 pub fn select(
     tok: &Tokenizer<'_>,
     counts: &[u32],
@@ -158,22 +288,21 @@ pub fn select(
     order: &mut [u32],
     out: &mut [u32],
 ) -> usize {
-    let nv = counts.len().min(order.len()).min(out.len());
+    let nv = counts.len().min(order.len());
     let order = &mut order[..nv];
     for (i, o) in order.iter_mut().enumerate() {
         *o = i as u32;
     }
-    // Forced ids first (so they never fall off), then by use.
+    // Forced ids first (so they never fall off), unused placeholders last, then by use.
     order.sort_unstable_by(|&a, &b| {
         let (fa, fb) = (must_keep(tok, a), must_keep(tok, b));
         fb.cmp(&fa)
+            .then(is_unused(tok, a).cmp(&is_unused(tok, b)))
             .then(counts[b as usize].cmp(&counts[a as usize]))
+            .then(tok.score(b).total_cmp(&tok.score(a)))
             .then(a.cmp(&b))
     });
-    let forced = order.iter().take_while(|&&i| must_keep(tok, i)).count();
-    let mut k = rows.max(forced);
-    k = k.div_ceil(ROW_MULTIPLE) * ROW_MULTIPLE;
-    let k = k.min(nv);
+    let k = row_count(tok, rows, nv).min(out.len());
     let out = &mut out[..k];
     out.copy_from_slice(&order[..k]);
     out.sort_unstable();
@@ -273,6 +402,25 @@ mod tests {
             self.n = end;
             Ok(())
         }
+    }
+
+    #[test]
+    fn charset_covers_only_seen_characters_and_whole_utf8() {
+        let mut bits = [0u64; CHARSET_WORDS];
+        let mut c = CharSet::new(&mut bits);
+        assert!(c.covers(b"plain ASCII, digits 0-9 & @-@\n"));
+        assert!(!c.covers("café".as_bytes()) && !c.covers("日本".as_bytes()));
+        c.add_text("Le café, 日本語\u{E0041}".as_bytes());
+        assert!(c.covers("é".as_bytes()) && c.covers("日本".as_bytes()));
+        assert!(!c.covers("中".as_bytes()));
+        // Past the tracked planes (U+E0041) nothing is covered; nor is part of a character.
+        assert!(!c.covers("\u{E0041}".as_bytes()));
+        assert!(!c.covers(&"é".as_bytes()[..1]));
+        // A set over fewer words tracks fewer code points without panicking.
+        let mut small = [0u64; 2];
+        let mut s = CharSet::new(&mut small);
+        s.add_text("é".as_bytes());
+        assert!(s.covers(b"a") && !s.covers("é".as_bytes()));
     }
 
     #[test]

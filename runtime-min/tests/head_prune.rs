@@ -320,3 +320,63 @@ fn load_with_head_matches_pruning_the_full_output() {
         assert_eq!(pruned.token_embd.rows, cfg.n_vocab);
     }
 }
+
+/// Gemma's 6,242 `<unusedN>` control tokens are placeholders: not forced into a head,
+/// ranked last, and text naming one encodes as text under a head without it. The
+/// character prior keeps scripts the corpus lacks out of the uncounted rows.
+#[test]
+fn gemma3_head_drops_unused_placeholders_and_prefers_the_corpus_scripts() {
+    let Some(b) = gemma() else { return };
+    let g = Gguf::parse(&b, b.len() as u64).unwrap();
+    let mut r = region(b.len() * 4 + (64 << 20));
+    let mut arena = Arena::new(pinch_kernels::blocks::bytes_of_mut(&mut r[..]));
+    let mut tok = Tokenizer::from_gguf(&g, &mut arena).unwrap();
+    let nv = tok.n_vocab() as usize;
+    let unused: Vec<u32> = (0..nv as u32)
+        .filter(|&i| head::is_unused(&tok, i))
+        .collect();
+    assert_eq!(unused.len(), 6242);
+    assert!(unused.iter().all(|&i| {
+        let t = tok.token_text(i);
+        t.starts_with(b"<unused") && !head::must_keep(&tok, i)
+    }));
+    // English-only corpus: counts plus the character prior, as `--head-lang en` ranks.
+    let en = std::fs::read_to_string(root().join("tests/data/corpus/en.txt")).unwrap();
+    let mut counts = vec![0u32; nv];
+    for id in encode(&tok, &en) {
+        counts[id as usize] += 1;
+    }
+    let mut bits = vec![0u64; head::CHARSET_WORDS];
+    let mut chars = head::CharSet::new(&mut bits);
+    chars.add_text(en.as_bytes());
+    head::add_char_prior(&tok, &chars, &mut counts);
+    let (mut order, mut out) = (vec![0u32; nv], vec![0u32; nv]);
+    let k = head::select(&tok, &counts, 65536, &mut order, &mut out);
+    let ids = &out[..k];
+    assert_eq!(k, 65536);
+    assert!(ids.iter().all(|i| !head::is_unused(&tok, *i)));
+    let outside_script = ids
+        .iter()
+        .filter(|&&i| !head::must_keep(&tok, i) && head::char_prior(&tok, &chars, i) < 2)
+        .count();
+    assert_eq!(
+        outside_script, 0,
+        "uncounted rows hold scripts the corpus lacks"
+    );
+    // `<unused5>` in text, special tokens parsed: its id under the full vocab, its
+    // characters under the head.
+    let mask: &'static [u64] = Box::leak(mask_of(ids, nv).into_boxed_slice());
+    let text = "a <unused5> b";
+    let mut scratch = vec![0u8; tok.scratch_bytes(text.len())];
+    let mut buf = vec![0u32; text.len() + 8];
+    let n = tok
+        .encode(text, false, true, &mut scratch, &mut buf)
+        .unwrap();
+    assert!(buf[..n].contains(&unused[5]));
+    tok.set_allowed(Some(mask));
+    let n = tok
+        .encode(text, false, true, &mut scratch, &mut buf)
+        .unwrap();
+    assert!(buf[..n].iter().all(|i| ids.binary_search(i).is_ok()));
+    assert_eq!(decode(&tok, &buf[..n]), text.as_bytes());
+}

@@ -10,14 +10,31 @@
 //!
 //! Ranking. A corpus of a few hundred kilobytes cannot rank 65,000 tokens by counting
 //! alone: most rows then go by vocabulary order, and Gemma's vocabulary order says little
-//! about English. `head-select --soft` runs the model over the corpus and adds, for
-//! every position, the model's predicted probability of every token (expected counts):
-//! a text about poetry then also ranks `▁poems` and `▁poetic` though they never occur in
-//! it. Prototype measurement (Python, llama.cpp's probabilities, Gemma 3 270M, 20 KB of
-//! English from tests/data/corpus/en.txt): tokens of held-out Shakespeare
-//! (tests/data/eval/literary-excerpt.txt) outside a 65,536-row head fall from 7.2 %
-//! (counts of the whole corpus) to 0.8 %, of the wiki excerpt from 7.4 % to 3.4 %. The
-//! bits-per-byte cost of this path in pinch itself is not measured yet.
+//! about English. What each signal was measured to do (share of the full tokenization
+//! of held-out English outside a 65,536-row Gemma 3 head, wiki / literary excerpt of
+//! `tests/data/eval`, neither in any corpus):
+//! - corpus counts, ties by id (before): 7.36 / 7.19 %;
+//! - SentencePiece scores as the tie-break: Gemma's scores are minus the id (merge
+//!   order), so nothing changes; kept as the tie-break for vocabularies whose scores
+//!   are log-probabilities ([`head::select`]);
+//! - Gemma's 6,242 `<unusedN>` placeholders out of the forced set
+//!   ([`head::is_unused`]) and tokens of the corpus's characters first among equal
+//!   counts: 4.63 / 5.45 % (bits per byte on 9 KB of these texts, `pinch ppl -c 512`:
+//!   +16.3 % -> +10.9 %); plus single characters of the corpus's 128-code-point blocks
+//!   ranked as covered ([`head::char_prior`], the rule now): 5.63 / 6.36 % with the
+//!   whole corpus, 3.73 / 4.11 % with `--head-lang en,code`, and held-out Chinese with
+//!   `--head-lang zh` 32.1 -> 6.5 %, Japanese 17.1 -> 8.4 % (later parts of the same
+//!   books, /work/shared/corpus);
+//! - the model's own predictions over the corpus (`--soft`, below) with
+//!   `--head-lang en`: 3.12 / 0.48 % (llama.cpp's probabilities over the 20 KB English
+//!   file, same ranking rule);
+//! - embedding-row norms and the logit against the mean embedding: no signal (Gemma's
+//!   rows all have norm 1.031; both rank worse than vocabulary order).
+//!
+//! `head-select --soft` runs the model over the corpus and adds, for every position,
+//! the model's predicted probability of every token (expected counts): a text about
+//! poetry then also ranks `▁poems` and `▁poetic` though they never occur in it. It
+//! costs a full-head forward pass per corpus token.
 //!
 //! Languages. `--head-lang en=3,code=1` (or `en,code`) weighs each corpus file by the
 //! language its file name names (`en.txt`: `en`); files of other languages weigh 0.
@@ -27,13 +44,14 @@ use super::out::Out;
 use super::{open_model, read_header, AppError, Ctx};
 use crate::arena::Arena;
 use crate::cli::Opts;
-use crate::head::{self, HeadError};
+use crate::head::{self, CharSet, HeadError, CHARSET_WORDS};
 use crate::model::{Logits, ModelError};
 use crate::platform::Platform;
 use crate::tokenizer::Tokenizer;
 
-/// Bytes of text tokenized at a time.
-const PIECE: usize = 64 << 10;
+/// Bytes of text tokenized at a time (the tokenizer's scratch is about 100 bytes per
+/// byte of text, so this keeps the selection's scratch near 1.6 MiB).
+const PIECE: usize = 16 << 10;
 
 impl From<HeadError> for AppError {
     fn from(e: HeadError) -> Self {
@@ -144,7 +162,8 @@ fn weight_of(spec: Option<&str>, path: &str) -> Result<u32, AppError> {
 }
 
 /// Add every token of the corpus `spec` to `counts` (tokenized with `tok` as it is),
-/// each file weighted by `--head-lang` (`langs`); returns (files, bytes, tokens).
+/// each file weighted by `--head-lang` (`langs`), and the characters of every file of
+/// nonzero weight to `chars`; returns (files, bytes, tokens).
 pub fn count_corpus<'a, P: Platform>(
     p: &P,
     tok: &Tokenizer<'_>,
@@ -152,6 +171,7 @@ pub fn count_corpus<'a, P: Platform>(
     spec: &str,
     langs: Option<&str>,
     counts: &mut [u32],
+    chars: &mut CharSet<'_>,
 ) -> Result<(usize, usize, usize), AppError> {
     let scratch = arena.bytes("tokenizer scratch", tok.scratch_bytes(PIECE + 4))?;
     let ids = arena.slice::<u32>("tokens", PIECE + 8)?;
@@ -162,6 +182,7 @@ pub fn count_corpus<'a, P: Platform>(
             return Ok(());
         }
         bytes += text.len();
+        chars.add_text(text);
         for_each_piece(tok, text, scratch, ids, &mut |ids| {
             for &id in ids {
                 if let Some(c) = counts.get_mut(id as usize) {
@@ -228,7 +249,9 @@ pub fn head_select_soft<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(),
     }
     let nv = tok.n_vocab() as usize;
     let counts = arena.slice::<u32>("head select", nv)?;
-    let (files, bytes, tokens) = count_corpus(p, tok, arena, o.corpus, o.head_lang, counts)?;
+    let mut chars = CharSet::new(arena.slice("head select", CHARSET_WORDS)?);
+    let (files, bytes, tokens) =
+        count_corpus(p, tok, arena, o.corpus, o.head_lang, counts, &mut chars)?;
     let soft = arena.slice::<f32>("head select", nv)?;
     let scratch = arena.bytes("tokenizer scratch", tok.scratch_bytes(PIECE + 4))?;
     let ids = arena.slice::<u32>("tokens", PIECE + 8)?;
@@ -269,9 +292,11 @@ pub fn head_select_soft<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(),
         })
     })?;
     let _ = writeln!(err);
-    // Non-negative f32s order like their bit patterns: the key stays a u32.
-    for (c, s) in counts.iter_mut().zip(soft.iter()) {
-        *c = (*c as f32 + *s).to_bits();
+    // Count plus expected count, then the character prior (`head::add_char_prior`'s
+    // order); non-negative f32s order like their bit patterns: the key stays a u32.
+    for (i, (c, s)) in counts.iter_mut().zip(soft.iter()).enumerate() {
+        let covered = head::char_prior(tok, &chars, i as u32) as f32;
+        *c = ((*c as f32 + *s) * 4.0 + covered).to_bits();
     }
     let order = arena.slice::<u32>("head select", nv)?;
     let out = arena.slice::<u32>("head", nv)?;
@@ -297,7 +322,9 @@ pub fn add_softmax(logits: &[f32], weight: f32, acc: &mut [f32]) {
     }
 }
 
-/// Choose a head of `rows` rows from the corpus `spec`; the ids live in the arena.
+/// Choose a head of `rows` rows from the corpus `spec`; the ids live in the arena, the
+/// counting (corpus text, counts, order: about 12 bytes per vocabulary id plus the
+/// corpus) in a scratch scope freed before the return ([`Arena::scratch`]).
 pub fn select_from_corpus<'a, P: Platform>(
     p: &P,
     tok: &Tokenizer<'_>,
@@ -307,11 +334,15 @@ pub fn select_from_corpus<'a, P: Platform>(
     rows: usize,
 ) -> Result<&'a [u32], AppError> {
     let nv = tok.n_vocab() as usize;
-    let counts = arena.slice::<u32>("head select", nv)?;
-    let (files, bytes, tokens) = count_corpus(p, tok, arena, spec, langs, counts)?;
-    let order = arena.slice::<u32>("head select", nv)?;
-    let out = arena.slice::<u32>("head", nv)?;
-    let k = head::select(tok, counts, rows, order, out);
+    let out = arena.slice::<u32>("head", head::row_count(tok, rows, nv))?;
+    let (k, (files, bytes, tokens)) = arena.scratch(|s| -> Result<_, AppError> {
+        let counts = s.slice::<u32>("head select", nv)?;
+        let mut chars = CharSet::new(s.slice("head select", CHARSET_WORDS)?);
+        let stats = count_corpus(p, tok, s, spec, langs, counts, &mut chars)?;
+        head::add_char_prior(tok, &chars, counts);
+        let order = s.slice::<u32>("head select", nv)?;
+        Ok((head::select(tok, counts, rows, order, out), stats))
+    })?;
     let mut err = Out::stderr(p);
     let _ = writeln!(
         err,
@@ -320,18 +351,28 @@ pub fn select_from_corpus<'a, P: Platform>(
     Ok(&out[..k])
 }
 
-/// Read a `head.ids` file for a vocabulary of `n_vocab`.
+/// Read a `head.ids` file for a vocabulary of `n_vocab`: the ids stay in the arena, the
+/// file's text only in scratch scopes (read twice: once to count, once to fill).
 pub fn read_ids<'a, P: Platform>(
     p: &P,
     arena: &mut Arena<'a>,
     path: &str,
     n_vocab: usize,
 ) -> Result<&'a [u32], AppError> {
-    let text = read_file(p, arena, path)?;
-    let text = core::str::from_utf8(text).map_err(|_| AppError::Usage("head file is not UTF-8"))?;
-    let out = arena.slice::<u32>("head", n_vocab)?;
-    let k = head::parse_ids(text, n_vocab, out)?;
-    Ok(&out[..k])
+    let parse = |s: &mut Arena<'_>, out: Option<&mut [u32]>| -> Result<usize, AppError> {
+        let text = read_file(p, s, path)?;
+        let text =
+            core::str::from_utf8(text).map_err(|_| AppError::Usage("head file is not UTF-8"))?;
+        let out = match out {
+            Some(o) => o,
+            None => s.slice::<u32>("head", n_vocab)?,
+        };
+        Ok(head::parse_ids(text, n_vocab, out)?)
+    };
+    let k = arena.scratch(|s| parse(s, None))?;
+    let out = arena.slice::<u32>("head", k)?;
+    arena.scratch(|s| parse(s, Some(&mut *out)))?;
+    Ok(out)
 }
 
 /// The head the options ask for (`--head FILE` or `--head-rows N`), if any.

@@ -268,14 +268,33 @@ fn with_model<P: Platform>(
     }
     let requested = head_select::requested_ids(p, o, &tok, &mut arena)?;
     let pruned = requested.map(|h| h.len());
+    // The selection's scratch is free again, but the budget had to hold it.
+    let select_peak = if requested.is_some() {
+        arena.peak() as u64
+    } else {
+        0
+    };
     let buffers = if o.command == Command::Serve {
         serve::buffer_bytes(o, sopts.n_ctx, &tok)
     } else {
         0
     };
-    let mut plan = engine::plan(
-        &g, &cfg, &sopts, header, tok_bytes, o.budget, pruned, o.read_bw, buffers,
-    );
+    let plan_for = |s: &SessionOptions, buffers: u64| {
+        let (budget, bw) = (o.budget, o.read_bw);
+        engine::plan(
+            &g,
+            &cfg,
+            s,
+            header,
+            tok_bytes,
+            budget,
+            pruned,
+            bw,
+            buffers,
+            select_peak,
+        )
+    };
+    let mut plan = plan_for(&sopts, buffers);
     // Speculative decoding verifies a draft in one pass, the head included: the head
     // then computes a group of positions per read of its rows (and the draft history
     // is one of the command's buffers).
@@ -283,9 +302,7 @@ fn with_model<P: Platform>(
     if n_draft > 0 {
         sopts.head_group = n_draft + 1;
         let buffers = buffers + (sopts.n_ctx * 4) as u64;
-        plan = engine::plan(
-            &g, &cfg, &sopts, header, tok_bytes, o.budget, pruned, o.read_bw, buffers,
-        );
+        plan = plan_for(&sopts, buffers);
     }
     let mut err = Out::stderr(p);
     if o.verbose || o.budget.is_some() {

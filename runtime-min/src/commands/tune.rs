@@ -77,6 +77,14 @@ impl Planner for EnginePlanner<'_, '_> {
             ..self.base
         };
         let pruned = (c.head_rows > 0).then_some(c.head_rows);
+        // `--head-rows` chooses its rows from the corpus at load, in a scratch scope
+        // freed before the weights load: two vocabulary-long u32 lists, and the corpus
+        // text and tokenizer scratch (estimated); the plan checks that peak too.
+        let select = if c.head_rows > 0 {
+            self.header + self.tokenizer + 12 * self.cfg.n_vocab as u64 + HEAD_SELECT_SLACK
+        } else {
+            0
+        };
         let p = engine::plan(
             self.g,
             self.cfg,
@@ -87,16 +95,9 @@ impl Planner for EnginePlanner<'_, '_> {
             pruned,
             None,
             0,
+            select,
         );
-        // `--head-rows` chooses its rows from the corpus at load, in the arena, which
-        // `engine::plan` does not count: three vocabulary-long u32 lists, the mask,
-        // and the corpus text and tokenizer scratch (estimated).
-        let select = if c.head_rows > 0 {
-            13 * self.cfg.n_vocab as u64 + HEAD_SELECT_SLACK
-        } else {
-            0
-        };
-        let total = p.total() + select;
+        let total = p.total().max(select + p.overhead);
         PlanCost {
             fits: p.fits() && c.budget.is_none_or(|b| total <= b),
             total,

@@ -1001,7 +1001,8 @@ impl<'a> Tokenizer<'a> {
     /// `id / 64`), as a pruned LM head needs: a token the head cannot predict must never
     /// be produced, so merges stop before it and the text falls back to smaller pieces
     /// (byte tokens in the end, which the head must keep). `None` lifts the restriction.
-    /// Special tokens matched by text are not filtered: the head keeps them all.
+    /// A special token outside the mask (a head drops unused placeholders) is encoded as
+    /// its text.
     pub fn set_allowed(&mut self, mask: Option<&'a [u64]>) {
         self.allowed = mask;
     }
@@ -1130,7 +1131,8 @@ impl<'a> Tokenizer<'a> {
 
     fn special_ok(&self, id: u32, parse_special: bool) -> bool {
         let a = self.token_attr(id);
-        parse_special || a & (attr::CONTROL | attr::UNKNOWN) == 0
+        // A special token outside a pruned head is encoded as its text.
+        (parse_special || a & (attr::CONTROL | attr::UNKNOWN) == 0) && self.is_allowed(id)
     }
 
     /// Mark special-token spans in `text`: longest tokens first, each taken at every
