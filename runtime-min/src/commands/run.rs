@@ -85,6 +85,7 @@ pub fn generate<P: Platform>(
         ignore_eos: ctx.o.ignore_eos,
         feed_last: true,
         draft: ctx.draft.as_mut(),
+        grammar: None,
     };
     crate::generate::generate(ctx.p, ctx.tok, &mut ctx.sess, s, prompt, &mut Emit(emit))
 }

@@ -120,6 +120,31 @@ pub fn to_gbnf(schema: Val<'_>, w: &mut dyn Write) -> Result<(), SchemaError> {
     c.put(PRIMITIVES)
 }
 
+/// Write the grammar expression for `schema` alone (for a rule written by the caller,
+/// such as a tool's `arguments`); `$ref`s are refused here. `_prefix` is reserved for
+/// naming the rules of local definitions.
+///
+/// # Errors
+/// As [`to_gbnf`], and [`SchemaError::Unsupported`] for a `$ref`.
+pub fn sub_schema(
+    w: &mut dyn Write,
+    schema: Val<'_>,
+    _prefix: &dyn core::fmt::Display,
+) -> Result<(), SchemaError> {
+    let mut c = Conv {
+        root: schema,
+        w,
+        refs: heapless::Vec::new(),
+    };
+    c.expr(schema, "parameters")?;
+    if !c.refs.is_empty() {
+        return Err(SchemaError::Unsupported {
+            keyword: "$ref (in tool parameters)",
+        });
+    }
+    Ok(())
+}
+
 /// The grammar of any JSON object (`response_format: {"type": "json_object"}`).
 pub fn any_object(w: &mut dyn Write) -> Result<(), SchemaError> {
     w.write_str("root ::= object\n")
@@ -133,7 +158,7 @@ fn is_type(s: Val<'_>) -> bool {
 }
 
 /// Write the JSON text `v` as a GBNF literal (whitespace outside strings dropped).
-fn literal(w: &mut dyn Write, v: Val<'_>) -> core::fmt::Result {
+pub fn write_literal(w: &mut dyn Write, v: Val<'_>) -> core::fmt::Result {
     w.write_char('"')?;
     let mut in_str = false;
     let mut esc = false;
@@ -168,7 +193,7 @@ impl<'v> Conv<'v, '_> {
     }
 
     fn lit(&mut self, v: Val<'_>) -> Result<(), SchemaError> {
-        literal(self.w, v).map_err(|_| SchemaError::TooLarge)?;
+        write_literal(self.w, v).map_err(|_| SchemaError::TooLarge)?;
         self.put(" space")
     }
 
@@ -320,7 +345,7 @@ impl<'v> Conv<'v, '_> {
     }
 
     fn member(&mut self, key: Val<'v>, value: Val<'v>) -> Result<(), SchemaError> {
-        literal(self.w, key).map_err(|_| SchemaError::TooLarge)?;
+        write_literal(self.w, key).map_err(|_| SchemaError::TooLarge)?;
         self.put(" space \":\" space ")?;
         self.expr(value, "properties")
     }

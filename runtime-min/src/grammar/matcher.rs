@@ -53,6 +53,9 @@ struct Level {
     nodes_end: u32,
     partial: u32,
     need: u8,
+    /// Smallest code point of the character in progress (1..=4 bytes: no overlong
+    /// encodings).
+    min: u32,
     done: bool,
 }
 
@@ -95,6 +98,7 @@ impl<'g, 'm> Matcher<'g, 'm> {
                 nodes_end: 0,
                 partial: 0,
                 need: 0,
+                min: 0,
                 done: false,
             },
             overflowed: false,
@@ -108,6 +112,7 @@ impl<'g, 'm> Matcher<'g, 'm> {
             nodes_end: m.n_nodes as u32,
             partial: 0,
             need: 0,
+            min: 0,
             done,
         };
         Ok(m)
@@ -250,28 +255,37 @@ impl<'g, 'm> Matcher<'g, 'm> {
 
     /// The level after byte `c` from `from` (`None`: the grammar cannot take it).
     fn advance(&mut self, from: Level, c: u8) -> Result<Option<Level>, Full> {
-        let (partial, need) = if from.need == 0 {
+        let (partial, need, min) = if from.need == 0 {
             match c {
-                0x00..=0x7F => (c as u32, 0),
-                0xC2..=0xDF => ((c & 0x1F) as u32, 1),
-                0xE0..=0xEF => ((c & 0x0F) as u32, 2),
-                0xF0..=0xF4 => ((c & 0x07) as u32, 3),
+                0x00..=0x7F => (c as u32, 0, 0),
+                0xC2..=0xDF => ((c & 0x1F) as u32, 1, 0x80),
+                0xE0..=0xEF => ((c & 0x0F) as u32, 2, 0x800),
+                0xF0..=0xF4 => ((c & 0x07) as u32, 3, 0x10000),
                 _ => return Ok(None),
             }
         } else {
             if c & 0xC0 != 0x80 {
                 return Ok(None);
             }
-            ((from.partial << 6) | (c & 0x3F) as u32, from.need - 1)
+            (
+                (from.partial << 6) | (c & 0x3F) as u32,
+                from.need - 1,
+                from.min,
+            )
         };
+        // What the character can still become: no overlong form, no surrogate, at
+        // most U+10FFFF.
+        let span = 6 * need as u32;
+        let lo = (partial << span).max(min);
+        let hi = (partial << span | ((1u32 << span) - 1)).min(0x10FFFF);
+        if lo > hi || (need == 0 && (0xD800..0xE000).contains(&partial)) {
+            return Ok(None);
+        }
         let start = self.n_tops;
         let nodes0 = self.n_nodes;
         let mut done = false;
         if need > 0 {
             // A character in progress: keep the stacks some completion can match.
-            let span = 6 * need as u32;
-            let lo = partial << span;
-            let hi = lo | ((1u32 << span) - 1);
             for k in from.start as usize..from.tops_end() {
                 let t = self.b.tops[k];
                 let (pos, _) = self.node(t);
@@ -306,6 +320,7 @@ impl<'g, 'm> Matcher<'g, 'm> {
             nodes_end: self.n_nodes as u32,
             partial: if need > 0 { partial } else { 0 },
             need,
+            min,
             done: done && need == 0,
         }))
     }
@@ -407,6 +422,7 @@ impl<'g, 'm> Matcher<'g, 'm> {
             nodes_end: n_new as u32,
             partial: lv.partial,
             need: lv.need,
+            min: lv.min,
             done: lv.done,
         };
         Ok(())

@@ -125,3 +125,12 @@ impl Grammar<'_> {
 
 #[cfg(test)]
 mod tests;
+
+/// What other modules' tests use.
+#[cfg(test)]
+pub mod tests_support {
+    /// Whether GBNF `src` takes the whole of `text`.
+    pub fn accepts(src: &str, text: &str) -> bool {
+        super::tests::accepts(src, text, 1)
+    }
+}

@@ -49,7 +49,7 @@ impl core::fmt::Display for GrammarError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             GrammarError::Syntax { pos, what } => {
-                write!(f, "grammar: at byte {pos}: {what}")
+                write!(f, "grammar: at byte {pos}: expected {what}")
             }
             GrammarError::Undefined { rule, pos } => {
                 write!(f, "grammar: rule '{rule}' (used at byte {pos}) is not defined")
@@ -397,7 +397,7 @@ impl P<'_, '_, '_> {
                                 let n = self.number()?;
                                 self.space(true);
                                 if n < m {
-                                    return self.err("'{m,n}' with n below m");
+                                    return self.err("n >= m in '{m,n}'");
                                 }
                                 Some(n)
                             }

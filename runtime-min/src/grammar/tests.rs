@@ -57,7 +57,7 @@ fn with<R>(src: &str, f: impl FnOnce(Result<&mut Matcher<'_, '_>, GrammarError>)
 }
 
 /// Whether `text` is a whole sentence of the grammar, fed in pieces of `step` bytes.
-fn accepts(src: &str, text: &str, step: usize) -> bool {
+pub(crate) fn accepts(src: &str, text: &str, step: usize) -> bool {
     with(src, |m| {
         let m = m.unwrap();
         for chunk in text.as_bytes().chunks(step.max(1)) {
@@ -138,6 +138,36 @@ fn a_partial_character_keeps_only_stacks_it_can_complete() {
         assert!(!m.can_end());
         assert!(m.accept(&[0xA9]));
         assert!(m.can_end() && m.only_end());
+    });
+}
+
+#[test]
+fn only_valid_utf8_gets_through_any_character_class() {
+    // After "aaaa" only "a" may follow: no lead byte can start it.
+    with(r#"root ::= "a"{5,5}"#, |m| {
+        let m = m.unwrap();
+        assert!(m.accept(b"aaaa"));
+        for b in 0x80..=0xFFu8 {
+            assert!(!m.allows(&[b]), "byte {b:#x}");
+        }
+        assert!(m.allows(b"a"));
+    });
+    // Any character: overlong forms, surrogates and bytes past U+10FFFF are refused.
+    with("root ::= .*", |m| {
+        let m = m.unwrap();
+        for bad in [
+            &[0xC0u8, 0x80][..],
+            &[0xE0, 0x80],
+            &[0xED, 0xA0, 0x80],
+            &[0xF4, 0x90],
+            &[0xF5],
+            &[0x80],
+        ] {
+            assert!(!m.allows(bad), "{bad:x?}");
+        }
+        for good in ["é", "€", "\u{10FFFF}", "😀"] {
+            assert!(m.allows(good.as_bytes()), "{good:?}");
+        }
     });
 }
 
