@@ -8,9 +8,8 @@ use pinch_runtime_min::generate::{self, Constrain, Emit, Settings};
 use pinch_runtime_min::gguf::Gguf;
 use pinch_runtime_min::grammar::{json_schema, parse, Matcher, MatcherBufs, SortedVocab, Store};
 use pinch_runtime_min::guard::MemoryGuard;
-use pinch_runtime_min::model::{Config, KvType, Loader, Math, Session, SessionOptions};
-use pinch_runtime_min::platform::{MemPlatform, Platform};
-use pinch_runtime_min::residency;
+use pinch_runtime_min::model::{KvType, Math, Session};
+use pinch_runtime_min::platform::MemPlatform;
 use pinch_runtime_min::sampler::{Sampler, SamplerParams};
 use pinch_runtime_min::tokenizer::Tokenizer;
 use pinch_tests::*;
@@ -27,49 +26,42 @@ struct Out {
 
 /// Generate up to `n` tokens after `prompt` from `model` under `gbnf` (`None`: free).
 fn generate_under(model: &[u8], prompt: &str, gbnf: Option<&str>, n: usize, seed: u64) -> Out {
-    let plat = MemPlatform {
-        bytes: model,
-        cpu: host_cpu(),
-    };
     let g = Gguf::parse(model, model.len() as u64).unwrap();
-    let cfg = Config::from_gguf(&g).unwrap();
-    let mut region = vec![0u64; (model.len() * 2 + (96 << 20)) / 8];
-    let region = pinch_kernels::blocks::bytes_of_mut(&mut region[..]);
-    let mut arena = Arena::new(region);
+    let mut region = vec![0u64; (32 << 20) / 8];
+    let mut arena = Arena::new(pinch_kernels::blocks::bytes_of_mut(&mut region[..]));
     let tok = Tokenizer::from_gguf(&g, &mut arena).unwrap();
-    let plan = residency::plan(&g, &cfg, None, None).unwrap();
-    let weights = Loader {
-        platform: &plat,
-        file: &(),
-        gguf: &g,
-        arena: &mut arena,
-    }
-    .load_planned(&cfg, None, &plan)
-    .unwrap();
-    let opts = SessionOptions {
-        n_ctx: 512,
-        n_batch: 64,
-        kv: KvType::F16,
-        kv_v: KvType::F16,
+    let spec = RunSpec {
         math: Math::Fast,
+        kv: KvType::F16,
+        batch: 64,
         threads: 2,
-        head_group: 1,
         attn_skip: true,
-        swa_ring: true,
-        cpu: plat.cpu(),
     };
-    let read = |off: u64, buf: &mut [u8], d: bool| plat.read_at(&(), off, buf, d);
-    let mut sess = Session::new(cfg, &weights, &mut arena, opts).unwrap();
-    sess.set_reader(&read);
+    with_session(model, spec, |sess, plat| {
+        generate_in(sess, plat, &tok, prompt, gbnf, n, seed)
+    })
+    .unwrap()
+}
+
+fn generate_in(
+    sess: &mut Session<'_, '_>,
+    plat: &MemPlatform<'_>,
+    tok: &Tokenizer<'_>,
+    prompt: &str,
+    gbnf: Option<&str>,
+    n: usize,
+    seed: u64,
+) -> Out {
     let mut scratch = vec![0u8; tok.scratch_bytes(prompt.len())];
-    let mut ids = vec![0u32; 512];
+    let mut ids = vec![0u32; 256];
     let np = tok
         .encode(prompt, true, true, &mut scratch, &mut ids)
         .unwrap();
+    let n = n.min(255 - np);
 
     let nv = tok.n_vocab() as usize;
     let (mut order, mut lcp, mut masked) = (vec![0u32; nv], vec![0u16; nv], vec![0f32; nv]);
-    let vocab = SortedVocab::build(&tok, &mut order, &mut lcp);
+    let vocab = SortedVocab::build(tok, &mut order, &mut lcp);
     let (mut elems, mut sets, mut rules, mut work) = (
         vec![0u32; 16384],
         vec![0u32; 8192],
@@ -128,9 +120,9 @@ fn generate_under(model: &[u8], prompt: &str, gbnf: Option<&str>, n: usize, seed
     };
     let mut text = vec![];
     let st = generate::generate(
-        &plat,
-        &tok,
-        &mut sess,
+        plat,
+        tok,
+        sess,
         settings,
         &ids[..np],
         &mut Emit(|_, b: &[u8]| text.extend_from_slice(b)),
@@ -232,4 +224,93 @@ fn smollm2_answers_in_the_schema() {
     assert!(with.complete, "{:?}", String::from_utf8_lossy(&with.text));
     check_person(&with.text);
     assert!(with.tokens < 64);
+}
+
+/// The time of one full mask (every token of the vocabulary tested) for SmolLM2's
+/// 49,152-token and Gemma 3's 262,144-token vocabularies, in three states of a JSON
+/// schema's grammar: at the start, inside a string (nearly every token allowed) and
+/// after a key (few allowed). Printed; bounded loosely so a pathological slowdown fails.
+#[test]
+fn a_full_mask_takes_milliseconds_on_real_vocabularies() {
+    let models = [
+        ("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m"),
+        ("gemma-3-270m-q4_k_m.gguf", "gemma3-270m"),
+    ];
+    let g = schema_gbnf(PERSON);
+    for (file, fetch) in models {
+        let Some(path) = real_model(file, fetch) else {
+            continue;
+        };
+        let bytes = std::fs::read(path).unwrap();
+        let gguf = Gguf::parse(&bytes, bytes.len() as u64).unwrap();
+        let mut region = vec![0u64; (64 << 20) / 8];
+        let region = pinch_kernels::blocks::bytes_of_mut(&mut region[..]);
+        let mut arena = Arena::new(region);
+        let tok = Tokenizer::from_gguf(&gguf, &mut arena).unwrap();
+        let nv = tok.n_vocab() as usize;
+        let t0 = std::time::Instant::now();
+        let (mut order, mut lcp) = (vec![0u32; nv], vec![0u16; nv]);
+        let vocab = SortedVocab::build(&tok, &mut order, &mut lcp);
+        let sort_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let (mut elems, mut sets, mut rules, mut work) = (
+            vec![0u32; 16384],
+            vec![0u32; 8192],
+            vec![0u32; 2048],
+            vec![0u32; 8192],
+        );
+        let mut store = Store {
+            elems: &mut elems,
+            sets: &mut sets,
+            rules: &mut rules,
+            work: &mut work,
+        };
+        let parsed = parse(&g, &mut store).unwrap();
+        let (mut nodes, mut spare, mut fwd, mut tops) = (
+            vec![0u32; 32768],
+            vec![0u32; 32768],
+            vec![0u32; 16384],
+            vec![0u32; 8192],
+        );
+        let mut m = Matcher::new(
+            parsed.view(&store),
+            MatcherBufs {
+                nodes: &mut nodes,
+                spare: &mut spare,
+                fwd: &mut fwd,
+                tops: &mut tops,
+            },
+        )
+        .unwrap();
+        let mut logits = vec![0f32; nv];
+        let mut line = format!("{file}: {nv} tokens, sorted in {sort_ms:.1} ms; full mask");
+        for (state, feed) in [
+            ("start", ""),
+            ("in a string", "{\"name\": \"Jo"),
+            ("after a key", "\""),
+        ] {
+            assert!(m.accept(feed.as_bytes()), "{feed}");
+            let reps = 5;
+            let t = std::time::Instant::now();
+            let mut allowed = 0;
+            for _ in 0..reps {
+                logits.fill(0.0);
+                allowed = m.mask(&tok, &vocab, &mut logits);
+            }
+            let ms = t.elapsed().as_secs_f64() * 1e3 / reps as f64;
+            let kept = logits.iter().filter(|l| l.is_finite()).count();
+            assert_eq!(kept, allowed, "{state}");
+            assert!(allowed > 0 && !m.overflowed, "{state}");
+            // Every kept token really is allowed (checked one by one).
+            for (id, l) in logits.iter().enumerate().step_by(97) {
+                assert_eq!(
+                    l.is_finite(),
+                    m.allows_token(&tok, id as u32),
+                    "{state}: token {id}"
+                );
+            }
+            assert!(ms < 2000.0, "{state}: {ms} ms");
+            line += &format!(" {state} {ms:.1} ms ({allowed} allowed),");
+        }
+        println!("{line}");
+    }
 }

@@ -61,7 +61,7 @@ pub fn serve<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> 
         cache: ctx.arena.slice::<u32>(a, n_ctx)?,
         n_cached: 0,
         logits: ctx.arena.slice::<f32>(a, ctx.tok.n_vocab() as usize)?,
-        grammar: crate::server::constrain::GrammarBufs::carve(&mut ctx.arena, ctx.tok)?,
+        grammar: crate::server::constrain::GrammarBufs::carve(ctx.arena, ctx.tok)?,
     };
     let sf = o.serve;
     // `--chat-template NAME|FILE|JINJA`, `--chat-template-file FILE`, else the model's

@@ -483,7 +483,7 @@ impl<'g, 'm> Matcher<'g, 'm> {
             } else {
                 self.overflowed = true;
             }
-            if ok && !(tok.is_eog(id) && !end_ok) {
+            if ok && (end_ok || !tok.is_eog(id)) {
                 allowed += 1;
             } else {
                 reject(id, logits);

@@ -454,8 +454,7 @@ impl P<'_, '_, '_> {
 
     fn sequence(&mut self, nested: bool) -> Result<(), GrammarError> {
         let mut last: Option<usize> = None;
-        loop {
-            let Some(c) = self.peek() else { break };
+        while let Some(c) = self.peek() {
             let a = self.n_elems;
             match c {
                 b'*' | b'+' | b'?' | b'{' => match last.take() {

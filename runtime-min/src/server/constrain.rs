@@ -127,6 +127,26 @@ impl<'a> GrammarBufs<'a> {
             .map_err(ConstraintError::Grammar)
     }
 
+    /// Parse GBNF `text` as it is (`pinch run --grammar`, `--grammar-file`), or (with
+    /// `schema`) the grammar of the JSON schema `text` (`--json-schema`).
+    ///
+    /// # Errors
+    /// What is wrong with the grammar or schema.
+    pub fn prepare_text(&mut self, text: &str, schema: bool) -> Result<Parsed, ConstraintError> {
+        if !schema {
+            return parse(text, &mut self.store).map_err(ConstraintError::Grammar);
+        }
+        let v = super::jraw::root(text.as_bytes()).ok_or(ConstraintError::Schema(
+            SchemaError::NotASchema {
+                at: "--json-schema",
+            },
+        ))?;
+        let got = self.prepare(Constraint::Schema(v), None, &mut &mut [][..])?;
+        got.ok_or(ConstraintError::Schema(SchemaError::NotASchema {
+            at: "--json-schema",
+        }))
+    }
+
     /// A matcher at the start of the grammar `p` (parsed into this store), with the
     /// sorted vocabulary and the mask buffer beside it.
     pub fn split(&mut self, p: &Parsed) -> Option<(Matcher<'_, '_>, &SortedVocab<'a>, &mut [f32])> {
