@@ -24,6 +24,40 @@ struct Out {
     complete: bool,
 }
 
+/// Parse `gbnf` into fresh buffers and give `f` a matcher at its start.
+fn with_matcher<R>(gbnf: &str, f: impl FnOnce(Matcher<'_, '_>) -> R) -> R {
+    let (mut elems, mut sets, mut rules, mut work) = (
+        vec![0u32; 16384],
+        vec![0u32; 8192],
+        vec![0u32; 2048],
+        vec![0u32; 8192],
+    );
+    let mut store = Store {
+        elems: &mut elems,
+        sets: &mut sets,
+        rules: &mut rules,
+        work: &mut work,
+    };
+    let parsed = parse(gbnf, &mut store).unwrap_or_else(|e| panic!("{e}\n{gbnf}"));
+    let (mut nodes, mut spare, mut fwd, mut tops) = (
+        vec![0u32; 32768],
+        vec![0u32; 32768],
+        vec![0u32; 16384],
+        vec![0u32; 8192],
+    );
+    let m = Matcher::new(
+        parsed.view(&store),
+        MatcherBufs {
+            nodes: &mut nodes,
+            spare: &mut spare,
+            fwd: &mut fwd,
+            tops: &mut tops,
+        },
+    )
+    .unwrap();
+    f(m)
+}
+
 /// Generate up to `n` tokens after `prompt` from `model` under `gbnf` (`None`: free).
 fn generate_under(model: &[u8], prompt: &str, gbnf: Option<&str>, n: usize, seed: u64) -> Out {
     let g = Gguf::parse(model, model.len() as u64).unwrap();
@@ -62,41 +96,53 @@ fn generate_in(
     let nv = tok.n_vocab() as usize;
     let (mut order, mut lcp, mut masked) = (vec![0u32; nv], vec![0u16; nv], vec![0f32; nv]);
     let vocab = SortedVocab::build(tok, &mut order, &mut lcp);
-    let (mut elems, mut sets, mut rules, mut work) = (
-        vec![0u32; 16384],
-        vec![0u32; 8192],
-        vec![0u32; 2048],
-        vec![0u32; 8192],
-    );
-    let mut store = Store {
-        elems: &mut elems,
-        sets: &mut sets,
-        rules: &mut rules,
-        work: &mut work,
-    };
-    let parsed = gbnf.map(|t| parse(t, &mut store).unwrap_or_else(|e| panic!("{e}\n{t}")));
-    let (mut nodes, mut spare, mut fwd, mut tops) = (
-        vec![0u32; 32768],
-        vec![0u32; 32768],
-        vec![0u32; 16384],
-        vec![0u32; 8192],
-    );
-    let mut matcher = parsed.map(|p| {
-        Matcher::new(
-            p.view(&store),
-            MatcherBufs {
-                nodes: &mut nodes,
-                spare: &mut spare,
-                fwd: &mut fwd,
-                tops: &mut tops,
-            },
-        )
-        .unwrap()
-    });
-    let mut constrain = matcher.as_mut().map(|m| Constrain {
+    match gbnf {
+        Some(g) => with_matcher(g, |m| {
+            // Moved into a local whose lifetimes the borrow below may shorten.
+            let mut m: Matcher<'_, '_> = m;
+            sample(
+                sess,
+                plat,
+                tok,
+                &ids[..np],
+                Some(&mut m),
+                &vocab,
+                &mut masked,
+                n,
+                seed,
+            )
+        }),
+        None => sample(
+            sess,
+            plat,
+            tok,
+            &ids[..np],
+            None,
+            &vocab,
+            &mut masked,
+            n,
+            seed,
+        ),
+    }
+}
+
+/// Sample `n` tokens after `prompt` (under `matcher` when given) at temperature 1.
+#[allow(clippy::too_many_arguments)]
+fn sample<'c>(
+    sess: &mut Session<'_, '_>,
+    plat: &MemPlatform<'_>,
+    tok: &Tokenizer<'_>,
+    prompt: &[u32],
+    matcher: Option<&'c mut Matcher<'c, 'c>>,
+    vocab: &'c SortedVocab<'c>,
+    masked: &'c mut [f32],
+    n: usize,
+    seed: u64,
+) -> Out {
+    let mut constrain = matcher.map(|m| Constrain {
         matcher: m,
-        vocab: &vocab,
-        scratch: &mut masked,
+        vocab,
+        scratch: masked,
         masked: 0,
     });
     let mut sampler = Sampler::new(SamplerParams {
@@ -124,7 +170,7 @@ fn generate_in(
         tok,
         sess,
         settings,
-        &ids[..np],
+        prompt,
         &mut Emit(|_, b: &[u8]| text.extend_from_slice(b)),
     )
     .unwrap();
@@ -252,65 +298,38 @@ fn a_full_mask_takes_milliseconds_on_real_vocabularies() {
         let (mut order, mut lcp) = (vec![0u32; nv], vec![0u16; nv]);
         let vocab = SortedVocab::build(&tok, &mut order, &mut lcp);
         let sort_ms = t0.elapsed().as_secs_f64() * 1e3;
-        let (mut elems, mut sets, mut rules, mut work) = (
-            vec![0u32; 16384],
-            vec![0u32; 8192],
-            vec![0u32; 2048],
-            vec![0u32; 8192],
-        );
-        let mut store = Store {
-            elems: &mut elems,
-            sets: &mut sets,
-            rules: &mut rules,
-            work: &mut work,
-        };
-        let parsed = parse(&g, &mut store).unwrap();
-        let (mut nodes, mut spare, mut fwd, mut tops) = (
-            vec![0u32; 32768],
-            vec![0u32; 32768],
-            vec![0u32; 16384],
-            vec![0u32; 8192],
-        );
-        let mut m = Matcher::new(
-            parsed.view(&store),
-            MatcherBufs {
-                nodes: &mut nodes,
-                spare: &mut spare,
-                fwd: &mut fwd,
-                tops: &mut tops,
-            },
-        )
-        .unwrap();
-        let mut logits = vec![0f32; nv];
-        let mut line = format!("{file}: {nv} tokens, sorted in {sort_ms:.1} ms; full mask");
-        for (state, feed) in [
-            ("start", ""),
-            ("in a string", "{\"name\": \"Jo"),
-            ("after a key", "\""),
-        ] {
-            assert!(m.accept(feed.as_bytes()), "{feed}");
-            let reps = 5;
-            let t = std::time::Instant::now();
-            let mut allowed = 0;
-            for _ in 0..reps {
-                logits.fill(0.0);
-                allowed = m.mask(&tok, &vocab, &mut logits);
+        with_matcher(&g, |mut m| {
+            let mut logits = vec![0f32; nv];
+            let mut line = format!("{file}: {nv} tokens, sorted in {sort_ms:.1} ms; full mask");
+            for (state, feed) in [
+                ("start", ""),
+                ("in a string", "{\"name\": \"Jo"),
+                ("after a key", "\""),
+            ] {
+                assert!(m.accept(feed.as_bytes()), "{feed}");
+                let reps = 5;
+                let t = std::time::Instant::now();
+                let mut allowed = 0;
+                for _ in 0..reps {
+                    logits.fill(0.0);
+                    allowed = m.mask(&tok, &vocab, &mut logits);
+                }
+                let ms = t.elapsed().as_secs_f64() * 1e3 / reps as f64;
+                let kept = logits.iter().filter(|l| l.is_finite()).count();
+                assert_eq!(kept, allowed, "{state}");
+                assert!(allowed > 0 && !m.overflowed, "{state}");
+                // Every kept token really is allowed (checked one by one).
+                for (id, l) in logits.iter().enumerate().step_by(97) {
+                    assert_eq!(
+                        l.is_finite(),
+                        m.allows_token(&tok, id as u32),
+                        "{state}: token {id}"
+                    );
+                }
+                assert!(ms < 2000.0, "{state}: {ms} ms");
+                line += &format!(" {state} {ms:.1} ms ({allowed} allowed),");
             }
-            let ms = t.elapsed().as_secs_f64() * 1e3 / reps as f64;
-            let kept = logits.iter().filter(|l| l.is_finite()).count();
-            assert_eq!(kept, allowed, "{state}");
-            assert!(allowed > 0 && !m.overflowed, "{state}");
-            // Every kept token really is allowed (checked one by one).
-            for (id, l) in logits.iter().enumerate().step_by(97) {
-                assert_eq!(
-                    l.is_finite(),
-                    m.allows_token(&tok, id as u32),
-                    "{state}: token {id}"
-                );
-            }
-            assert!(ms < 2000.0, "{state}: {ms} ms");
-            line += &format!(" {state} {ms:.1} ms ({allowed} allowed),");
-        }
-        println!("{line}");
+            println!("{line}");
+        });
     }
 }
