@@ -58,6 +58,11 @@ pub struct Opts<'s> {
     /// text) and `--chat-template-file FILE` (wins over it).
     pub chat_template: Option<&'s str>,
     pub chat_template_file: Option<&'s str>,
+    /// run: constrained output, as llama-cli: `--grammar GBNF`, `--grammar-file FILE`,
+    /// `-j/--json-schema JSON`.
+    pub grammar: Option<&'s str>,
+    pub grammar_file: Option<&'s str>,
+    pub json_schema: Option<&'s str>,
     /// bench: prompt lengths, generation length, thread counts, repetitions.
     pub bench_p: heapless::Vec<usize, 8>,
     pub bench_t: heapless::Vec<usize, 8>,
@@ -211,6 +216,8 @@ flags (llama.cpp names):
                           skip keys whose attention weight is < 1e-4 of the best
                           (default: on; off for ppl, which measures the exact model)
   --ignore-eos            do not stop at end-of-generation tokens
+  --grammar GBNF, --grammar-file FILE, -j/--json-schema JSON
+                          run: the output follows a GBNF grammar or a JSON schema
   --draft N               run, chat, serve: speculative decoding, up to N (<= 16)
                           tokens drafted from the text so far and verified in one
                           pass (default 8 when weights stream, else 0 = off)
@@ -368,6 +375,9 @@ impl<'s> Opts<'s> {
             kv_v: KvType::F16,
             math: Math::Fast,
             ignore_eos: false,
+            grammar: None,
+            grammar_file: None,
+            json_schema: None,
             draft: None,
             ids: false,
             no_bos: false,
@@ -541,6 +551,9 @@ impl<'s> Opts<'s> {
                 "--attn-skip" => o.attn_skip = Some(true),
                 "--profile" => o.profile = true,
                 "--ignore-eos" => o.ignore_eos = true,
+                "--grammar" => o.grammar = Some(val()?),
+                "--grammar-file" => o.grammar_file = Some(val()?),
+                "-j" | "--json-schema" => o.json_schema = Some(val()?),
                 "--draft" | "--draft-max" | "--draft-n" => {
                     let v = val()?;
                     let n: usize = v

@@ -24,6 +24,7 @@
 //! distribution, as llama-server and OpenAI do).
 use crate::commands::{secs, AppError};
 use crate::draft::{Drafter, PromptLookup, MAX_DRAFT};
+use crate::grammar::{Matcher, SortedVocab};
 use crate::guard::{GuardStop, MemoryGuard};
 use crate::model::config::MixerKind;
 use crate::model::{Config, Logits, Session};
@@ -212,8 +213,23 @@ impl<'b> Adjust<'b> {
     }
 }
 
+/// A grammar the generated text must follow (`grammar`, `json_schema`,
+/// `--grammar-file`): the sampled token is checked against it, and only when the
+/// grammar refuses it are all the tokens it refuses masked (into `scratch`) and the
+/// token sampled again from what is left. That is the masked distribution exactly
+/// (a token the grammar allows is drawn with probability p/A either way) at the cost of
+/// one token check in the common case.
+pub struct Constrain<'c> {
+    pub matcher: &'c mut Matcher<'c, 'c>,
+    pub vocab: &'c SortedVocab<'c>,
+    /// One vocabulary's worth of logits.
+    pub scratch: &'c mut [f32],
+    /// Steps that needed the full mask (for the statistics).
+    pub masked: usize,
+}
+
 /// How one generation is sampled and bounded.
-pub struct Settings<'s, 'b, 'd> {
+pub struct Settings<'s, 'b, 'd, 'c> {
     pub sampler: &'s mut Sampler,
     pub guard: &'s mut MemoryGuard,
     pub adjust: Option<&'s mut Adjust<'b>>,
@@ -225,15 +241,19 @@ pub struct Settings<'s, 'b, 'd> {
     /// goes on from it; `run` keeps its timings as they were). The server skips that
     /// pass.
     pub feed_last: bool,
-    /// Speculative decoding with prompt-lookup drafts (`--draft N`); `None`: off.
+    /// Speculative decoding with prompt-lookup drafts (`--draft N`); `None`: off
+    /// (and off under a grammar).
     pub draft: Option<&'s mut Drafter<'d>>,
+    /// The grammar the output follows; `None`: free text.
+    pub grammar: Option<&'s mut Constrain<'c>>,
 }
 
 /// Sample the next token from `logits` (after the request's adjustments); where a
 /// draft proposed a token, through [`Sampler::sample_with_draft`], which keeps the
 /// distribution of plain sampling (and greedy picks are the same).
 fn pick(
-    s: &mut Settings<'_, '_, '_>,
+    s: &mut Settings<'_, '_, '_, '_>,
+    tok: &Tokenizer<'_>,
     sink: &mut dyn Sink,
     logits: &[f32],
     draft: Option<u32>,
@@ -243,10 +263,23 @@ fn pick(
         Some(d) => sampler.sample_with_draft(l, d),
         None => sampler.sample(l),
     };
-    let id = match s.adjust.as_deref_mut() {
-        Some(a) => sample(a.apply(logits)),
-        None => sample(logits),
+    let adjusted = match s.adjust.as_deref_mut() {
+        Some(a) => a.apply(logits),
+        None => logits,
     };
+    let mut id = sample(adjusted);
+    if let Some(c) = s.grammar.as_deref_mut() {
+        if !c.matcher.allows_token(tok, id) && c.scratch.len() >= adjusted.len() {
+            let masked = &mut c.scratch[..adjusted.len()];
+            masked.copy_from_slice(adjusted);
+            c.masked += 1;
+            id = match c.matcher.mask(tok, c.vocab, masked) {
+                // Nothing can follow (the buffers ran out on every token): end here.
+                0 => tok.eog_ids().first().copied().unwrap_or(id),
+                _ => sample(masked),
+            };
+        }
+    }
     sink.sampled(logits, id);
     id
 }
@@ -255,7 +288,7 @@ fn pick(
 /// generation ends instead: an end-of-generation token (not handed on), the sink's
 /// wish, or the token limit without `feed_last`.
 fn emit(
-    s: &mut Settings<'_, '_, '_>,
+    s: &mut Settings<'_, '_, '_, '_>,
     tok: &Tokenizer<'_>,
     sink: &mut dyn Sink,
     st: &mut GenStats,
@@ -266,6 +299,15 @@ fn emit(
     }
     if tok.is_eog(id) && !s.ignore_eos {
         return Some(End::Eos);
+    }
+    // Under a grammar: a token it refuses (only when nothing else was left) ends the
+    // text, and so does a text the grammar allows nothing after.
+    let mut complete = false;
+    if let Some(c) = s.grammar.as_deref_mut() {
+        if !c.matcher.accept(tok.token_bytes(id)) {
+            return Some(End::Eos);
+        }
+        complete = c.matcher.only_end();
     }
     let go = sink.token(id, tok.token_bytes(id));
     st.gen_tokens += 1;
@@ -278,6 +320,9 @@ fn emit(
     }
     if !go {
         return Some(End::Sink);
+    }
+    if complete {
+        return Some(End::Eos);
     }
     if st.gen_tokens == s.max_new && !s.feed_last {
         return Some(End::Length);
@@ -351,7 +396,7 @@ pub fn generate<P: Platform>(
     p: &P,
     tok: &Tokenizer<'_>,
     sess: &mut Session<'_, '_>,
-    mut s: Settings<'_, '_, '_>,
+    mut s: Settings<'_, '_, '_, '_>,
     prompt: &[u32],
     sink: &mut dyn Sink,
 ) -> Result<GenStats, AppError> {
@@ -364,6 +409,10 @@ pub fn generate<P: Platform>(
         if let Some(a) = s.adjust.as_deref_mut() {
             a.accept(t);
         }
+    }
+    if s.grammar.is_some() {
+        // Drafted tokens would have to be checked against the grammar too.
+        s.draft = None;
     }
     let n_ctx = sess.opts.n_ctx;
     let nb = sess.opts.n_batch.max(1);
@@ -384,7 +433,7 @@ pub fn generate<P: Platform>(
             Logits::None
         };
         sess.eval(p, &prompt[start..end], which, &mut |_, l| {
-            next = pick(&mut s, sink, l, None)
+            next = pick(&mut s, tok, sink, l, None)
         })?;
         start = end;
         if !sink.prompt_batch(end, prompt.len()) {
@@ -442,7 +491,7 @@ pub fn generate<P: Platform>(
             if keep <= k {
                 return;
             }
-            let t = pick(&mut s, sink, l, draft[..k].get(i).copied());
+            let t = pick(&mut s, tok, sink, l, draft[..k].get(i).copied());
             if i < k && t == draft[i] {
                 // The drafted token is already at position `i + 1` of this pass.
                 match emit(&mut s, tok, sink, &mut st, t) {

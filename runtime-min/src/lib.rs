@@ -27,6 +27,7 @@ pub mod engine;
 pub mod fault;
 pub mod generate;
 pub mod gguf;
+pub mod grammar;
 pub mod guard;
 pub mod head;
 pub mod header_len;

@@ -215,6 +215,7 @@ fn drive(
         ignore_eos: !serve,
         feed_last: !serve,
         draft: drafter.as_mut(),
+        grammar: None,
     };
     let mut tokens = vec![];
     let stats = generate::generate(

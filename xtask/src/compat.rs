@@ -24,7 +24,7 @@ use crate::util::{cargo, root, run, target_dir, Result};
 
 const SDIST: &str = "llama_cpp_python-0.3.36";
 /// The suite's files that apply to pinch (the others test the router, embeddings,
-/// rerank, LoRA, vision, tools, speculative decoding, slot files, sleep mode, the
+/// rerank, LoRA, vision, server-side tools, speculative decoding, slot files, sleep mode, the
 /// Anthropic/GCP/Responses front ends and MCP, which pinch deliberately lacks).
 const FILES: &[&str] = &[
     "basic",
@@ -36,6 +36,7 @@ const FILES: &[&str] = &[
     "ctx_shift",
     "infill",
     "ignore_eos",
+    "tool_call",
 ];
 const PY_PACKAGES: &[&str] = &[
     "pytest~=8.3",

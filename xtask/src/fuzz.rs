@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 /// Every target, in `fuzz/fuzz_targets/<name>.rs`.
-pub const TARGETS: [&str; 9] = [
+pub const TARGETS: [&str; 10] = [
     "gguf_parse",
     "tokenizer",
     "chat_template",
@@ -27,6 +27,7 @@ pub const TARGETS: [&str; 9] = [
     "repack_cache",
     "moe_trace",
     "tune_profile",
+    "grammar",
 ];
 
 /// The coverage flags cargo-fuzz passes (sancov with 8-bit counters, PC table and

@@ -75,6 +75,7 @@ pub fn generate<P: Platform>(
     guard: &mut MemoryGuard,
     prompt: &[u32],
     n: usize,
+    grammar: Option<&mut crate::generate::Constrain<'_>>,
     emit: &mut dyn FnMut(u32, &[u8]),
 ) -> Result<GenStats, AppError> {
     let s = Settings {
@@ -85,6 +86,7 @@ pub fn generate<P: Platform>(
         ignore_eos: ctx.o.ignore_eos,
         feed_last: true,
         draft: ctx.draft.as_mut(),
+        grammar,
     };
     crate::generate::generate(ctx.p, ctx.tok, &mut ctx.sess, s, prompt, &mut Emit(emit))
 }
@@ -203,6 +205,40 @@ pub fn run<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
     if n > n_ctx {
         return Err(AppError::PromptTooLong { tokens: n, n_ctx });
     }
+    // `--grammar`, `--grammar-file`, `--json-schema`: the output follows the grammar.
+    let gtext: Option<(&str, bool)> = match (o.grammar_file, o.grammar, o.json_schema) {
+        (Some(f), ..) => Some((read_text(ctx, f)?, false)),
+        (None, Some(g), _) => Some((g, false)),
+        (None, None, Some(j)) => Some((j, true)),
+        (None, None, None) => None,
+    };
+    let mut gbufs = None;
+    let mut parsed = None;
+    if let Some((t, schema)) = gtext {
+        let mut b = crate::server::constrain::GrammarBufs::carve(ctx.arena, ctx.tok)?;
+        match b.prepare_text(t, schema) {
+            Ok(g) => parsed = Some(g),
+            Err(e) => {
+                let _ = writeln!(Out::stderr(ctx.p), "pinch: {e}");
+                return Err(AppError::Usage(
+                    "--grammar/--grammar-file/--json-schema: the grammar is invalid (see above)",
+                ));
+            }
+        }
+        gbufs = Some(b);
+    }
+    let mut parts = match (gbufs.as_mut(), parsed.as_ref()) {
+        (Some(b), Some(g)) => b.split(g),
+        _ => None,
+    };
+    let mut constrain = parts
+        .as_mut()
+        .map(|(m, vocab, masked)| crate::generate::Constrain {
+            matcher: m,
+            vocab,
+            scratch: masked,
+            masked: 0,
+        });
     let text_cap = o.n_predict.saturating_mul(16).clamp(256, 1 << 20);
     let gen_text = ctx.arena.bytes("generated text", text_cap)?;
     let mut gen_len = 0usize;
@@ -219,6 +255,7 @@ pub fn run<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
         &mut guard,
         &toks[..n],
         o.n_predict,
+        constrain.as_mut(),
         &mut |_, bytes| {
             let _ = stream.push(bytes, &mut |s: &str| -> Result<(), ()> {
                 out.bytes(s.as_bytes());
@@ -477,6 +514,7 @@ pub fn chat<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
             &mut guard,
             &toks[..nt],
             o.n_predict.max(1),
+            None,
             &mut |_, bytes| {
                 for (buf, len) in [(&mut *fed, &mut fed_len), (&mut *hist, &mut hist_len)] {
                     // A reply too long to keep makes the next turn start over.

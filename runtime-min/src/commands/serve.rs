@@ -33,6 +33,7 @@ pub fn buffer_bytes(o: &crate::cli::Opts, n_ctx: usize, tok: &crate::tokenizer::
         4 * n_ctx * stride,
         4 * n_ctx,
         4 * tok.n_vocab() as usize,
+        crate::server::constrain::bytes(tok.n_vocab() as usize),
     ];
     sizes.iter().map(|&b| b as u64 + 64).sum()
 }
@@ -60,6 +61,7 @@ pub fn serve<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> 
         cache: ctx.arena.slice::<u32>(a, n_ctx)?,
         n_cached: 0,
         logits: ctx.arena.slice::<f32>(a, ctx.tok.n_vocab() as usize)?,
+        grammar: crate::server::constrain::GrammarBufs::carve(ctx.arena, ctx.tok)?,
     };
     let sf = o.serve;
     // `--chat-template NAME|FILE|JINJA`, `--chat-template-file FILE`, else the model's

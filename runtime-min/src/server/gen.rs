@@ -19,16 +19,17 @@ use core::fmt::Write;
 
 use super::http::{self, SockWriter};
 use super::jraw::{Kind, Val};
+use super::json::ToolChoice;
 use super::json::{
     self, json_byte_list, json_bytes_str, json_f32, Api, Content, Params, MAX_STOP, MAX_STOP_LEN,
     MAX_TOP,
 };
-use super::{msg, Io};
+use super::{msg, tools, Io};
 use crate::chat::{ChatMessage, Content as MsgContent, Template};
 use crate::commands::out::json_str;
 use crate::commands::run::SliceWriter;
 use crate::commands::Ctx;
-use crate::generate::{self, Adjust, End, Settings, Sink};
+use crate::generate::{self, Adjust, Constrain, End, Settings, Sink};
 use crate::guard::{GuardStop, MemoryGuard};
 use crate::platform::Platform;
 use crate::sampler::{top_n, Candidate, Sampler};
@@ -55,6 +56,8 @@ pub struct Bufs<'a> {
     pub n_cached: usize,
     /// Adjusted logits (`logit_bias`, penalties): one vocabulary's worth.
     pub logits: &'a mut [f32],
+    /// Constrained output (`grammar`, `json_schema`, `response_format`).
+    pub grammar: super::constrain::GrammarBufs<'a>,
 }
 
 /// Bytes of text per context token the server accepts in a prompt (English averages
@@ -82,6 +85,12 @@ struct Prepared {
     /// The rendered chat prompt or the prompt string (range of `Bufs::text`), for
     /// `echo` and `__verbose`.
     shown: Option<(usize, usize)>,
+    /// The grammar the answers follow (parsed into `Bufs::grammar`).
+    grammar: Option<crate::grammar::parse::Parsed>,
+    /// Tool calls in the answer become `tool_calls` (chat with `tools`).
+    tools: bool,
+    /// Index in `stops` of the tool call's opening marker (streamed chat with tools).
+    tool_stop: Option<usize>,
 }
 
 /// Why a request cannot run.
@@ -237,7 +246,64 @@ fn prepare<P: Platform>(
                         core::str::from_utf8(joined).map_err(|_| refuse(400, &"invalid UTF-8"))?
                     }
                 };
+                // An assistant's earlier tool calls, in the prompt's tool format.
+                let content = match m.tool_calls {
+                    Some(calls) => {
+                        let region: &mut [u8] = core::mem::take(&mut strs);
+                        let mut w = SliceWriter {
+                            buf: region,
+                            len: 0,
+                        };
+                        let sep = if content.is_empty() { "" } else { "\n" };
+                        if write!(w, "{content}{sep}").is_err()
+                            || tools::write_history(&mut w, calls).is_err()
+                        {
+                            return Err(refuse(
+                                400,
+                                &"the conversation is too long for the request buffer",
+                            ));
+                        }
+                        let (n, region) = (w.len, w.buf);
+                        let (joined, rest) = region.split_at_mut(n);
+                        strs = rest;
+                        core::str::from_utf8(joined).map_err(|_| refuse(400, &"invalid UTF-8"))?
+                    }
+                    None => content,
+                };
                 let _ = msgs.push(ChatMessage::new(role, content));
+            }
+            // Tools: their signatures and the call format in the system message (a new
+            // one first when there is none).
+            if let (Some(list), true) = (req.tools, req.tool_choice != ToolChoice::None) {
+                let region: &mut [u8] = core::mem::take(&mut strs);
+                let mut w = SliceWriter {
+                    buf: region,
+                    len: 0,
+                };
+                let sys = msgs
+                    .first()
+                    .filter(|m| m.role == "system")
+                    .map(|m| m.content);
+                let ok = match sys {
+                    Some(MsgContent::Text(t)) if !t.is_empty() => write!(w, "{t}\n\n").is_ok(),
+                    _ => true,
+                } && tools::system_text(&mut w, list).is_ok();
+                if !ok {
+                    return Err(refuse(400, &"the tools do not fit the request buffer"));
+                }
+                let (n, region) = (w.len, w.buf);
+                let (text, rest) = region.split_at_mut(n);
+                strs = rest;
+                let text = core::str::from_utf8(text).map_err(|_| refuse(400, &"invalid UTF-8"))?;
+                let m = ChatMessage::new("system", text);
+                match sys {
+                    Some(_) => msgs[0] = m,
+                    None => {
+                        if msgs.insert(0, m).is_err() {
+                            return Err(refuse(400, &json::BodyError::Range("messages")));
+                        }
+                    }
+                }
             }
             let mut w = SliceWriter {
                 buf: render,
@@ -409,10 +475,30 @@ fn prepare<P: Platform>(
             json::unescape(s, &mut b).map_err(|_| refuse(400, &json::BodyError::StopTooLong))?;
         let _ = stops.push(heapless::Vec::from_slice(t.as_bytes()).unwrap_or_default());
     }
+    let tools_on = api == Api::Chat && req.tools.is_some() && req.tool_choice != ToolChoice::None;
+    let mut tool_stop = None;
+    if tools_on && p.stream && stops.len() < MAX_STOP {
+        tool_stop = Some(stops.len());
+        let _ = stops.push(heapless::Vec::from_slice(tools::OPEN.as_bytes()).unwrap_or_default());
+    }
     if api == Api::Chat && stops.len() < MAX_STOP {
         let eot = setup.template.end_of_turn().as_bytes();
         let _ = stops.push(heapless::Vec::from_slice(eot).unwrap_or_default());
     }
+    // `tool_choice: required` (or a function) without another constraint: a grammar
+    // for one call.
+    let tool_call = match (req.tools, req.tool_choice) {
+        (Some(list), ToolChoice::Required | ToolChoice::Named(_))
+            if req.constraint == json::Constraint::None =>
+        {
+            Some((list, req.tool_choice))
+        }
+        _ => None,
+    };
+    let grammar = bufs
+        .grammar
+        .prepare(req.constraint, tool_call, &mut strs)
+        .map_err(|e| refuse(400, &e))?;
     let mut bias = heapless::Vec::new();
     if let Some(v) = req.logit_bias {
         let mut add = |key: Val<'_>,
@@ -478,6 +564,9 @@ fn prepare<P: Platform>(
         stops,
         bias,
         shown,
+        grammar,
+        tools: tools_on,
+        tool_stop,
     })
 }
 
@@ -727,6 +816,8 @@ struct Res {
     fin: Finish,
     tm: Timings,
     truncated: bool,
+    /// A streamed answer switched to a tool call (its text is in `Bufs::out`).
+    calling: bool,
     /// The prompt's tokens (range of `Bufs::tokens`).
     prompt: (usize, usize),
 }
@@ -794,6 +885,11 @@ struct ServeSink<'x, 'a, 's, 'p, 'b, 'w, P: Platform> {
     full: bool,
     /// Prompt progress (`return_progress`): total, cached.
     progress: (usize, usize),
+    /// The stop string that opens a tool call (streamed chat with tools): when it
+    /// comes, the rest of the answer is kept (in `out`) instead of streamed, and sent as
+    /// `tool_calls` at the end.
+    tool_stop: Option<usize>,
+    calling: bool,
 }
 
 impl<P: Platform> ServeSink<'_, '_, '_, '_, '_, '_, P> {
@@ -852,6 +948,15 @@ impl<P: Platform> Sink for ServeSink<'_, '_, '_, '_, '_, '_, P> {
             self.cache[self.n_cached] = id;
             self.n_cached += 1;
         }
+        if self.calling {
+            // Inside a streamed tool call: kept for the `tool_calls` at the end.
+            if !keep(self.out, &mut self.out_len, bytes) {
+                self.full = true;
+                return false;
+            }
+            self.io.m.tokens_generated += 1;
+            return self.alive();
+        }
         // Released text of this token: through the UTF-8 assembler and the stop matcher.
         let mut piece: heapless::Vec<u8, 1024> = heapless::Vec::new();
         let (matcher, stops, hit) = (&mut self.matcher, self.stops, &mut self.hit);
@@ -876,6 +981,15 @@ impl<P: Platform> Sink for ServeSink<'_, '_, '_, '_, '_, '_, P> {
         } else {
             if !keep(self.out, &mut self.out_len, &piece) {
                 // Never cut silently: the answer ends before this token, as "length".
+                self.full = true;
+                return false;
+            }
+        }
+        if self.hit.is_some() && self.hit == self.tool_stop {
+            self.hit = None;
+            self.calling = true;
+            let open = tools::OPEN.as_bytes();
+            if !keep(self.out, &mut self.out_len, open) {
                 self.full = true;
                 return false;
             }
@@ -1014,6 +1128,8 @@ struct Body<'x, 'b> {
     /// The rendered or given prompt text (for `echo` and `__verbose`).
     shown: &'x [u8],
     verbose: bool,
+    /// Calls in the text become `tool_calls`.
+    tools: bool,
     /// `Bufs::tokens`: each answer's prompt, shown as llama-server shows it (the
     /// tokens' text, specials included).
     tokens: &'x [u32],
@@ -1129,9 +1245,23 @@ impl Body<'_, '_> {
                 w.write_char(',')?;
             }
             write!(w, "{{\"index\":{k},")?;
+            let mut finish = res.fin.openai();
             if self.r.api == Api::Chat {
                 w.write_str("\"message\":{\"role\":\"assistant\",\"content\":")?;
-                json_bytes_str(w, self.text(res))?;
+                let text = self.text(res);
+                match self.tools.then(|| tools::first_call(text)).flatten() {
+                    Some(at) => {
+                        let content = text[..at].trim_ascii();
+                        match content.is_empty() {
+                            true => w.write_str("null")?,
+                            false => json_bytes_str(w, content)?,
+                        }
+                        w.write_str(",\"tool_calls\":")?;
+                        tools::write_calls(w, &text[at..], self.r.id, false)?;
+                        finish = "tool_calls";
+                    }
+                    None => json_bytes_str(w, text)?,
+                }
                 w.write_str("},\"logprobs\":")?;
                 if p.logprobs {
                     w.write_str("{\"content\":")?;
@@ -1158,7 +1288,7 @@ impl Body<'_, '_> {
                     w.write_str("null")?;
                 }
             }
-            write!(w, ",\"finish_reason\":\"{}\"}}", res.fin.openai())?;
+            write!(w, ",\"finish_reason\":\"{finish}\"}}")?;
         }
         w.write_str("],\"usage\":")?;
         let total = self.total();
@@ -1256,6 +1386,17 @@ fn final_events(w: &mut dyn Write, b: &Body<'_, '_>, res: &Res, tail: &[u8]) -> 
                 }
                 w.write_str("\"logprobs\":null,\"finish_reason\":null}]}\n\n")?;
             }
+            let mut finish = res.fin.openai();
+            let call = &b.out[res.text.0..res.text.0 + res.text.1];
+            if chat && res.calling && tools::first_call(call).is_some() {
+                // The tool call the answer switched to, as one delta.
+                w.write_str("data: ")?;
+                r.open(w, obj)?;
+                w.write_str(",\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":")?;
+                tools::write_calls(w, call, r.id, true)?;
+                w.write_str("},\"logprobs\":null,\"finish_reason\":null}]}\n\n")?;
+                finish = "tool_calls";
+            }
             w.write_str("data: ")?;
             r.open(w, obj)?;
             if chat {
@@ -1263,11 +1404,7 @@ fn final_events(w: &mut dyn Write, b: &Body<'_, '_>, res: &Res, tail: &[u8]) -> 
             } else {
                 w.write_str(",\"choices\":[{\"index\":0,\"text\":\"\",")?;
             }
-            write!(
-                w,
-                "\"logprobs\":null,\"finish_reason\":\"{}\"}}]",
-                res.fin.openai()
-            )?;
+            write!(w, "\"logprobs\":null,\"finish_reason\":\"{finish}\"}}]")?;
             if chat && !b.gs.p.include_usage {
                 return w.write_str("}\n\ndata: [DONE]\n\n");
             }
@@ -1527,6 +1664,14 @@ pub fn serve_one<P: Platform>(
             let _ = adjust.bias.extend_from_slice(&prep.bias);
             adjust.presence = q.presence_penalty;
             adjust.frequency = q.frequency_penalty;
+            // A fresh matcher per answer, at the start of the grammar.
+            let mut parts = prep.grammar.as_ref().and_then(|g| bufs.grammar.split(g));
+            let mut constrain = parts.as_mut().map(|(m, vocab, masked)| Constrain {
+                matcher: m,
+                vocab,
+                scratch: masked,
+                masked: 0,
+            });
             let settings = Settings {
                 sampler: &mut sampler,
                 guard,
@@ -1535,6 +1680,7 @@ pub fn serve_one<P: Platform>(
                 ignore_eos,
                 feed_last: false,
                 draft: ctx.draft.as_mut(),
+                grammar: constrain.as_mut(),
             };
             let mut sink = ServeSink {
                 io,
@@ -1560,13 +1706,15 @@ pub fn serve_one<P: Platform>(
                 hit: None,
                 gone: false,
                 full: false,
+                tool_stop: prep.tool_stop,
+                calling: false,
                 progress: (n_prompt, reuse),
             };
             let toks = &bufs.tokens[a + reuse..b];
             // The first progress report: the cached tokens, before any pass.
             sink.progress_event(0);
             let got = generate::generate(p, tok, &mut ctx.sess, settings, toks, &mut sink);
-            let (gone, full, hit) = (sink.gone, sink.full, sink.hit);
+            let (gone, full, hit, calling) = (sink.gone, sink.full, sink.hit, sink.calling);
             out_len = sink.out_len;
             let this_rec = (n_rec, sink.n_rec);
             n_rec += sink.n_rec;
@@ -1641,6 +1789,7 @@ pub fn serve_one<P: Platform>(
                     gen_s: st.gen_s,
                 },
                 truncated: st.end == End::ContextFull,
+                calling,
                 prompt: (a, b),
             });
         }
@@ -1670,6 +1819,7 @@ pub fn serve_one<P: Platform>(
         gs: &gs,
         shown,
         verbose: setup.verbose,
+        tools: prep.tools,
         tokens: bufs.tokens,
     };
     let _ = stride;

@@ -34,6 +34,72 @@ pub enum Content<'a> {
 pub struct Message<'a> {
     pub role: EscapedStr<'a>,
     pub content: Content<'a>,
+    /// An assistant message's `tool_calls` (a list), written into the prompt in the
+    /// tool format.
+    pub tool_calls: Option<Val<'a>>,
+}
+
+/// `tool_choice`: whether the model may, must, or must not call one of `tools`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToolChoice<'a> {
+    None,
+    Auto,
+    Required,
+    /// `{"type": "function", "function": {"name": ...}}`: that one.
+    Named(EscapedStr<'a>),
+}
+
+/// Read `tools` (a list of `{"type": "function", "function": {"name", "parameters"}}`)
+/// and `tool_choice` (default `auto` with tools, `none` without).
+fn tools(r: Val<'_>) -> Result<(Option<Val<'_>>, ToolChoice<'_>), BodyError> {
+    let list = r.get("tools").filter(|v| v.kind() != Kind::Null);
+    if let Some(l) = list {
+        if l.kind() != Kind::Arr {
+            return Err(BodyError::Shape("tools"));
+        }
+        for t in l.items() {
+            let f = t.get("function");
+            let named = f.and_then(|f| f.get("name")).and_then(|n| n.str());
+            let params_ok = f
+                .and_then(|f| f.get("parameters"))
+                .is_none_or(|p| matches!(p.kind(), Kind::Obj | Kind::Null));
+            if t.get("type").and_then(|x| x.str()).map(|x| x.0) != Some("function")
+                || named.is_none_or(|n| n.0.is_empty())
+                || !params_ok
+            {
+                return Err(BodyError::Shape(
+                    "tools[]: {\"type\": \"function\", \"function\": {\"name\": ..., \"parameters\": {...}}}",
+                ));
+            }
+        }
+    }
+    let list = list.filter(|l| l.items().next().is_some());
+    let choice = match r.get("tool_choice").filter(|v| v.kind() != Kind::Null) {
+        None => match list {
+            Some(_) => ToolChoice::Auto,
+            None => ToolChoice::None,
+        },
+        Some(v) => match (v.kind(), v.str().map(|s| s.0)) {
+            (_, Some("none")) => ToolChoice::None,
+            (_, Some("auto")) => ToolChoice::Auto,
+            (_, Some("required")) => ToolChoice::Required,
+            (Kind::Obj, _) => ToolChoice::Named(
+                v.get("function")
+                    .and_then(|f| f.get("name"))
+                    .and_then(|n| n.str())
+                    .ok_or(BodyError::Shape("tool_choice.function.name"))?,
+            ),
+            _ => {
+                return Err(BodyError::Shape(
+                    "tool_choice (none, auto, required or a function)",
+                ))
+            }
+        },
+    };
+    if list.is_none() && !matches!(choice, ToolChoice::None) {
+        return Err(BodyError::Missing("tools (for tool_choice)"));
+    }
+    Ok((list, choice))
 }
 
 /// `stream_options`.
@@ -139,6 +205,10 @@ pub struct Parsed<'a> {
     pub logit_bias: Option<Val<'a>>,
     /// Infill: `input_prefix`, `input_suffix`, `input_extra`.
     pub infill: Option<(Val<'a>, Val<'a>, Option<Val<'a>>)>,
+    pub constraint: Constraint<'a>,
+    /// `tools` (a non-empty list) and `tool_choice`.
+    pub tools: Option<Val<'a>>,
+    pub tool_choice: ToolChoice<'a>,
     pub p: Params,
 }
 
@@ -191,18 +261,12 @@ pub enum BodyError {
     TwoAssistants,
     /// `add_generation_prompt` and `continue_final_message` together.
     PrefillAndPrompt,
-    /// A valid request for what pinch does not do yet (constrained output: `grammar`,
-    /// `json_schema`, `response_format` JSON): 501, never silently ignored.
-    Unsupported(&'static str),
 }
 
 impl BodyError {
-    /// The HTTP status: 501 for [`BodyError::Unsupported`], else 400.
+    /// The HTTP status (always 400).
     pub fn status(&self) -> u16 {
-        match self {
-            BodyError::Unsupported(_) => 501,
-            _ => 400,
-        }
+        400
     }
 }
 
@@ -228,44 +292,42 @@ impl core::fmt::Display for BodyError {
                 f,
                 "'add_generation_prompt' and 'continue_final_message' cannot both be true"
             ),
-            BodyError::Unsupported(what) => write!(
-                f,
-                "{what}: constrained output is not supported by this server yet"
-            ),
         }
     }
 }
 
-/// Check `response_format`, `json_schema` and `grammar`: a malformed one is a 400
-/// (as llama-server answers it); a well-formed request for constrained output is
-/// [`BodyError::Unsupported`].
-fn constraints(r: Val<'_>) -> Result<(), BodyError> {
-    fn schema_ok(s: Val<'_>) -> bool {
-        const TYPES: [&str; 7] = [
-            "object", "array", "string", "number", "integer", "boolean", "null",
-        ];
-        let one = |t: Val<'_>| t.str().is_some_and(|t| TYPES.contains(&t.0));
-        s.kind() == Kind::Obj
-            && match s.get("type") {
-                None => true,
-                Some(t) if t.kind() == Kind::Arr => t.items().all(one),
-                Some(t) => one(t),
-            }
-    }
+/// The constraint on the output a request asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Constraint<'a> {
+    None,
+    /// `grammar`: GBNF text (still escaped).
+    Grammar(EscapedStr<'a>),
+    /// `response_format: {"type": "json_object"}` without a schema: any JSON object.
+    AnyObject,
+    /// A JSON schema (`response_format` `json_schema` or `json_object` with `schema`,
+    /// or llama-server's `json_schema`); checked when it becomes a grammar.
+    Schema(Val<'a>),
+}
+
+/// Read `response_format`, `json_schema` and `grammar` (a malformed one is a 400, as
+/// llama-server answers it; the schema itself is checked by
+/// [`crate::grammar::json_schema`]).
+fn constraints(r: Val<'_>) -> Result<Constraint<'_>, BodyError> {
     if let Some(f) = r.get("response_format").filter(|v| v.kind() != Kind::Null) {
         let kind = f.get("type").and_then(|t| t.str()).map(|t| t.0);
         match kind {
             Some("text") => {}
-            Some("json_object") => match f.get("schema") {
-                Some(s) if !schema_ok(s) => return Err(BodyError::Shape("response_format.schema")),
-                _ => return Err(BodyError::Unsupported("response_format json_object")),
-            },
+            Some("json_object") => {
+                return Ok(match f.get("schema") {
+                    Some(s) => Constraint::Schema(s),
+                    None => Constraint::AnyObject,
+                })
+            }
             Some("json_schema") => {
                 let s = f.get("json_schema").and_then(|j| j.get("schema"));
-                if !s.is_some_and(schema_ok) {
-                    return Err(BodyError::Shape("response_format.json_schema.schema"));
-                }
-                return Err(BodyError::Unsupported("response_format json_schema"));
+                return s
+                    .map(Constraint::Schema)
+                    .ok_or(BodyError::Missing("response_format.json_schema.schema"));
             }
             _ => {
                 return Err(BodyError::Shape(
@@ -275,15 +337,14 @@ fn constraints(r: Val<'_>) -> Result<(), BodyError> {
         }
     }
     if let Some(s) = r.get("json_schema").filter(|v| v.kind() != Kind::Null) {
-        if !schema_ok(s) {
-            return Err(BodyError::Shape("json_schema"));
-        }
-        return Err(BodyError::Unsupported("json_schema"));
+        return Ok(Constraint::Schema(s));
     }
     match r.get("grammar") {
-        Some(g) if g.kind() == Kind::Str => Err(BodyError::Unsupported("grammar")),
+        Some(g) if g.kind() == Kind::Str => {
+            Ok(Constraint::Grammar(g.str().ok_or(BodyError::BadEscape)?))
+        }
         Some(g) if g.kind() != Kind::Null => Err(BodyError::Shape("grammar")),
-        _ => Ok(()),
+        _ => Ok(Constraint::None),
     }
 }
 
@@ -319,8 +380,16 @@ fn messages(v: Val<'_>) -> Result<heapless::Vec<Message<'_>, MAX_MESSAGES>, Body
                 _ => return Err(BodyError::Shape("messages[].content")),
             },
         };
-        out.push(Message { role, content })
-            .map_err(|_| BodyError::Range("messages"))?;
+        let tool_calls = m.get("tool_calls").filter(|v| v.kind() != Kind::Null);
+        if tool_calls.is_some_and(|v| v.kind() != Kind::Arr) {
+            return Err(BodyError::Shape("messages[].tool_calls"));
+        }
+        out.push(Message {
+            role,
+            content,
+            tool_calls,
+        })
+        .map_err(|_| BodyError::Range("messages"))?;
     }
     let n = out.len();
     if n >= 2 && out[n - 1].role.0 == "assistant" && out[n - 2].role.0 == "assistant" {
@@ -362,7 +431,8 @@ pub fn parse(api: Api, body: &[u8]) -> Result<Parsed<'_>, BodyError> {
         .map(|(b, _)| b)
         .map_err(BodyError::Json)?;
     let r = root(body).ok_or(BodyError::Shape("body"))?;
-    constraints(r)?;
+    let constraint = constraints(r)?;
+    let (tool_list, tool_choice) = tools(r)?;
     let stop = stops(r.get("stop"))?;
     // `logprobs`: a flag (chat) or a count (legacy completions).
     let (logprobs, lp_top) = match r.get("logprobs") {
@@ -473,6 +543,9 @@ pub fn parse(api: Api, body: &[u8]) -> Result<Parsed<'_>, BodyError> {
         stop,
         logit_bias,
         infill,
+        constraint,
+        tools: tool_list,
+        tool_choice,
         p: Params {
             stream: b.stream.unwrap_or(false),
             max_tokens,
@@ -658,7 +731,7 @@ mod tests {
     fn chat_body_with_escapes_stop_list_and_unknown_fields() {
         let body = br#"{"model":"m","messages":[{"role":"system","content":"be \"brief\"\n"},{"role":"user","content":"hi \u00e9"}],
             "stream":true,"max_tokens":7,"temperature":0.5,"seed":3,"logprobs":true,"top_logprobs":3,
-            "stop":["\n\n","END"],"frequency_penalty":0,"tools":[{"a":[1,2,{"b":null}]}]}"#;
+            "stop":["\n\n","END"],"frequency_penalty":0,"tools":[{"type":"function","function":{"name":"f","parameters":{"a":[1,2,{"b":null}]}}}]}"#;
         let p = parse(Api::Chat, body).unwrap();
         assert_eq!(p.messages.len(), 2);
         assert_eq!(p.stop.len(), 2);
@@ -702,38 +775,53 @@ mod tests {
     }
 
     #[test]
-    fn constrained_output_is_refused_501_and_malformed_constraints_400() {
+    fn constraints_are_read_and_malformed_ones_refused() {
         let m = r#""messages":[{"role":"user","content":"x"}]"#;
-        let status = |extra: &str| {
+        let read = |extra: &str| {
             let mut b: heapless::String<256> = heapless::String::new();
             write!(b, "{{{m},{extra}}}").unwrap();
-            parse(Api::Chat, b.as_bytes()).err().map(|e| e.status())
+            let p = parse(Api::Chat, b.as_bytes());
+            p.map(|p| match p.constraint {
+                Constraint::None => "none",
+                Constraint::Grammar(_) => "grammar",
+                Constraint::AnyObject => "object",
+                Constraint::Schema(_) => "schema",
+            })
         };
-        assert_eq!(status(r#""response_format":{"type":"text"}"#), None);
+        assert_eq!(read(r#""response_format":{"type":"text"}"#), Ok("none"));
         assert_eq!(
-            status(r#""response_format":{"type":"json_object"}"#),
-            Some(501)
+            read(r#""response_format":{"type":"json_object"}"#),
+            Ok("object")
         );
         assert_eq!(
-            status(
+            read(
                 r#""response_format":{"type":"json_schema","json_schema":{"schema":{"const":"a"}}}"#
             ),
-            Some(501)
+            Ok("schema")
         );
-        assert_eq!(status(r#""grammar":"root ::= \"a\"""#), Some(501));
         assert_eq!(
-            status(r#""json_schema":{"type":["string","null"]}"#),
-            Some(501)
+            read(r#""response_format":{"type":"json_object","schema":123}"#),
+            Ok("schema")
         );
-        for bad in [
-            r#""response_format":{"type":"sound"}"#,
-            r#""response_format":{"type":"json_object","schema":123}"#,
-            r#""response_format":{"type":"json_object","schema":{"type":123}}"#,
-            r#""response_format":{"type":"json_object","schema":{"type":"hiccup"}}"#,
-            r#""grammar":5"#,
-        ] {
-            assert_eq!(status(bad), Some(400), "{bad}");
-        }
+        assert_eq!(read(r#""grammar":"root ::= \"a\"""#), Ok("grammar"));
+        assert_eq!(
+            read(r#""json_schema":{"type":["string","null"]}"#),
+            Ok("schema")
+        );
+        assert_eq!(
+            read(r#""response_format":{"type":"sound"}"#)
+                .err()
+                .map(|e| e.status()),
+            Some(400)
+        );
+        assert_eq!(
+            read(r#""grammar":5"#).err(),
+            Some(BodyError::Shape("grammar"))
+        );
+        assert_eq!(
+            read(r#""response_format":{"type":"json_schema"}"#).err(),
+            Some(BodyError::Missing("response_format.json_schema.schema"))
+        );
     }
 
     #[test]

@@ -36,11 +36,13 @@
 //! - [`json`]: request bodies (`serde-json-core`) and JSON output helpers.
 //! - [`gen`]: one generation: prompt, sampling, stop strings, the three output formats.
 //! - [`metrics`]: counters and the Prometheus text.
+pub mod constrain;
 pub mod gen;
 pub mod http;
 pub mod jraw;
 pub mod json;
 pub mod metrics;
+pub mod tools;
 
 use core::fmt::Write;
 

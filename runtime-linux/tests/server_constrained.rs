@@ -1,0 +1,164 @@
+//! Constrained output and tool calls through `pinch serve` over real TCP, with the tiny
+//! random Qwen3 fixture (whose free text is noise, so whatever shape comes out is the
+//! grammar's doing): `grammar`, `json_schema`, `response_format`, their 400s, and
+//! `tools` with `tool_choice: "required"` returned as `tool_calls`, streamed and not.
+mod server_util;
+
+use serde_json::{json, Value};
+use server_util::*;
+
+/// The Qwen3 fixture with `qwen3.context_length` set to `n`, in a temporary file
+/// (the path without `.gguf`, as `Server::start_model` takes it).
+fn raised_context(n: u32) -> String {
+    let mut b = std::fs::read(model_path(MODEL)).unwrap();
+    let key = b"qwen3.context_length";
+    let at = b.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+    assert_eq!(&b[at..at + 4], &4u32.to_le_bytes(), "a u32 value");
+    b[at + 4..at + 8].copy_from_slice(&n.to_le_bytes());
+    let dir = std::env::temp_dir().join(format!("pinch-tools-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("qwen3-long.gguf");
+    std::fs::write(&path, b).unwrap();
+    path.with_extension("").to_string_lossy().into_owned()
+}
+
+fn ask(extra: Value) -> Value {
+    let mut body = json!({"messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 80, "temperature": 1.0, "seed": 5});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+#[test]
+fn grammar_and_schemas_shape_the_answer_and_bad_ones_are_400() {
+    let s = Server::start(&["-c", "512"]);
+    let (st, v) = s.post_json(
+        "/v1/chat/completions",
+        &ask(json!({"grammar": "root ::= \"a\"{5,5}"})),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"], "aaaaa");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+
+    let schema = json!({"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+        "n": {"type": "integer"}}, "required": ["name", "n"]});
+    for (k, body) in [
+        ("json_schema", ask(json!({"json_schema": schema}))),
+        (
+            "response_format",
+            ask(
+                json!({"response_format": {"type": "json_schema", "json_schema": {"schema": schema}}}),
+            ),
+        ),
+    ] {
+        let mut parsed = 0;
+        for seed in 0..4 {
+            let mut b = body.clone();
+            b["seed"] = json!(seed);
+            b["max_tokens"] = json!(200);
+            let (st, v) = s.post_json("/v1/chat/completions", &b);
+            assert_eq!(st, 200, "{k}: {v}");
+            let c = v["choices"][0]["message"]["content"].as_str().unwrap();
+            if v["choices"][0]["finish_reason"] == "stop" {
+                let o: Value =
+                    serde_json::from_str(c).unwrap_or_else(|e| panic!("{k}: {e}: {c:?}"));
+                assert!(o["name"].is_string() && o["n"].is_i64(), "{k}: {o}");
+                parsed += 1;
+            }
+        }
+        assert!(parsed > 0, "{k}: no answer finished in 200 tokens");
+    }
+    let (st, v) = s.post_json(
+        "/completion",
+        &json!({"prompt": "x", "n_predict": 40, "json_schema": {"const": "42"}}),
+    );
+    assert_eq!((st, v["content"].as_str()), (200, Some("\"42\"")), "{v}");
+
+    for (body, needle) in [
+        (
+            json!({"grammar": "root ::= this is (not valid GBNF"}),
+            "at byte 32",
+        ),
+        (json!({"grammar": "root ::= x"}), "'x'"),
+        (json!({"json_schema": {"type": "hiccup"}}), "'type'"),
+        (
+            json!({"json_schema": {"type": "string", "pattern": "a+"}}),
+            "'pattern'",
+        ),
+        (
+            json!({"response_format": {"type": "json_object", "schema": 123}}),
+            "schema",
+        ),
+    ] {
+        let (st, v) = s.post_json("/v1/chat/completions", &ask(body.clone()));
+        assert_eq!(st, 400, "{body}: {v}");
+        let m = v["error"]["message"].as_str().unwrap();
+        assert!(m.contains(needle), "{body}: {m}");
+    }
+}
+
+#[test]
+fn a_required_tool_call_comes_back_as_tool_calls() {
+    // The tools' prompt is ~900 tokens in the fixture's byte-level vocabulary: its
+    // context is raised to 2048 (random weights: later positions mean no less).
+    let model = raised_context(2048);
+    let s = Server::start_model(&model, &["-c", "2048"]);
+    let tools = json!([
+        {"type": "function", "function": {"name": "city", "parameters": {"type": "object",
+            "properties": {"c": {"type": "string", "maxLength": 6}}, "required": ["c"]}}},
+        {"type": "function", "function": {"name": "test", "parameters": {"type": "object",
+            "properties": {"success": {"type": "boolean", "const": true}}, "required": ["success"]}}}
+    ]);
+    let mut called = 0;
+    for seed in 0..4 {
+        let body = ask(
+            json!({"tools": tools, "tool_choice": "required", "seed": seed, "max_tokens": 200}),
+        );
+        let (st, v) = s.post_json("/v1/chat/completions", &body);
+        assert_eq!(st, 200, "{v}");
+        let choice = &v["choices"][0];
+        if choice["finish_reason"] != "tool_calls" {
+            // Cut by max_tokens inside the call: no call is made up.
+            assert_eq!(choice["finish_reason"], "length", "{v}");
+            continue;
+        }
+        called += 1;
+        assert!(choice["message"]["content"].is_null(), "{v}");
+        let calls = choice["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{v}");
+        let f = &calls[0]["function"];
+        let args: Value = serde_json::from_str(f["arguments"].as_str().unwrap()).unwrap();
+        match f["name"].as_str().unwrap() {
+            "city" => assert!(args["c"].is_string(), "{args}"),
+            "test" => assert_eq!(args, json!({"success": true})),
+            other => panic!("{other}"),
+        }
+        assert_eq!(calls[0]["type"], "function");
+    }
+    assert!(called > 0, "no call finished in 200 tokens");
+    // A named function, streamed: the call arrives as a tool_calls delta.
+    let body = ask(json!({"tools": tools, "stream": true, "max_tokens": 200,
+        "tool_choice": {"type": "function", "function": {"name": "test"}}}));
+    let r = s.post("/v1/chat/completions", &body.to_string());
+    let chunks = r.chunks();
+    let call = chunks
+        .iter()
+        .find_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array().cloned())
+        .unwrap_or_else(|| panic!("no tool_calls delta: {chunks:?}"));
+    assert_eq!(call[0]["function"]["name"], "test");
+    assert_eq!(call[0]["function"]["arguments"], "{\"success\":true}");
+    assert!(chunks
+        .iter()
+        .any(|c| c["choices"][0]["finish_reason"] == "tool_calls"));
+    // Bad tool lists.
+    for bad in [
+        json!({"tools": 5}),
+        json!({"tools": [{"type": "function"}]}),
+        json!({"tool_choice": "required"}),
+    ] {
+        let (st, v) = s.post_json("/v1/chat/completions", &ask(bad.clone()));
+        assert_eq!(st, 400, "{bad}: {v}");
+    }
+}
