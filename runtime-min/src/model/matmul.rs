@@ -264,12 +264,14 @@ pub fn par_chunks<P: Platform, T: Send>(
 /// Rows not yet handed out by [`par_rows`]: the next row and their outputs.
 type RowsLeft<'o> = spin::Mutex<(usize, &'o mut [f32])>;
 
-/// Rows per chunk are kept a multiple of this, so interleaved kernels see whole groups.
-const ROW_GRAIN: usize = 8;
+/// Rows per chunk are kept a multiple of this, so interleaved kernels see whole groups
+/// (16: the widest interleave, Q1_0x16; a chunk that split a group would make two
+/// workers compute it).
+const ROW_GRAIN: usize = 16;
 
 /// Split `rows` (with `n_tok` outputs each, row-major in `out`) across workers with
 /// guided scheduling: each worker takes `remaining / (2 x workers)` rows at a time (a
-/// multiple of 8, at least 8), so a preempted or slower core leaves a short tail instead
+/// multiple of 16, at least 16), so a preempted or slower core leaves a short tail instead
 /// of half the matrix. Which rows a worker computes never changes their results.
 pub fn par_rows<P: Platform>(
     p: &P,
