@@ -11,6 +11,9 @@ import json, os, sys, time
 
 site, model, threads, pp, tg = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 sys.path.insert(0, site)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gen_random import deny_amx  # noqa: E402
+deny_amx()  # ggml's AMX path segfaults where the VM reports AMX but does not grant it
 import llama_cpp  # noqa: E402
 import llama_cpp.llama  # noqa: E402
 if os.environ.get("PINCH_LLAMA_NO_EXTRA_BUFTS"):

@@ -96,9 +96,84 @@ pub fn read_f16(b: [u8; 2]) -> f32 {
     f16_to_f32(u16::from_le_bytes(b))
 }
 
+/// `dst[i] = f16_to_f32(src[i])` over `min(src.len(), dst.len())` values, eight at a
+/// time with F16C where `feat` has it (same bits).
+pub fn widen_slice(feat: &crate::CpuFeatures, src: &[u16], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    let done = crate::arch::x86_f16::widen(feat, src, dst);
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = {
+        let _ = feat;
+        0
+    };
+    for (d, s) in dst.iter_mut().zip(src).skip(done) {
+        *d = f16_to_f32(*s);
+    }
+}
+
+/// `dst[i] = f32_to_f16(src[i])` over `min(src.len(), dst.len())` values, eight at a
+/// time with F16C where `feat` has it (same bits).
+pub fn narrow_slice(feat: &crate::CpuFeatures, src: &[f32], dst: &mut [u16]) {
+    #[cfg(target_arch = "x86_64")]
+    let done = crate::arch::x86_f16::narrow(feat, src, dst);
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = {
+        let _ = feat;
+        0
+    };
+    for (d, s) in dst.iter_mut().zip(src).skip(done) {
+        *d = f32_to_f16(*s);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slice_conversions_match_the_scalar_ones_bit_for_bit() {
+        extern crate std;
+        use std::vec::Vec;
+        let feats = [crate::CpuFeatures::SCALAR, crate::CpuFeatures::detect()];
+        // The fast path really runs where the CPU has it.
+        #[cfg(target_arch = "x86_64")]
+        if feats[1].avx2() {
+            let mut w = [0f32; 9];
+            assert_eq!(
+                crate::arch::x86_f16::widen(&feats[1], &[0x3c00; 9], &mut w),
+                8
+            );
+            assert_eq!((&w[..8], w[8]), (&[1.0f32; 8][..], 0.0));
+        }
+        // Every f16 (odd length: a tail past the last block of 8), then f32 values
+        // around every rounding case: halfway points, subnormals, overflow, NaN.
+        let halves: Vec<u16> = (0..=u16::MAX).collect();
+        let mut floats: Vec<f32> = Vec::new();
+        for h in (0..=u16::MAX).step_by(7) {
+            let f = f16_to_f32(h);
+            floats.extend([f, f * (1.0 + 1.0 / 2048.0), f * 1.000_3, -f * 0.999_7]);
+        }
+        floats.extend([65520.0, 65519.0, 1e-8, -6e-8, f32::NAN, f32::INFINITY, 1e30]);
+        floats.push(0.5);
+        for feat in feats {
+            let mut wide = std::vec![0f32; halves.len() - 3];
+            widen_slice(&feat, &halves[..wide.len()], &mut wide);
+            for (h, w) in halves.iter().zip(&wide) {
+                let want = f16_to_f32(*h);
+                assert!(w.to_bits() == want.to_bits() || (w.is_nan() && want.is_nan()));
+            }
+            let mut narrow = std::vec![0u16; floats.len()];
+            narrow_slice(&feat, &floats, &mut narrow);
+            for (f, n) in floats.iter().zip(&narrow) {
+                let want = f32_to_f16(*f);
+                let nan = |b: u16| b & 0x7c00 == 0x7c00 && b & 0x3ff != 0;
+                assert!(
+                    *n == want || (nan(*n) && nan(want)),
+                    "{f}: {n:#06x} vs {want:#06x}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn every_f16_round_trips_through_f32() {

@@ -159,6 +159,7 @@ fn logits(bytes: &[u8], tokens: &[u32], prune_with: Option<&[u32]>) -> Vec<f32> 
         head_group: 2,
         attn_skip: false,
         swa_ring: true,
+        state_f16: false,
         cpu: plat.cpu,
     };
     let read = |off: u64, buf: &mut [u8], d: bool| plat.read_at(&(), off, buf, d);

@@ -76,6 +76,8 @@ pub struct Opts<'s> {
     /// `--swa-full`: sliding-window layers keep a row per position of the context
     /// (llama.cpp's flag), not only their window.
     pub swa_full: bool,
+    /// Keep recurrent layers' delta-rule matrices in f16 (`--state-f16`).
+    pub state_f16: bool,
     /// moe-sim: expert slots per MoE layer (`--pool`).
     pub moe_pool: usize,
     /// `moe-sim --from N`: replay the first N tokens without counting them.
@@ -107,6 +109,10 @@ pub struct Opts<'s> {
     pub verify_stream: bool,
     /// bench: measure the read bandwidth of this file instead of a model (`--storage`).
     pub storage: Option<&'s str>,
+    /// bench: measure the memory read bandwidth at `-t` threads instead (`--membw`).
+    pub membw: bool,
+    /// bench --membw: bytes of the buffer read (`--membw-bytes`; 0 = the default).
+    pub membw_bytes: u64,
     /// Directory of repacked-weight caches (`--repack-cache`, see `crate::repack_cache`).
     pub repack_cache: Option<&'s str>,
     /// Keep Q8_0 matrices in the file's row order (`--no-repack`; for comparisons).
@@ -204,6 +210,10 @@ flags (llama.cpp names):
                           prints the speed ceiling it implies for streamed weights
   --verify-stream         compare every streamed tensor and paged expert with the file
   --storage FILE          bench: sequential read speed of FILE (direct and buffered)
+  --membw                 bench: memory read bandwidth at -t threads (passes over
+                          768 MiB, past the caches), the ceiling of weight reads
+  --membw-bytes SIZE      bench --membw: the buffer's size instead (e.g. the
+                          model's weights, to see what its reads meet)
   -ctk, --cache-type-k f32|f16|q8_0
                           K cache type (default f16; q8_0: llama.cpp's blocks of
                           32, 8.5 bits per value, needs head_dim % 32 == 0)
@@ -211,6 +221,8 @@ flags (llama.cpp names):
                           V cache type (default f16)
   --swa-full              sliding-window layers keep the whole context in the KV
                           cache (default: only their window, a ring; same logits)
+  --state-f16             recurrent (DeltaNet) layers keep their state matrices in
+                          f16: half their memory, rounded once per eval call
   --reference             f32 oracle arithmetic (slow; for checking)
   --attn-skip, --no-attn-skip
                           skip keys whose attention weight is < 1e-4 of the best
@@ -392,6 +404,7 @@ impl<'s> Opts<'s> {
             verbose: false,
             attn_skip: None,
             swa_full: false,
+            state_f16: false,
             moe_pool: 0,
             moe_from: 0,
             moe_policy: crate::pager::Policy::LFU,
@@ -408,6 +421,8 @@ impl<'s> Opts<'s> {
             read_bw: None,
             verify_stream: false,
             storage: None,
+            membw: false,
+            membw_bytes: 0,
             repack_cache: None,
             no_repack: false,
             output: None,
@@ -531,6 +546,7 @@ impl<'s> Opts<'s> {
                 "--reference" => o.math = Math::Reference,
                 "--no-attn-skip" => o.attn_skip = Some(false),
                 "--swa-full" => o.swa_full = true,
+                "--state-f16" => o.state_f16 = true,
                 "--pool" => o.moe_pool = num!(),
                 "--from" => o.moe_from = num!(),
                 "--policy" => {
@@ -588,6 +604,11 @@ impl<'s> Opts<'s> {
                 }
                 "--verify-stream" => o.verify_stream = true,
                 "--storage" => o.storage = Some(val()?),
+                "--membw" => o.membw = true,
+                "--membw-bytes" => {
+                    let v = val()?;
+                    o.membw_bytes = parse_size(v).ok_or(CliError::BadValue { flag, value: v })?;
+                }
                 "--repack-cache" => o.repack_cache = Some(val()?),
                 "--no-repack" => o.no_repack = true,
                 "-o" | "--output" => o.output = Some(val()?),

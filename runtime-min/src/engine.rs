@@ -26,6 +26,10 @@ pub struct Plan {
     pub kv: u64,
     /// The K and V cache types.
     pub kv_types: (KvType, KvType),
+    /// Of `kv`: the recurrent layers' delta-rule matrices, whether they are f16
+    /// (`--state-f16`), and the bytes f16 saves (or would save) on them.
+    pub state_f16: bool,
+    pub f16_saving: u64,
     /// The command's own buffers (the server's connection and text buffers).
     pub buffers: u64,
     pub overhead: u64,
@@ -148,6 +152,21 @@ impl Plan {
             self.kv_types.0.name(),
             self.kv_types.1.name()
         )?;
+        if self.f16_saving > 0 {
+            if self.state_f16 {
+                writeln!(
+                    w,
+                    "      recurrent state in f16 (--state-f16): {} less than f32",
+                    Mib(self.f16_saving)
+                )?;
+            } else {
+                writeln!(
+                    w,
+                    "      recurrent state in f32 (--state-f16 would save {})",
+                    Mib(self.f16_saving)
+                )?;
+            }
+        }
         if self.buffers > 0 {
             writeln!(w, "  server buffers          {:>12}", Mib(self.buffers))?;
         }
@@ -236,6 +255,8 @@ pub fn plan(
         kv_and_scratch,
         kv: Session::state_bytes_needed(cfg, s) as u64,
         kv_types: (s.kv, s.kv_v),
+        state_f16: s.state_f16,
+        f16_saving: crate::model::hybrid::state_f16_saving(cfg) as u64,
         buffers,
         overhead: PROCESS_OVERHEAD,
         budget,

@@ -643,6 +643,7 @@ fn session_options(
         head_group: 4,
         attn_skip: spec.attn_skip,
         swa_ring,
+        state_f16: false,
         cpu,
     }
 }

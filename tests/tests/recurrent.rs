@@ -30,6 +30,7 @@ fn opts(n_batch: usize) -> SessionOptions {
         cpu: host_cpu(),
         attn_skip: false,
         swa_ring: true,
+        state_f16: false,
     }
 }
 
@@ -432,4 +433,77 @@ fn fast_path_one_token_at_a_time_matches_llama_cpp() {
         }
     }
     println!("{report}");
+}
+
+/// `--state-f16`: the DeltaNet layers' matrices take half the bytes, the logits stay
+/// within a tolerance of the f32 state's with the same top-1 at every position
+/// (batched and one token at a time), and a checkpoint restores an f16 state exactly.
+#[test]
+fn f16_state_halves_the_matrices_and_stays_close_to_f32() {
+    use pinch_runtime_min::model::layer::LayerState;
+    // Tolerances: twice the max |diff| measured (fast path, x86; logits have std ~3):
+    // F32 1.2e-2 (batch 1) / 9.7e-3 (batch 4); Q4_K_M 0.37 / 0.34, where a state
+    // rounded to f16 moves some activations across a Q8_K rounding step (the fixture's
+    // own quantization noise bound against llama.cpp is of that size).
+    for (name, tol) in [
+        ("tiny-qwen35-F32.gguf", 2.5e-2f32),
+        ("tiny-qwen35-Q4_K_M.gguf", 0.75),
+    ] {
+        let bytes = fixture(name);
+        let g = Gguf::parse(&bytes, bytes.len() as u64).unwrap();
+        let cfg = Config::from_gguf(&g).unwrap();
+        let (o32, mut o16) = (opts(4), opts(4));
+        o16.state_f16 = true;
+        let (b32, b16) = (
+            LayerState::bytes_needed(&cfg, 0, &o32),
+            LayerState::bytes_needed(&cfg, 0, &o16),
+        );
+        assert_eq!(
+            b32 - b16,
+            2 * 4 * 64 * 64,
+            "{name}: f16 saves 2 bytes per value"
+        );
+        let run = |o: SessionOptions, batch: usize| {
+            let mut rows = Vec::new();
+            with_weights(&bytes, |plat, cfg, arena, weights| {
+                let weights = weights.unwrap();
+                let mut o = o;
+                o.n_batch = batch;
+                o.math = Math::Fast;
+                let mut sess = Session::new(cfg, &weights, arena, o).unwrap();
+                for chunk in TOKENS.chunks(batch) {
+                    sess.eval(plat, chunk, Logits::All, &mut |_, l| rows.push(l.to_vec()))
+                        .unwrap();
+                }
+            });
+            rows
+        };
+        for batch in [1, 4] {
+            let (a, b) = (run(o32, batch), run(o16, batch));
+            assert_eq!(a.len(), TOKENS.len());
+            let worst = a
+                .iter()
+                .flatten()
+                .zip(b.iter().flatten())
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0f32, f32::max);
+            println!("{name} batch {batch}: f16 state max |diff| {worst:.2e}");
+            assert!(worst > 0.0, "{name}: the f16 state changed nothing");
+            assert!(worst < tol, "{name} batch {batch}: {worst}");
+            let top = |r: &Vec<f32>| (0..r.len()).max_by(|&i, &j| r[i].total_cmp(&r[j])).unwrap();
+            for (t, (x, y)) in a.iter().zip(&b).enumerate() {
+                assert_eq!(top(x), top(y), "{name} batch {batch}: top-1 at {t}");
+            }
+        }
+        // A checkpoint of an f16 state restores it exactly.
+        with_weights(&bytes, |plat, cfg, arena, weights| {
+            let weights = weights.unwrap();
+            let mut sess = Session::new(cfg, &weights, arena, o16).unwrap();
+            sess.keep_checkpoint(arena).unwrap();
+            let first = eval_last(&mut sess, plat, &TOKENS);
+            sess.truncate(TOKENS.len() - 1).unwrap();
+            let again = eval_last(&mut sess, plat, &TOKENS[TOKENS.len() - 1..]);
+            assert_eq!(first, again, "{name}: checkpointed f16 state differs");
+        });
+    }
 }

@@ -194,6 +194,7 @@ fn drive(
         head_group: draft + 1,
         attn_skip: true,
         swa_ring: true,
+        state_f16: false,
         cpu: plat.cpu(),
     };
     let read = |off: u64, buf: &mut [u8], d: bool| plat.read_at(&(), off, buf, d);

@@ -140,7 +140,7 @@ pub fn bench<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> 
     if o.json {
         let _ = writeln!(
             out,
-            "{json}],\"stream_plan_per_token\":{per_token},\"ceiling_tps\":{:.3},\"stream_bytes\":{},\"stream_passes\":{},\"peak_rss\":{}}}",
+            "{json}],\"weight_bytes\":{size},\"stream_plan_per_token\":{per_token},\"ceiling_tps\":{:.3},\"stream_bytes\":{},\"stream_passes\":{},\"peak_rss\":{}}}",
             ceiling.unwrap_or(0.0),
             ctx.sess.stream.bytes,
             ctx.sess.stream.passes,
@@ -253,5 +253,97 @@ pub fn storage<P: Platform>(p: &P, o: &Opts, region: &mut [u8]) -> Result<(), Ap
     }
     drop(out);
     print_peak_rss(p);
+    Ok(())
+}
+
+/// Bytes the memory-bandwidth pass reads by default: past the last-level cache of the
+/// CPUs pinch runs on (480 MiB on this Xeon VM, 32 MiB on the EPYC one, 512 KiB on a
+/// Cortex-A55), inside the process region (1 GiB without a model). Halved until the
+/// arena gives it (a small device), down to [`MEMBW_MIN`].
+pub const MEMBW_BYTES: usize = 768 << 20;
+/// The smallest buffer the bandwidth pass accepts.
+pub const MEMBW_MIN: usize = 16 << 20;
+
+/// The wrapping sum of `w` over eight independent lanes (the compiler vectorises it):
+/// a read of every word that nothing can skip, at the speed the loads arrive.
+fn sum_words(w: &[u64]) -> u64 {
+    let mut acc = [0u64; 8];
+    let mut chunks = w.chunks_exact(8);
+    for c in &mut chunks {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *a = a.wrapping_add(*v);
+        }
+    }
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(0u64, |a, v| a.wrapping_add(*v));
+    acc.iter().fold(tail, |a, v| a.wrapping_add(*v))
+}
+
+/// One read pass over `buf`, split into `threads` contiguous parts read in parallel;
+/// the seconds it took and the sum (so the reads cannot be optimised away).
+fn membw_pass<P: Platform>(p: &P, buf: &[u64], threads: usize) -> (f64, u64) {
+    use core::sync::atomic::{AtomicU64, Ordering};
+    let total = AtomicU64::new(0);
+    let part = buf.len().div_ceil(threads.max(1));
+    let t0 = p.now_ns();
+    p.parallel(threads, &|i| {
+        let lo = (i * part).min(buf.len());
+        let hi = (lo + part).min(buf.len());
+        total.fetch_add(sum_words(&buf[lo..hi]), Ordering::Relaxed);
+    });
+    (secs(t0, p.now_ns()), total.load(Ordering::Relaxed))
+}
+
+/// `pinch bench --membw [-t N] [-r R] [--membw-bytes SIZE]`: the memory read bandwidth
+/// at N threads (the ceiling of generation, which reads every resident weight once per
+/// token): R timed passes over [`MEMBW_BYTES`] (or SIZE) after one warm-up pass. The best pass is the ceiling
+/// (`read_bw` in the JSON, bytes/s); mean and spread are printed beside it.
+pub fn membw<P: Platform>(p: &P, o: &Opts, region: &mut [u8]) -> Result<(), AppError> {
+    let threads = o.threads.max(1).min(p.workers().max(1));
+    let mut arena = Arena::new(region);
+    let asked = usize::try_from(o.membw_bytes).unwrap_or(usize::MAX);
+    let mut bytes = if asked > 0 { asked } else { MEMBW_BYTES };
+    let buf = loop {
+        match arena.slice::<u64>("memory bandwidth buffer", bytes / 8) {
+            Ok(b) => break b,
+            Err(e) if asked > 0 || bytes / 2 < MEMBW_MIN => return Err(e.into()),
+            Err(_) => bytes /= 2,
+        }
+    };
+    let bytes = buf.len() * 8;
+    // Touch every page with distinct values (a zero page could be shared, not read).
+    for (i, w) in buf.iter_mut().enumerate() {
+        *w = i as u64;
+    }
+    let buf = &*buf;
+    let reps = o.bench_reps.clamp(1, 32);
+    let (_, check) = membw_pass(p, buf, threads);
+    let n = buf.len() as u64;
+    if check != n.wrapping_mul(n.wrapping_sub(1)) / 2 {
+        return Err(AppError::Usage("memory bandwidth pass read wrong values"));
+    }
+    let mut gbps = [0.0f64; 32];
+    for g in gbps.iter_mut().take(reps) {
+        let (s, _) = membw_pass(p, buf, threads);
+        *g = bytes as f64 / s.max(1e-9) / 1e9;
+    }
+    let (m, sd) = mean_sd(&gbps[..reps]);
+    let best = gbps[..reps].iter().copied().fold(0.0f64, f64::max);
+    let mut out = Out::stdout(p);
+    if o.json {
+        let _ = writeln!(
+            out,
+            "{{\"command\":\"bench-membw\",\"threads\":{threads},\"bytes\":{bytes},\"reps\":{reps},\"mean_gbps\":{m:.3},\"sd_gbps\":{sd:.3},\"best_gbps\":{best:.3},\"read_bw\":{}}}",
+            (best * 1e9) as u64
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "memory read bandwidth, {threads} thread(s), {} MiB x {reps}: best {best:.2} GB/s, mean {m:.2} ± {sd:.2} GB/s",
+            bytes >> 20
+        );
+    }
     Ok(())
 }

@@ -144,6 +144,7 @@ pub fn main<P: Platform>(p: &P, args: &[&str], region: &mut [u8]) -> i32 {
         Command::MoeSim => moe_sim::moe_sim(p, &o, region),
         Command::Tune => tune::tune(p, &o, region),
         Command::Bench if o.storage.is_some() => bench::storage(p, &o, region),
+        Command::Bench if o.membw => bench::membw(p, &o, region),
         _ => with_model(p, &o, region, &mut |ctx| match ctx.o.command {
             Command::Run => run::run(ctx),
             Command::Chat => run::chat(ctx),
@@ -237,6 +238,7 @@ pub fn session_options<P: Platform>(p: &P, o: &Opts, cfg: &Config) -> SessionOpt
         head_group: 1,
         attn_skip: o.attn_skip.unwrap_or(o.command != Command::Ppl),
         swa_ring: !o.swa_full,
+        state_f16: o.state_f16,
         cpu: p.cpu(),
     }
 }

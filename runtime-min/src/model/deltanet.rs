@@ -11,12 +11,13 @@
 //!
 //! Value head `h` reads key head `h % n_k_heads`. The arithmetic is in
 //! [`pinch_kernels::recurrent`]; the state lives in a [`RecurrentState`], updated in
-//! place, zeroed when a pass starts at position 0.
-use pinch_kernels::ops;
+//! place, zeroed when a pass starts at position 0; with `--state-f16` its matrices are
+//! stored in f16 and widened per head for the call.
 use pinch_kernels::recurrent::{self, DeltaDims};
+use pinch_kernels::{f16, ops};
 
 use crate::model::config::Config;
-use crate::model::hybrid::{DeltaNetHparams, RecurrentState};
+use crate::model::hybrid::{DeltaNetHparams, RecurrentState, StateMatrix};
 use crate::model::layer::Cx;
 use crate::model::weights::{Loader, Names, Tensor, Vector};
 use crate::model::{ModelError, Op};
@@ -99,10 +100,13 @@ impl<'a> DeltaNet<'a> {
         f(out, &mut self.w_out);
     }
 
-    /// Scratch floats a pass of `nb` tokens needs (see [`Self::run`]).
+    /// Scratch floats a pass of `nb` tokens needs (see [`Self::run`]; one head's
+    /// matrix widened from f16 included).
     pub fn scratch_floats(hp: &DeltaNetHparams, nb: usize) -> usize {
         let d = hp.dims;
-        nb * (d.conv_dim() + 2 * d.v_dim() + 2 * d.n_v_heads) + 2 * d.conv_dim() * hp.conv_kernel
+        nb * (d.conv_dim() + 2 * d.v_dim() + 2 * d.n_v_heads)
+            + 2 * d.conv_dim() * hp.conv_kernel
+            + d.head_dim * d.head_dim
     }
 
     /// `cx.s.xn` (the normed input of `n` tokens at positions `pos0..`) → `cx.s.xn`,
@@ -124,7 +128,8 @@ impl<'a> DeltaNet<'a> {
         let (beta, rest) = rest.split_at_mut(n * nv);
         let (g, rest) = rest.split_at_mut(n * nv);
         let (o, rest) = rest.split_at_mut(n * vd);
-        let wconv = &mut rest[..2 * cd * k];
+        let (wconv, rest) = rest.split_at_mut(2 * cd * k);
+        let wide = &mut rest[..hd * hd];
         cx.mm.linear_many(
             &s.xn[..n * e],
             n,
@@ -157,7 +162,22 @@ impl<'a> DeltaNet<'a> {
             recurrent::delta_gates(gt, self.dt_bias, self.a, bt);
         }
         cx.clock.lap(Op::RopeAndCache);
-        recurrent::delta_rule(d, 0..nv, n, qkv, cd, g, beta, st.matrix, o, vd, hd);
+        match &mut st.matrix {
+            StateMatrix::F32(m) => {
+                recurrent::delta_rule(d, 0..nv, n, qkv, cd, g, beta, m, o, vd, hd);
+            }
+            // f16 state: each head's matrix is widened, run over the call's tokens in
+            // f32 and rounded back once (a prompt rounds once, not once per token).
+            StateMatrix::F16(m) => {
+                let cpu = &cx.opts.cpu;
+                for (h, mh) in m.chunks_exact_mut(hd * hd).enumerate().take(nv) {
+                    f16::widen_slice(cpu, mh, wide);
+                    let oh = &mut o[h * hd..];
+                    recurrent::delta_rule(d, h..h + 1, n, qkv, cd, g, beta, wide, oh, vd, hd);
+                    f16::narrow_slice(cpu, wide, mh);
+                }
+            }
+        }
         ops::rms_norm_rows_inplace(o, self.norm, eps, hd);
         recurrent::mul_silu(o, z);
         cx.clock.lap(Op::Attention);

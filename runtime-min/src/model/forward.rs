@@ -70,6 +70,9 @@ pub struct SessionOptions {
     /// Sliding-window layers keep only their window (a ring; same logits), not a row per
     /// position of the context.
     pub swa_ring: bool,
+    /// Recurrent layers keep their delta-rule matrices in f16 (`--state-f16`: half the
+    /// bytes; see [`crate::model::hybrid::StateMatrix`]).
+    pub state_f16: bool,
 }
 
 /// Where the time of `eval` goes, by kind of operation (nanoseconds, cumulative).
@@ -372,7 +375,7 @@ impl<'w, 'a> Session<'w, 'a> {
     /// evaluated in a pass of its own. Nothing to do for other models.
     pub fn keep_checkpoint(&mut self, arena: &mut Arena<'a>) -> Result<(), ModelError> {
         if self.checkpoint.is_none() && self.state.iter().any(|s| s.is_recurrent()) {
-            self.checkpoint = Some(Checkpoint::new(arena, &self.cfg)?);
+            self.checkpoint = Some(Checkpoint::new(arena, &self.cfg, self.opts.state_f16)?);
         }
         Ok(())
     }

@@ -274,25 +274,68 @@ pub fn imrope_text_pairs(sections: [u32; 4], n_rot: usize) -> [bool; 128] {
     on
 }
 
+/// The delta-rule matrices of a recurrent layer: f32, or f16 with `--state-f16` (half
+/// the bytes; rounded to f16 at the end of every `eval`, see
+/// [`crate::model::deltanet::DeltaNet::run`]).
+pub enum StateMatrix<'a> {
+    F32(&'a mut [f32]),
+    F16(&'a mut [u16]),
+}
+
+impl StateMatrix<'_> {
+    /// Copy `src` (of the same type and length) into `self`; false when they differ.
+    fn copy_from(&mut self, src: &StateMatrix<'_>) -> bool {
+        match (self, src) {
+            (StateMatrix::F32(d), StateMatrix::F32(s)) if d.len() == s.len() => {
+                d.copy_from_slice(s)
+            }
+            (StateMatrix::F16(d), StateMatrix::F16(s)) if d.len() == s.len() => {
+                d.copy_from_slice(s)
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// Values held (f32 or f16).
+    pub fn len(&self) -> usize {
+        match self {
+            StateMatrix::F32(m) => m.len(),
+            StateMatrix::F16(m) => m.len(),
+        }
+    }
+
+    /// Whether it holds nothing (a short-conv layer's).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// A recurrent layer's state, fixed in size whatever the context length: the conv tail
-/// (the last `k - 1` conv inputs, token-major) and, for Gated DeltaNet, one `d × d`
-/// matrix per value head (empty for short-conv layers).
+/// (the last `k - 1` conv inputs, token-major, f32 always: under 4 % of a Qwen3.5
+/// layer's state) and, for Gated DeltaNet, one `d × d` matrix per value head (empty
+/// for short-conv layers), f32 or f16.
 pub struct RecurrentState<'a> {
     pub conv: &'a mut [f32],
-    pub matrix: &'a mut [f32],
+    pub matrix: StateMatrix<'a>,
 }
 
 impl<'a> RecurrentState<'a> {
-    /// A zeroed state of `conv` + `matrix` floats from `arena`.
+    /// A zeroed state of `conv` + `matrix` values from `arena`, the matrices in f16
+    /// when `f16`.
     pub fn new(
         arena: &mut crate::arena::Arena<'a>,
         conv: usize,
         matrix: usize,
+        f16: bool,
     ) -> Result<RecurrentState<'a>, crate::arena::ArenaError> {
-        let mut st = RecurrentState {
-            conv: arena.slice("recurrent state", conv)?,
-            matrix: arena.slice("recurrent state", matrix)?,
+        let conv = arena.slice("recurrent state", conv)?;
+        let matrix = if f16 {
+            StateMatrix::F16(arena.slice("recurrent state", matrix)?)
+        } else {
+            StateMatrix::F32(arena.slice("recurrent state", matrix)?)
         };
+        let mut st = RecurrentState { conv, matrix };
         st.clear();
         Ok(st)
     }
@@ -300,7 +343,11 @@ impl<'a> RecurrentState<'a> {
     /// Back to the state before any token (a pass at position 0 starts from it).
     pub fn clear(&mut self) {
         self.conv.fill(0.0);
-        self.matrix.fill(0.0);
+        match &mut self.matrix {
+            StateMatrix::F32(m) => m.fill(0.0),
+            // f16 +0.0 is all zero bits.
+            StateMatrix::F16(m) => m.fill(0),
+        }
     }
 
     /// The causal conv of `n` tokens of `ch` channels in `x` (in place) with the taps of
@@ -327,9 +374,9 @@ impl<'a> RecurrentState<'a> {
         Ok(())
     }
 
-    /// Bytes of a state of `conv` + `matrix` floats (for the plan).
-    pub fn bytes_needed(conv: usize, matrix: usize) -> usize {
-        4 * (conv + matrix) + 2 * 64
+    /// Bytes of a state of `conv` + `matrix` values (for the plan).
+    pub fn bytes_needed(conv: usize, matrix: usize, f16: bool) -> usize {
+        4 * conv + if f16 { 2 } else { 4 } * matrix + 2 * 64
     }
 }
 
@@ -358,16 +405,17 @@ pub struct Checkpoint<'a> {
 }
 
 impl<'a> Checkpoint<'a> {
-    /// Room for the recurrent layers' states of `c`.
+    /// Room for the recurrent layers' states of `c` (matrices in f16 when `f16`).
     pub fn new(
         arena: &mut crate::arena::Arena<'a>,
         c: &crate::model::config::Config,
+        f16: bool,
     ) -> Result<Checkpoint<'a>, ModelError> {
         let mut saved = heapless::Vec::new();
         for il in 0..c.n_layer {
             let (conv, matrix) = recurrent_floats(c, c.layer(il).mixer);
             if conv + matrix > 0 {
-                let st = RecurrentState::new(arena, conv, matrix)?;
+                let st = RecurrentState::new(arena, conv, matrix, f16)?;
                 saved
                     .push(st)
                     .map_err(|_| ModelError::BadShape("more layers than pinch holds (128)"))?;
@@ -377,22 +425,24 @@ impl<'a> Checkpoint<'a> {
     }
 
     /// Bytes [`Self::new`] takes (for the plan).
-    pub fn bytes_needed(c: &crate::model::config::Config) -> usize {
+    pub fn bytes_needed(c: &crate::model::config::Config, f16: bool) -> usize {
         (0..c.n_layer)
             .map(|il| recurrent_floats(c, c.layer(il).mixer))
             .filter(|(a, b)| a + b > 0)
-            .map(|(a, b)| RecurrentState::bytes_needed(a, b))
+            .map(|(a, b)| RecurrentState::bytes_needed(a, b, f16))
             .sum()
     }
 
     /// Copy the recurrent layers' states (which hold position `at`).
     pub fn save(&mut self, states: &[crate::model::layer::LayerState<'_>], at: usize) {
         let live = states.iter().filter_map(|s| s.recurrent());
+        let mut same = true;
         for (dst, src) in self.saved.iter_mut().zip(live) {
             dst.conv.copy_from_slice(src.conv);
-            dst.matrix.copy_from_slice(src.matrix);
+            same &= dst.matrix.copy_from(&src.matrix);
         }
-        self.at = Some(at);
+        // Made with the session's state type, so the copies always match.
+        self.at = same.then_some(at);
     }
 
     /// Put the saved states back if they hold position `to`; whether they did.
@@ -401,12 +451,20 @@ impl<'a> Checkpoint<'a> {
             return false;
         }
         let live = states.iter_mut().filter_map(|s| s.recurrent_mut());
+        let mut same = true;
         for (src, dst) in self.saved.iter().zip(live) {
             dst.conv.copy_from_slice(src.conv);
-            dst.matrix.copy_from_slice(src.matrix);
+            same &= dst.matrix.copy_from(&src.matrix);
         }
-        true
+        same
     }
+}
+
+/// Bytes `--state-f16` saves on the recurrent layers' states of `c` (0 without them).
+pub fn state_f16_saving(c: &crate::model::config::Config) -> usize {
+    (0..c.n_layer)
+        .map(|il| recurrent_floats(c, c.layer(il).mixer).1 * 2)
+        .sum()
 }
 
 /// Floats of [`crate::model::scratch::Scratch::mixer`] for batches of `nb` tokens: the

@@ -187,7 +187,10 @@ impl<'a> LayerState<'a> {
             MixerKind::GatedDeltaNet | MixerKind::ShortConv => {
                 let (conv, matrix) = recurrent_floats(c, kind.mixer);
                 Ok(LayerState::Recurrent(RecurrentState::new(
-                    arena, conv, matrix,
+                    arena,
+                    conv,
+                    matrix,
+                    o.state_f16,
                 )?))
             }
         }
@@ -214,7 +217,7 @@ impl<'a> LayerState<'a> {
             }
             MixerKind::GatedDeltaNet | MixerKind::ShortConv => {
                 let (conv, matrix) = recurrent_floats(c, kind.mixer);
-                RecurrentState::bytes_needed(conv, matrix)
+                RecurrentState::bytes_needed(conv, matrix, o.state_f16)
             }
         }
     }
