@@ -20,6 +20,9 @@
 //!   bit-sliced over 16 bytes: byte `4r + j`, bit `k` is weight `4k + j` of row `r`, bit
 //!   `4 + k` weight `16 + 4k + j`, then the scales. A shift and a mask then give any chunk's fifth bits
 //!   (the plain layout needs a table lookup and a compare per 16 weights). NEON.
+//! - [`Layout::Q4Kx4`] ([`BlockQ4Kx4`]), [`Layout::Q6Kx4`] ([`BlockQ6Kx4`]): the same
+//!   chunks for the K-quants' quant bytes, the scales transposed so each sub-block's four
+//!   scales are one vector; their kernels sum each block exactly (see [`kquant`]). NEON.
 //!
 //! The group-blocks of group `g` (rows `4g..4g+4`) fill bytes `4g * row_bytes ..
 //! 4(g+1) * row_bytes`, exactly the bytes the four plain rows occupied, so a repacked
@@ -32,6 +35,9 @@
 //! plain kernels' bits for the same CPU features: the same blocks in the same order with
 //! the same float steps ([`crate::quant::q8_0::Order`]).
 use core::ops::Range;
+
+pub mod kquant;
+pub use kquant::{BlockQ4Kx4, BlockQ6Kx4};
 
 use crate::blocks::{cast, cast_mut, Pod};
 use crate::matvec::KernelError;
@@ -57,6 +63,10 @@ pub enum Layout {
     /// Q1_0, groups of sixteen rows, the rows' sign bytes side by side
     /// ([`BlockQ1_0x16`], for the lookup-table kernel).
     Q1_0x16,
+    /// Q4_K, groups of four rows, nibbles four bytes at a time ([`BlockQ4Kx4`]).
+    Q4Kx4,
+    /// Q6_K, groups of four rows, quant bytes four at a time ([`BlockQ6Kx4`]).
+    Q6Kx4,
 }
 
 impl Layout {
@@ -69,6 +79,8 @@ impl Layout {
             Layout::Q8_0x4s => 2,
             Layout::Q5_0x4s => 3,
             Layout::Q1_0x16 => 5,
+            Layout::Q4Kx4 => 6,
+            Layout::Q6Kx4 => 7,
         }
     }
     /// The layout of id `id`, if known.
@@ -79,6 +91,8 @@ impl Layout {
             2 => Some(Layout::Q8_0x4s),
             3 => Some(Layout::Q5_0x4s),
             5 => Some(Layout::Q1_0x16),
+            6 => Some(Layout::Q4Kx4),
+            7 => Some(Layout::Q6Kx4),
             _ => None,
         }
     }
@@ -98,6 +112,8 @@ impl Layout {
             Layout::Q8_0x4s => "q8_0x4s",
             Layout::Q5_0x4s => "q5_0x4s",
             Layout::Q1_0x16 => "q1_0x16",
+            Layout::Q4Kx4 => "q4_kx4",
+            Layout::Q6Kx4 => "q6_kx4",
         }
     }
     /// The repacked layout pinch uses for weights of type `ty` on a CPU with `feat`, if
@@ -113,6 +129,8 @@ impl Layout {
             Layout::Q8_0x4 | Layout::Q8_0x4s => Some(GgmlType::Q8_0),
             Layout::Q5_0x4s => Some(GgmlType::Q5_0),
             Layout::Q1_0x16 => Some(GgmlType::Q1_0),
+            Layout::Q4Kx4 => Some(GgmlType::Q4_K),
+            Layout::Q6Kx4 => Some(GgmlType::Q6_K),
         }
     }
     /// Whether tensors of type `ty` can have this layout.
@@ -309,6 +327,14 @@ macro_rules! with_group {
                 type $G = BlockQ1_0x16;
                 $body
             }
+            Layout::Q4Kx4 => {
+                type $G = BlockQ4Kx4;
+                $body
+            }
+            Layout::Q6Kx4 => {
+                type $G = BlockQ6Kx4;
+                $body
+            }
         }
     };
 }
@@ -492,7 +518,9 @@ pub fn dequantize_row(
 }
 
 /// Scalar reference: dot product of row `r` of a tensor in `layout` (`w`: all of its
-/// rows) with one Q8_0 activation row, in `order`.
+/// rows) with one activation row (Q8_0; Q8_K for the K-quant layouts, whose whole
+/// groups take [`kquant::kquant_dot_blocksum`]'s order and plain tail rows the plain
+/// kernels'), in `order`.
 pub fn dot_row_scalar(
     layout: Layout,
     order: Order,
@@ -502,6 +530,24 @@ pub fn dot_row_scalar(
     act: &[u8],
 ) -> f32 {
     let n_rows = w.len() / row_bytes.max(1);
+    if matches!(layout, Layout::Q4Kx4 | Layout::Q6Kx4) {
+        let whole = n_rows / 4 * 4;
+        let plain = &w[(r * row_bytes).min(w.len())..((r + 1) * row_bytes).min(w.len())];
+        return match layout {
+            Layout::Q4Kx4 if r >= whole => crate::quant::q4_k::vec_dot(plain, act),
+            Layout::Q6Kx4 if r >= whole => crate::quant::q6_k::vec_dot(plain, act),
+            Layout::Q4Kx4 => {
+                let nb = row_bytes / crate::quant::q4_k::BLOCK_BYTES;
+                let x = (0..nb).map(|b| row_block::<BlockQ4Kx4>(w, row_bytes, n_rows, r, b));
+                kquant::q4_k_dot(x, act)
+            }
+            _ => {
+                let nb = row_bytes / crate::quant::q6_k::BLOCK_BYTES;
+                let x = (0..nb).map(|b| row_block::<BlockQ6Kx4>(w, row_bytes, n_rows, r, b));
+                kquant::q6_k_dot(x, act)
+            }
+        };
+    }
     if layout == Layout::Q1_0x16 {
         // Block by block through the plain reference: each block's `d_w * sumi` added
         // to the row sum in order, as `q1_0::vec_dot` does over the whole row.
@@ -563,7 +609,7 @@ pub fn matmul_rows(
     let n_rows = w.len() / row_bytes;
     let act_bytes = act_row_bytes_of(ty, row_bytes);
     if act_row_bytes != act_bytes || !acts.len().is_multiple_of(act_row_bytes) {
-        // The repacked formats pair with Q8_0 activations of the same length.
+        // The repacked formats pair with their plain type's activations (Q8_0, Q8_K).
         return Err(KernelError::BadLength {
             what: "activation rows",
             expected: act_bytes,
@@ -592,10 +638,15 @@ pub fn matmul_rows(
     Ok(())
 }
 
-/// Bytes of the Q8_0 activation row that a weight row of `row_bytes` of `ty` pairs with.
+/// Bytes of the activation row (Q8_0, or Q8_K for the K-quants) that a weight row of
+/// `row_bytes` of `ty` pairs with.
 fn act_row_bytes_of(ty: GgmlType, row_bytes: usize) -> usize {
     let (qk, bytes) = ty.block_geometry();
-    row_bytes / bytes * qk / QK * q8_0::BLOCK_BYTES
+    let (aqk, abytes) = match ty.act_format() {
+        Some(crate::ActFormat::Q8_K) => (crate::quant::q8_k::QK, crate::quant::q8_k::BLOCK_BYTES),
+        _ => (QK, q8_0::BLOCK_BYTES),
+    };
+    row_bytes / bytes * qk / aqk * abytes
 }
 
 /// The scalar loop of [`matmul_rows`] (shapes already checked).

@@ -117,7 +117,11 @@ packed_fn!(q5_0x4s_dot, Q5Tile<Sdot>, true, Q5_0, q5_0::BLOCK_BYTES);
 /// `sdot` by element: `acc[i] += dot(w[4i..4i+4], a[4L..4L+4])`.
 #[target_feature(enable = "neon,dotprod")]
 #[inline]
-unsafe fn sdot_lane<const L: i32>(mut acc: int32x4_t, w: int8x16_t, a: int8x16_t) -> int32x4_t {
+pub(super) unsafe fn sdot_lane<const L: i32>(
+    mut acc: int32x4_t,
+    w: int8x16_t,
+    a: int8x16_t,
+) -> int32x4_t {
     // SAFETY: callers run only when the CPU has dotprod; the instruction touches only
     // the three vector registers named here.
     core::arch::asm!(

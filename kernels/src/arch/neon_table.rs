@@ -11,6 +11,7 @@
 #![allow(unsafe_code)]
 
 use super::neon_iq2 as iq2;
+use super::neon_kq_pack as kp;
 use super::neon_legacy::{self as lg, base, dot};
 use super::neon_q1_lut as q1_lut;
 use super::neon_repack as rp;
@@ -114,6 +115,8 @@ pub(super) static NEON: KernelTable = KernelTable {
         Kernels::plain(T::IQ2_XXS, Some(iq2_xxs_base), None),
         Kernels::packed(T::Q8_0, Layout::Q8_0x4, rp::q8_0x4_base),
         Kernels::packed(T::Q5_0, Layout::Q5_0x4s, rp::q5_0x4s_base),
+        Kernels::packed(T::Q4_K, Layout::Q4Kx4, kp::q4_kx4_base),
+        Kernels::packed(T::Q6_K, Layout::Q6Kx4, kp::q6_kx4_base),
         Kernels::packed(T::Q1_0, Layout::Q1_0x16, q1_lut::matmul),
     ],
 };
@@ -140,6 +143,8 @@ pub(super) static NEON_DOT: KernelTable = KernelTable {
         Kernels::packed(T::Q8_0, Layout::Q8_0x4s, rp::q8_0x4s_dot),
         Kernels::packed(T::Q8_0, Layout::Q8_0x4, rp::q8_0x4_dot),
         Kernels::packed(T::Q5_0, Layout::Q5_0x4s, rp::q5_0x4s_dot),
+        Kernels::packed(T::Q4_K, Layout::Q4Kx4, kp::q4_kx4_dot),
+        Kernels::packed(T::Q6_K, Layout::Q6Kx4, kp::q6_kx4_dot),
         // The lookup-table kernel needs no `sdot` (and counts fewer instructions).
         Kernels::packed(T::Q1_0, Layout::Q1_0x16, q1_lut::matmul),
     ],

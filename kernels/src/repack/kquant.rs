@@ -1,0 +1,181 @@
+//! Repacked K-quant layouts (Q4_K, Q6_K: the bulk of a `Q4_K_M` file) for the lanes of
+//! `sdot` by element, and the scalar reference of the arithmetic their kernels use.
+//!
+//! Both keep the Q8_0x4s idea: a group of four rows, every 16-byte chunk holding four
+//! bytes of each of the four rows (chunk `k`: byte `4r + j` is byte `4k + j` of row `r`),
+//! so that one `sdot` by element (or, without dotprod, one `smull`/`smull2` pair against
+//! a broadcast activation word) leaves the four rows' partial sums in four lanes and a
+//! 16- or 32-weight scale group is one chain of them plus one multiply-add by the four
+//! rows' scales. The scales of the four rows are stored transposed (sub-block major, the
+//! four rows adjacent), so once decoded each sub-block's four scales are one vector.
+//!
+//! - [`BlockQ4Kx4`] (`Layout::Q4Kx4`): the four rows' `d`, then their `dmin`; the three
+//!   4-byte words of the packed 6-bit scales, word `w` as one vector with byte `4j + r` =
+//!   byte `4w + j` of row `r` (every step of [`crate::quant::q4_k::scales_mins_k4_packed`]
+//!   works byte by byte, so it decodes the four rows at once); then the nibble chunks.
+//! - [`BlockQ6Kx4`] (`Layout::Q6Kx4`): the low-bit chunks (`ql`), the high-bit chunks
+//!   (`qh`), the sixteen signed scales transposed (vector `v`, byte `4j + r` = scale
+//!   `4v + j` of row `r`), the four `d`.
+//!
+//! # Arithmetic ([`kquant_dot_blocksum`])
+//! The plain K-quant kernels compute llama.cpp's x86 eight-lane order
+//! ([`crate::quant::q8_k::kquant_dot`]); a four-row lane holds one row, not a lane of
+//! eight, so the repacked kernels sum each block *exactly* in one int32 (wrapping):
+//! `I = sum_g scale[g] * sum_{i in g} u[i] q8[i] - offset`, and per (row, token) keep two
+//! f32 accumulators, `acc = fma(d * d_a, I, acc)` and `accm = fma(dmin * d_a, M, accm)`
+//! (`M` the minimums' integer, Q4_K only), giving `acc - accm`: the same order as
+//! `q8_0::Order::BlockSum` for the block-32 formats. It differs from the eight-lane sum
+//! by float rounding only (a few ulp of the row's magnitude).
+use crate::quant::q4_k::{self, BlockQ4K};
+use crate::quant::q6_k::{self, BlockQ6K};
+use crate::quant::q8_k::{self, BlockQ8K, KTerms};
+
+use super::Group;
+
+/// One block of four Q4_K rows for `sdot` by element.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ4Kx4 {
+    /// `d` of rows 0..4, then `dmin` of rows 0..4 (f16 little-endian).
+    pub d: [[u8; 2]; 8],
+    /// Word `w` of the packed scales: byte `4j + r` is scale byte `4w + j` of row `r`.
+    pub scales: [[u8; 16]; 3],
+    /// Chunk `k`: nibble bytes `4k..4k+4` of rows 0, 1, 2, 3 (low nibbles are weights
+    /// `64(k / 8) + 4(k % 8)..`, high nibbles the same plus 32).
+    pub qs: [[u8; 16]; 32],
+}
+crate::pod_block!(BlockQ4Kx4);
+static_assertions::const_assert_eq!(core::mem::size_of::<BlockQ4Kx4>(), 4 * q4_k::BLOCK_BYTES);
+
+/// One block of four Q6_K rows for `sdot` by element.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ6Kx4 {
+    /// Chunk `k`: low-bit bytes `4k..4k+4` of rows 0, 1, 2, 3.
+    pub ql: [[u8; 16]; 32],
+    /// Chunk `k`: high-bit bytes `4k..4k+4` of rows 0, 1, 2, 3.
+    pub qh: [[u8; 16]; 16],
+    /// Vector `v`: byte `4j + r` is the (signed) scale of group `4v + j` of row `r`.
+    pub scales: [[u8; 16]; 4],
+    /// `d` of rows 0..4 (f16 little-endian).
+    pub d: [[u8; 2]; 4],
+}
+crate::pod_block!(BlockQ6Kx4);
+static_assertions::const_assert_eq!(core::mem::size_of::<BlockQ6Kx4>(), 4 * q6_k::BLOCK_BYTES);
+
+/// Chunks of four bytes of each of four rows: `out[k][4r + j] = row r [4k + j]`.
+fn interleave<const K: usize>(rows: [&[u8]; 4]) -> [[u8; 16]; K] {
+    core::array::from_fn(|k| core::array::from_fn(|i| rows[i / 4][4 * k + i % 4]))
+}
+
+/// The inverse of [`interleave`] for row `r`.
+fn deinterleave<const N: usize>(chunks: &[[u8; 16]], r: usize) -> [u8; N] {
+    core::array::from_fn(|q| chunks[q / 4][4 * r + q % 4])
+}
+
+/// Row-major bytes transposed per 4-byte word: `out[w][4j + r] = row r [4w + j]`.
+fn transpose<const W: usize>(rows: [&[u8]; 4]) -> [[u8; 16]; W] {
+    core::array::from_fn(|w| core::array::from_fn(|i| rows[i % 4][4 * w + i / 4]))
+}
+
+/// The inverse of [`transpose`] for row `r`.
+fn untranspose<const N: usize>(v: &[[u8; 16]], r: usize) -> [u8; N] {
+    core::array::from_fn(|q| v[q / 4][4 * (q % 4) + r])
+}
+
+impl Group for BlockQ4Kx4 {
+    const ROWS: usize = 4;
+    type Plain = BlockQ4K;
+    fn pack(rows: &[&BlockQ4K]) -> Self {
+        let rows: [&BlockQ4K; 4] = core::array::from_fn(|r| rows[r]);
+        BlockQ4Kx4 {
+            d: core::array::from_fn(|i| if i < 4 { rows[i].d } else { rows[i - 4].dmin }),
+            scales: transpose(rows.map(|b| &b.scales[..])),
+            qs: interleave(rows.map(|b| &b.qs[..])),
+        }
+    }
+    fn unpack(&self, r: usize) -> BlockQ4K {
+        BlockQ4K {
+            d: self.d[r],
+            dmin: self.d[4 + r],
+            scales: untranspose(&self.scales, r),
+            qs: deinterleave(&self.qs, r),
+        }
+    }
+}
+
+impl Group for BlockQ6Kx4 {
+    const ROWS: usize = 4;
+    type Plain = BlockQ6K;
+    fn pack(rows: &[&BlockQ6K]) -> Self {
+        let rows: [&BlockQ6K; 4] = core::array::from_fn(|r| rows[r]);
+        BlockQ6Kx4 {
+            ql: interleave(rows.map(|b| &b.ql[..])),
+            qh: interleave(rows.map(|b| &b.qh[..])),
+            scales: transpose(rows.map(|b| &b.scales[..])),
+            d: rows.map(|b| b.d),
+        }
+    }
+    fn unpack(&self, r: usize) -> BlockQ6K {
+        BlockQ6K {
+            ql: deinterleave(&self.ql, r),
+            qh: deinterleave(&self.qh, r),
+            scales: untranspose(&self.scales, r),
+            d: self.d[r],
+        }
+    }
+}
+
+/// Scalar reference of the repacked K-quant kernels' arithmetic (see the module doc):
+/// per block the exact (wrapping) integer `I = sum_i scales[i / 16] u[i] q8[i] - offset`,
+/// `acc = fma(d, I, acc)`, `accm = fma(dmin, mins, accm)`; the result `acc - accm`.
+/// `blocks` yields what [`q8_k::kquant_dot`] takes.
+pub fn kquant_dot_blocksum<'a>(
+    blocks: impl Iterator<Item = (KTerms, [u8; q8_k::QK], &'a BlockQ8K)>,
+) -> f32 {
+    let (mut acc, mut accm) = (0f32, 0f32);
+    for (t, u, y) in blocks {
+        let mut i = 0i32;
+        for (j, &uj) in u.iter().enumerate() {
+            let p = (uj as i32 * y.q(j)).wrapping_mul(t.scales[j / 16] as i32);
+            i = i.wrapping_add(p);
+        }
+        i = i.wrapping_sub(t.offset);
+        acc = libm::fmaf(t.d, i as f32, acc);
+        accm = libm::fmaf(t.dmin, t.mins as f32, accm);
+    }
+    acc - accm
+}
+
+/// [`q4_k::terms`] as the repacked kernels form the minimums: each sub-block's pair of
+/// group sums added in i16 (wrapping; exact for any real Q8_K block, whose group sums
+/// are at most 16 * 127 in magnitude), times the minimum, summed in i32.
+pub fn q4_k_terms(x: &BlockQ4K, y: &BlockQ8K) -> KTerms {
+    let mut t = q4_k::terms(x, y);
+    let (_, mn) = q4_k::scales_mins_k4(&x.scales);
+    t.mins = (0..8)
+        .map(|j| {
+            mn[j] as i32 * (y.bsum(2 * j) as i16).wrapping_add(y.bsum(2 * j + 1) as i16) as i32
+        })
+        .sum();
+    t
+}
+
+/// Scalar reference of one Q4_K row of a repacked group (`x`: its plain blocks).
+pub fn q4_k_dot(x: impl Iterator<Item = BlockQ4K>, act: &[u8]) -> f32 {
+    kquant_dot_blocksum(
+        x.zip(q8_k::act_blocks(act))
+            .map(|(x, y)| (q4_k_terms(&x, y), x.quants().map(|q| q as u8), y)),
+    )
+}
+
+/// Scalar reference of one Q6_K row of a repacked group (`x`: its plain blocks).
+pub fn q6_k_dot(x: impl Iterator<Item = BlockQ6K>, act: &[u8]) -> f32 {
+    kquant_dot_blocksum(x.zip(q8_k::act_blocks(act)).map(|(x, y)| {
+        (
+            q6_k::terms(&x, y),
+            x.quants().map(|q| (q as i32 + 32) as u8),
+            y,
+        )
+    }))
+}
