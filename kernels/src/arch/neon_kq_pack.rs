@@ -41,11 +41,14 @@ const T: usize = 2;
 /// How four chunks (4 rows x 4 unsigned bytes < 64 each) meet the four words of one
 /// activation vector; a chain of quads sums one scale group of the four rows.
 pub(super) trait Quad {
+    /// One activation vector prepared for quads (once per token, shared by the groups).
+    type A: Copy;
     type Acc: Copy;
-    /// An empty chain whose sum will be offset by `init` (per row).
-    unsafe fn start(init: int32x4_t) -> Self::Acc;
+    unsafe fn prep(a: int8x16_t) -> Self::A;
+    /// The first quad of a chain whose sum is offset by `init` (per row).
+    unsafe fn first(w: [int8x16_t; 4], a: &Self::A, init: int32x4_t) -> Self::Acc;
     /// `acc` plus chunk `c` against word `c` of `a`, for `c` in 0..4.
-    unsafe fn quad(acc: Self::Acc, w: [int8x16_t; 4], a: int8x16_t) -> Self::Acc;
+    unsafe fn quad(acc: Self::Acc, w: [int8x16_t; 4], a: &Self::A) -> Self::Acc;
     /// The four rows' sums (row `r` in lane `r`), `init` included.
     unsafe fn finish(acc: Self::Acc, init: int32x4_t) -> int32x4_t;
 }
@@ -53,17 +56,22 @@ pub(super) trait Quad {
 /// `sdot` by element (dotprod).
 pub(super) struct SdotQ;
 impl Quad for SdotQ {
+    type A = int8x16_t;
     type Acc = int32x4_t;
     #[inline(always)]
-    unsafe fn start(init: int32x4_t) -> int32x4_t {
-        init
+    unsafe fn prep(a: int8x16_t) -> int8x16_t {
+        a
     }
     #[inline(always)]
-    unsafe fn quad(acc: int32x4_t, w: [int8x16_t; 4], a: int8x16_t) -> int32x4_t {
-        let s = sdot_lane::<0>(acc, w[0], a);
-        let s = sdot_lane::<1>(s, w[1], a);
-        let s = sdot_lane::<2>(s, w[2], a);
-        sdot_lane::<3>(s, w[3], a)
+    unsafe fn first(w: [int8x16_t; 4], a: &int8x16_t, init: int32x4_t) -> int32x4_t {
+        Self::quad(init, w, a)
+    }
+    #[inline(always)]
+    unsafe fn quad(acc: int32x4_t, w: [int8x16_t; 4], a: &int8x16_t) -> int32x4_t {
+        let s = sdot_lane::<0>(acc, w[0], *a);
+        let s = sdot_lane::<1>(s, w[1], *a);
+        let s = sdot_lane::<2>(s, w[2], *a);
+        sdot_lane::<3>(s, w[3], *a)
     }
     #[inline(always)]
     unsafe fn finish(acc: int32x4_t, _: int32x4_t) -> int32x4_t {
@@ -71,46 +79,104 @@ impl Quad for SdotQ {
     }
 }
 
-/// Broadcast words and i16 products (baseline NEON); `None` before the first quad.
+/// Broadcast words and i16 products (baseline NEON): rows 0, 1 in the first vector of
+/// the chain, rows 2, 3 in the second.
 pub(super) struct MullQ;
 impl Quad for MullQ {
-    type Acc = Option<(int16x8_t, int16x8_t)>;
+    type A = [int8x16_t; 4];
+    type Acc = (int16x8_t, int16x8_t);
     #[inline(always)]
-    unsafe fn start(_: int32x4_t) -> Self::Acc {
-        None
-    }
-    #[inline(always)]
-    unsafe fn quad(acc: Self::Acc, w: [int8x16_t; 4], a: int8x16_t) -> Self::Acc {
+    unsafe fn prep(a: int8x16_t) -> [int8x16_t; 4] {
         let a = vreinterpretq_s32_s8(a);
-        let b = [
+        [
             vdupq_laneq_s32::<0>(a),
             vdupq_laneq_s32::<1>(a),
             vdupq_laneq_s32::<2>(a),
             vdupq_laneq_s32::<3>(a),
         ]
-        .map(|v| vreinterpretq_s8_s32(v));
-        let mut acc = acc;
-        for c in 0..4 {
-            acc = Some(match acc {
-                None => (
-                    vmull_s8(vget_low_s8(w[c]), vget_low_s8(b[c])),
-                    vmull_high_s8(w[c], b[c]),
-                ),
-                Some((p01, p23)) => (
-                    vmlal_s8(p01, vget_low_s8(w[c]), vget_low_s8(b[c])),
-                    vmlal_high_s8(p23, w[c], b[c]),
-                ),
-            });
+        .map(|v| vreinterpretq_s8_s32(v))
+    }
+    #[inline(always)]
+    unsafe fn first(w: [int8x16_t; 4], b: &[int8x16_t; 4], _: int32x4_t) -> Self::Acc {
+        let acc = (mull::<false>(w[0], b[0]), mull::<true>(w[0], b[0]));
+        Self::more(acc, w, b, 1)
+    }
+    #[inline(always)]
+    unsafe fn quad(acc: Self::Acc, w: [int8x16_t; 4], b: &[int8x16_t; 4]) -> Self::Acc {
+        Self::more(acc, w, b, 0)
+    }
+    #[inline(always)]
+    unsafe fn finish((p01, p23): Self::Acc, init: int32x4_t) -> int32x4_t {
+        vaddq_s32(vpaddq_s32(vpaddlq_s16(p01), vpaddlq_s16(p23)), init)
+    }
+}
+
+impl MullQ {
+    /// `acc` plus chunks `from..4`.
+    #[inline(always)]
+    unsafe fn more(
+        mut acc: (int16x8_t, int16x8_t),
+        w: [int8x16_t; 4],
+        b: &[int8x16_t; 4],
+        from: usize,
+    ) -> (int16x8_t, int16x8_t) {
+        for c in from..4 {
+            acc = (
+                mlal::<false>(acc.0, w[c], b[c]),
+                mlal::<true>(acc.1, w[c], b[c]),
+            );
         }
         acc
     }
-    #[inline(always)]
-    unsafe fn finish(acc: Self::Acc, init: int32x4_t) -> int32x4_t {
-        let Some((p01, p23)) = acc else {
-            return init;
-        };
-        vaddq_s32(vpaddq_s32(vpaddlq_s16(p01), vpaddlq_s16(p23)), init)
+}
+
+/// `smull` (`HIGH`: `smull2`) of the low (high) eight bytes, written out because LLVM
+/// otherwise splits a product against a broadcast word into `sshll` + `mul`.
+#[inline(always)]
+unsafe fn mull<const HIGH: bool>(a: int8x16_t, b: int8x16_t) -> int16x8_t {
+    let out: int16x8_t;
+    // SAFETY: baseline Advanced SIMD; reads and writes only the named registers.
+    if HIGH {
+        core::arch::asm!("smull2 {o:v}.8h, {a:v}.16b, {b:v}.16b", a = in(vreg) a, b = in(vreg) b,
+            o = lateout(vreg) out, options(pure, nomem, nostack, preserves_flags));
+    } else {
+        core::arch::asm!("smull {o:v}.8h, {a:v}.8b, {b:v}.8b", a = in(vreg) a, b = in(vreg) b,
+            o = lateout(vreg) out, options(pure, nomem, nostack, preserves_flags));
     }
+    out
+}
+
+/// `acc +` [`mull`] (`smlal` / `smlal2`).
+#[inline(always)]
+unsafe fn mlal<const HIGH: bool>(mut acc: int16x8_t, a: int8x16_t, b: int8x16_t) -> int16x8_t {
+    // SAFETY: baseline Advanced SIMD; reads and writes only the named registers.
+    if HIGH {
+        core::arch::asm!("smlal2 {o:v}.8h, {a:v}.16b, {b:v}.16b", a = in(vreg) a, b = in(vreg) b,
+            o = inout(vreg) acc, options(pure, nomem, nostack, preserves_flags));
+    } else {
+        core::arch::asm!("smlal {o:v}.8h, {a:v}.8b, {b:v}.8b", a = in(vreg) a, b = in(vreg) b,
+            o = inout(vreg) acc, options(pure, nomem, nostack, preserves_flags));
+    }
+    acc
+}
+
+/// `sli #4`: `src << 4 | dest & 0x0f` per byte (LLVM would rewrite the intrinsic into
+/// two instructions).
+#[inline(always)]
+unsafe fn sli4(mut dest: uint8x16_t, src: uint8x16_t) -> uint8x16_t {
+    // SAFETY: baseline Advanced SIMD; reads and writes only the named registers.
+    core::arch::asm!("sli {d:v}.16b, {s:v}.16b, #4", d = inout(vreg) dest, s = in(vreg) src,
+        options(pure, nomem, nostack, preserves_flags));
+    dest
+}
+
+/// `sri #4`: `dest & 0xf0 | src >> 4` per byte.
+#[inline(always)]
+unsafe fn sri4(mut dest: uint8x16_t, src: uint8x16_t) -> uint8x16_t {
+    // SAFETY: baseline Advanced SIMD; reads and writes only the named registers.
+    core::arch::asm!("sri {d:v}.16b, {s:v}.16b, #4", d = inout(vreg) dest, s = in(vreg) src,
+        options(pure, nomem, nostack, preserves_flags));
+    dest
 }
 
 /// Per (row group, token): the f32 accumulators `acc` and `accm` (four rows each).
@@ -152,11 +218,17 @@ unsafe fn widen8<const HIGH: bool>(v: uint8x16_t) -> uint16x8_t {
     }
 }
 
-/// Sixty-four bytes from `p` as four vectors (one `ld1`).
+/// Sixty-four bytes from `p` as four vectors.
 #[inline(always)]
 unsafe fn load64(p: *const u8) -> [uint8x16_t; 4] {
     let v = vld1q_u8_x4(p);
     [v.0, v.1, v.2, v.3]
+}
+
+/// Sixty-four activation bytes from `p`, prepared for `D`'s quads.
+#[inline(always)]
+unsafe fn act64<D: Quad>(p: *const u8) -> [D::A; 4] {
+    load64(p).map(|v| D::prep(vreinterpretq_s8_u8(v)))
 }
 
 /// Q4Kx4: sub-block `j` of the four rows is two quads over chunks `8(j / 2)..+8` (low
@@ -182,27 +254,22 @@ unsafe fn q4_decode(b: &BlockQ4Kx4) -> Q4W {
         sc: [
             vandq_u8(w[0], low6),
             // (w2 & 0x0f) | (w0 >> 6) << 4
-            vsliq_n_u8::<4>(vandq_u8(w[2], vdupq_n_u8(0x0f)), vshrq_n_u8::<6>(w[0])),
+            sli4(vandq_u8(w[2], vdupq_n_u8(0x0f)), vshrq_n_u8::<6>(w[0])),
         ],
         mn: [
             vandq_u8(w[1], low6),
             // (w2 >> 4) | (w1 >> 6) << 4
-            vsliq_n_u8::<4>(vshrq_n_u8::<4>(w[2]), vshrq_n_u8::<6>(w[1])),
+            sli4(vshrq_n_u8::<4>(w[2]), vshrq_n_u8::<6>(w[1])),
         ],
         d: h2f4(vget_low_u16(dd)),
         dmin: h2f4_high(dd),
     }
 }
 
-/// The four rows' scales of sub-blocks `2c` and `2c + 1` as int32 vectors.
+/// Eight bytes of `v` (`HIGH`: the upper eight) as two int32 vectors of four.
 #[inline(always)]
-unsafe fn q4_scales(w: &Q4W, c: usize) -> [int32x4_t; 2] {
-    let h = match c {
-        0 => widen8::<false>(w.sc[0]),
-        1 => widen8::<true>(w.sc[0]),
-        2 => widen8::<false>(w.sc[1]),
-        _ => widen8::<true>(w.sc[1]),
-    };
+unsafe fn widen_u8x8<const HIGH: bool>(v: uint8x16_t) -> [int32x4_t; 2] {
+    let h = widen8::<HIGH>(v);
     [
         vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(h))),
         vreinterpretq_s32_u32(vmovl_high_u16(h)),
@@ -213,19 +280,10 @@ unsafe fn q4_scales(w: &Q4W, c: usize) -> [int32x4_t; 2] {
 /// sums `s` added in i16 (as [`crate::repack::kquant::q4_k_terms`]).
 #[inline(always)]
 unsafe fn q4_mins(w: &Q4W, s: int16x8_t) -> int32x4_t {
-    let m = |v: uint8x16_t, high: bool| {
-        vreinterpretq_s16_u16(if high {
-            widen8::<true>(v)
-        } else {
-            widen8::<false>(v)
-        })
-    };
-    let (m01, m23, m45, m67) = (
-        m(w.mn[0], false),
-        m(w.mn[0], true),
-        m(w.mn[1], false),
-        m(w.mn[1], true),
-    );
+    let m01 = vreinterpretq_s16_u16(widen8::<false>(w.mn[0]));
+    let m23 = vreinterpretq_s16_u16(widen8::<true>(w.mn[0]));
+    let m45 = vreinterpretq_s16_u16(widen8::<false>(w.mn[1]));
+    let m67 = vreinterpretq_s16_u16(widen8::<true>(w.mn[1]));
     let p = vmull_laneq_s16::<0>(vget_low_s16(m01), s);
     let p = vmlal_high_laneq_s16::<1>(p, m01, s);
     let p = vmlal_laneq_s16::<2>(p, vget_low_s16(m23), s);
@@ -243,6 +301,38 @@ unsafe fn bsums(y: &BlockQ8K) -> [int16x8_t; 2] {
     [vld1q_s16(p), vld1q_s16(p.add(8))]
 }
 
+/// Sub-blocks `2C` and `2C + 1` (weights `64C..64C + 64`) of a Q4Kx4 block added to
+/// `isum` (written per `C` so that every index is a constant).
+#[inline(always)]
+unsafe fn q4_part<D: Quad, const GG: usize, const TT: usize, const C: usize>(
+    g: &[&BlockQ4Kx4; GG],
+    y: &[&BlockQ8K; TT],
+    ws: &[Q4W; GG],
+    isum: &mut [[int32x4_t; TT]; GG],
+) {
+    let zero = vdupq_n_s32(0);
+    let m4 = vdupq_n_u8(0x0f);
+    let a: [[D::A; 4]; TT] = core::array::from_fn(|t| act64::<D>(y[t].qs.as_ptr().add(64 * C)));
+    for i in 0..GG {
+        let q0 = load64(g[i].qs[8 * C].as_ptr());
+        let q1 = load64(g[i].qs[8 * C + 4].as_ptr());
+        let lo = |q: [uint8x16_t; 4]| q.map(|v| vreinterpretq_s8_u8(vandq_u8(v, m4)));
+        let hi = |q: [uint8x16_t; 4]| q.map(|v| vreinterpretq_s8_u8(vshrq_n_u8::<4>(v)));
+        let (l0, l1, h0, h1) = (lo(q0), lo(q1), hi(q0), hi(q1));
+        let sc = match C {
+            0 => widen_u8x8::<false>(ws[i].sc[0]),
+            1 => widen_u8x8::<true>(ws[i].sc[0]),
+            2 => widen_u8x8::<false>(ws[i].sc[1]),
+            _ => widen_u8x8::<true>(ws[i].sc[1]),
+        };
+        for t in 0..TT {
+            let s_lo = D::finish(D::quad(D::first(l0, &a[t][0], zero), l1, &a[t][1]), zero);
+            let s_hi = D::finish(D::quad(D::first(h0, &a[t][2], zero), h1, &a[t][3]), zero);
+            isum[i][t] = vmlaq_s32(vmlaq_s32(isum[i][t], s_lo, sc[0]), s_hi, sc[1]);
+        }
+    }
+}
+
 impl KPack for Q4 {
     type G = BlockQ4Kx4;
     #[inline(always)]
@@ -252,34 +342,11 @@ impl KPack for Q4 {
         acc: &mut [[Acc; TT]; GG],
     ) {
         let ws: [Q4W; GG] = core::array::from_fn(|i| q4_decode(g[i]));
-        let zero = vdupq_n_s32(0);
-        let mut isum = [[zero; TT]; GG];
-        let m4 = vdupq_n_u8(0x0f);
-        for c in 0..4 {
-            // Weights 64c..64c + 64 of each token: sub-block 2c, then 2c + 1.
-            let a: [[int8x16_t; 4]; TT] = core::array::from_fn(|t| {
-                load64(y[t].qs.as_ptr().add(64 * c)).map(|v| vreinterpretq_s8_u8(v))
-            });
-            for i in 0..GG {
-                let q0 = load64(g[i].qs[8 * c].as_ptr());
-                let q1 = load64(g[i].qs[8 * c + 4].as_ptr());
-                let lo = |q: [uint8x16_t; 4]| q.map(|v| vreinterpretq_s8_u8(vandq_u8(v, m4)));
-                let hi = |q: [uint8x16_t; 4]| q.map(|v| vreinterpretq_s8_u8(vshrq_n_u8::<4>(v)));
-                let (l0, l1, h0, h1) = (lo(q0), lo(q1), hi(q0), hi(q1));
-                let sc = q4_scales(&ws[i], c);
-                for t in 0..TT {
-                    let s_lo = D::finish(
-                        D::quad(D::quad(D::start(zero), l0, a[t][0]), l1, a[t][1]),
-                        zero,
-                    );
-                    let s_hi = D::finish(
-                        D::quad(D::quad(D::start(zero), h0, a[t][2]), h1, a[t][3]),
-                        zero,
-                    );
-                    isum[i][t] = vmlaq_s32(vmlaq_s32(isum[i][t], s_lo, sc[0]), s_hi, sc[1]);
-                }
-            }
-        }
+        let mut isum = [[vdupq_n_s32(0); TT]; GG];
+        q4_part::<D, GG, TT, 0>(&g, &y, &ws, &mut isum);
+        q4_part::<D, GG, TT, 1>(&g, &y, &ws, &mut isum);
+        q4_part::<D, GG, TT, 2>(&g, &y, &ws, &mut isum);
+        q4_part::<D, GG, TT, 3>(&g, &y, &ws, &mut isum);
         for t in 0..TT {
             let b = bsums(y[t]);
             let s = vpaddq_s16(b[0], b[1]);
@@ -296,45 +363,95 @@ impl KPack for Q4 {
     }
 }
 
-/// Q6Kx4: in half `h`, for `mh` in 0..2, the chunks `8h + 4mh..+4` of `qh` with those
-/// of `ql` at `16h + 4mh` (A) and `16h + 8 + 4mh` (B) give the quads of groups
-/// `8h + 2k + mh` (`k` 0..4: low nibbles of A, of B, high nibbles of A, of B, with bit
-/// pairs 0, 1, 2, 3 of `qh`), each against activation vector `8h + 2k + mh`.
+/// Q6Kx4: in half `H`, for `MH` in 0..2, the chunks `8H + 4MH..+4` of `qh` with those
+/// of `ql` at `16H + 4MH` (A) and `16H + 8 + 4MH` (B) give the quads of groups
+/// `8H + 2k + MH` (`k` 0..4: low nibbles of A, of B, high nibbles of A, of B, with bit
+/// pairs 0, 1, 2, 3 of `qh`), each against activation vector `8H + 2k + MH`.
 struct Q6;
 
-/// The four rows' (signed) scales of group `g` as an int32 vector.
+/// `v` with lane `L` in every lane.
 #[inline(always)]
-unsafe fn q6_scale(sc: &[int8x16_t; 4], g: usize) -> int32x4_t {
-    let v = sc[g / 4];
-    let h = if g % 4 < 2 {
-        vmovl_s8(vget_low_s8(v))
-    } else {
-        vmovl_high_s8(v)
-    };
-    if g % 2 == 0 {
-        vmovl_s16(vget_low_s16(h))
-    } else {
-        vmovl_high_s16(h)
+unsafe fn dup_lane(v: int32x4_t, l: usize) -> int32x4_t {
+    match l {
+        0 => vdupq_laneq_s32::<0>(v),
+        1 => vdupq_laneq_s32::<1>(v),
+        2 => vdupq_laneq_s32::<2>(v),
+        _ => vdupq_laneq_s32::<3>(v),
     }
 }
 
-/// `-32 * bsum[g]` in every lane, for the sixteen groups of a token block.
+/// `-32 * bsum[g]` for the sixteen groups of a token block, four per vector.
 #[inline(always)]
-unsafe fn q6_inits(y: &BlockQ8K) -> [int32x4_t; 16] {
+unsafe fn q6_offsets(y: &BlockQ8K) -> [int32x4_t; 4] {
     let b = bsums(y);
     let m = vdupq_n_s32(-32);
-    let w = [
+    [
         vmulq_s32(vmovl_s16(vget_low_s16(b[0])), m),
         vmulq_s32(vmovl_high_s16(b[0]), m),
         vmulq_s32(vmovl_s16(vget_low_s16(b[1])), m),
         vmulq_s32(vmovl_high_s16(b[1]), m),
-    ];
-    core::array::from_fn(|g| match g % 4 {
-        0 => vdupq_laneq_s32::<0>(w[g / 4]),
-        1 => vdupq_laneq_s32::<1>(w[g / 4]),
-        2 => vdupq_laneq_s32::<2>(w[g / 4]),
-        _ => vdupq_laneq_s32::<3>(w[g / 4]),
-    })
+    ]
+}
+
+/// Groups `8H + 2k + MH` of a Q6Kx4 block added to `isum`.
+#[inline(always)]
+unsafe fn q6_part<D: Quad, const GG: usize, const TT: usize, const H: usize, const MH: usize>(
+    g: &[&BlockQ6Kx4; GG],
+    y: &[&BlockQ8K; TT],
+    off: &[[int32x4_t; 4]; TT],
+    isum: &mut [[int32x4_t; TT]; GG],
+) {
+    let (m2, m30) = (vdupq_n_u8(0x03), vdupq_n_u8(0x30));
+    let group = |k: usize| 8 * H + 2 * k + MH;
+    // Each token's activation vectors and chain starts of the four groups.
+    let a: [[D::A; 4]; TT] = core::array::from_fn(|t| {
+        core::array::from_fn(|k| {
+            D::prep(vld1q_s8(y[t].qs.as_ptr().add(16 * group(k)) as *const i8))
+        })
+    });
+    let init: [[int32x4_t; 4]; TT] = core::array::from_fn(|t| {
+        core::array::from_fn(|k| dup_lane(off[t][group(k) / 4], group(k) % 4))
+    });
+    for i in 0..GG {
+        let qh = load64(g[i].qh[8 * H + 4 * MH].as_ptr());
+        let qa = load64(g[i].ql[16 * H + 4 * MH].as_ptr());
+        let qb = load64(g[i].ql[16 * H + 8 + 4 * MH].as_ptr());
+        // u = nibble | bit pair << 4: low nibbles by `sli` (pairs 0, 1 moved to bits
+        // 0..2 first), high nibbles by `sri` (pairs 2, 3 moved to bits 4..6 first).
+        let mut u = [[vdupq_n_s8(0); 4]; 4];
+        for m in 0..4 {
+            let t = vshrq_n_u8::<2>(qh[m]);
+            let z1 = vandq_u8(t, m2);
+            u[3][m] = vreinterpretq_s8_u8(sri4(t, qb[m]));
+            u[1][m] = vreinterpretq_s8_u8(sli4(qb[m], z1));
+            let y2 = vandq_u8(qh[m], m30);
+            let z0 = vandq_u8(qh[m], m2);
+            u[2][m] = vreinterpretq_s8_u8(sri4(y2, qa[m]));
+            u[0][m] = vreinterpretq_s8_u8(sli4(qa[m], z0));
+        }
+        let sc: [int8x16_t; 2] = [
+            vld1q_s8(g[i].scales[2 * H].as_ptr() as *const i8),
+            vld1q_s8(g[i].scales[2 * H + 1].as_ptr() as *const i8),
+        ];
+        for (k, uk) in u.into_iter().enumerate() {
+            // Group 8H + 2k + MH: scale vector 2H + k / 2, bytes 4(2(k % 2) + MH)...
+            let v = sc[k / 2];
+            let h = if k % 2 == 0 {
+                vmovl_s8(vget_low_s8(v))
+            } else {
+                vmovl_high_s8(v)
+            };
+            let s = if MH == 0 {
+                vmovl_s16(vget_low_s16(h))
+            } else {
+                vmovl_high_s16(h)
+            };
+            for t in 0..TT {
+                let x = D::first(uk, &a[t][k], init[t][k]);
+                isum[i][t] = vmlaq_s32(isum[i][t], D::finish(x, init[t][k]), s);
+            }
+        }
+    }
 }
 
 impl KPack for Q6 {
@@ -345,52 +462,12 @@ impl KPack for Q6 {
         y: [&BlockQ8K; TT],
         acc: &mut [[Acc; TT]; GG],
     ) {
-        let sc: [[int8x16_t; 4]; GG] = core::array::from_fn(|i| {
-            core::array::from_fn(|v| vld1q_s8(g[i].scales[v].as_ptr() as *const i8))
-        });
-        let init: [[int32x4_t; 16]; TT] = core::array::from_fn(|t| q6_inits(y[t]));
+        let off: [[int32x4_t; 4]; TT] = core::array::from_fn(|t| q6_offsets(y[t]));
         let mut isum = [[vdupq_n_s32(0); TT]; GG];
-        let (m2, m30) = (vdupq_n_u8(0x03), vdupq_n_u8(0x30));
-        for h in 0..2 {
-            // Activation groups 8h..8h + 8 of each token.
-            let a: [[int8x16_t; 8]; TT] = core::array::from_fn(|t| {
-                let p = y[t].qs.as_ptr().add(128 * h);
-                let (x, z) = (load64(p), load64(p.add(64)));
-                core::array::from_fn(|k| vreinterpretq_s8_u8(if k < 4 { x[k] } else { z[k - 4] }))
-            });
-            for mh in 0..2 {
-                for i in 0..GG {
-                    let qh = load64(g[i].qh[8 * h + 4 * mh].as_ptr());
-                    let qa = load64(g[i].ql[16 * h + 4 * mh].as_ptr());
-                    let qb = load64(g[i].ql[16 * h + 8 + 4 * mh].as_ptr());
-                    let s8 = |v: [uint8x16_t; 4]| v.map(|x| vreinterpretq_s8_u8(x));
-                    let t2: [uint8x16_t; 4] = qh.map(|x| vshrq_n_u8::<2>(x));
-                    // Low nibble | bit pair << 4 (`sli`), high nibble | bit pair (`sri`).
-                    let u = [
-                        s8(core::array::from_fn(|m| {
-                            vsliq_n_u8::<4>(qa[m], vandq_u8(qh[m], m2))
-                        })),
-                        s8(core::array::from_fn(|m| {
-                            vsliq_n_u8::<4>(qb[m], vandq_u8(t2[m], m2))
-                        })),
-                        s8(core::array::from_fn(|m| {
-                            vsriq_n_u8::<4>(vandq_u8(qh[m], m30), qa[m])
-                        })),
-                        s8(core::array::from_fn(|m| {
-                            vsriq_n_u8::<4>(vandq_u8(t2[m], m30), qb[m])
-                        })),
-                    ];
-                    for (k, uk) in u.into_iter().enumerate() {
-                        let gi = 8 * h + 2 * k + mh;
-                        let s = q6_scale(&sc[i], gi);
-                        for t in 0..TT {
-                            let x = D::quad(D::start(init[t][gi]), uk, a[t][2 * k + mh]);
-                            isum[i][t] = vmlaq_s32(isum[i][t], D::finish(x, init[t][gi]), s);
-                        }
-                    }
-                }
-            }
-        }
+        q6_part::<D, GG, TT, 0, 0>(&g, &y, &off, &mut isum);
+        q6_part::<D, GG, TT, 0, 1>(&g, &y, &off, &mut isum);
+        q6_part::<D, GG, TT, 1, 0>(&g, &y, &off, &mut isum);
+        q6_part::<D, GG, TT, 1, 1>(&g, &y, &off, &mut isum);
         for i in 0..GG {
             let d = h2f4(vld1_u16(g[i].d.as_ptr() as *const u16));
             for t in 0..TT {
@@ -437,10 +514,17 @@ struct Job {
     n_tok: usize,
 }
 
-/// Rows `job.rows` (inside whole groups present in `w`): pairs of groups x tiles of
-/// tokens (an odd last group is computed twice, its second result not written).
+/// Rows `job.rows` (inside whole groups present in `w`): `GG` groups at a time (the
+/// activation work shared by their rows) x tiles of `T` tokens. At the end of the range
+/// the last group stands in for the missing ones (computed again, not written): one
+/// tile shape fewer in the binary for a few groups' work per call.
 #[inline(always)]
-unsafe fn body<K: KPack, D: Quad>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) {
+unsafe fn body<K: KPack, D: Quad, const GG: usize>(
+    job: &Job,
+    w: &[u8],
+    acts: &[u8],
+    out: &mut [f32],
+) {
     let (rb, n_tok) = (job.rb, job.n_tok);
     let nb = 4 * rb / core::mem::size_of::<K::G>();
     let act = |t: usize| acts.as_ptr().add(t * job.arb) as *const BlockQ8K;
@@ -457,13 +541,17 @@ unsafe fn body<K: KPack, D: Quad>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f
     };
     let (mut g, end) = (rows.start / 4, rows.end.div_ceil(4));
     while g < end {
-        let (Some(p0), Some(p1)) = (group(g), group((g + 1).min(end - 1))) else {
-            return;
-        };
-        let groups = if g + 1 < end { 2 } else { 1 };
+        let mut ptrs = [core::ptr::null::<K::G>(); GG];
+        for (i, p) in ptrs.iter_mut().enumerate() {
+            let Some(q) = group((g + i).min(end - 1)) else {
+                return;
+            };
+            *p = q;
+        }
+        let groups = (end - g).min(GG);
         let mut t = 0;
         while t + T <= n_tok {
-            let res = tile::<K, D, 2, T>([p0, p1], core::array::from_fn(|j| act(t + j)), nb);
+            let res = tile::<K, D, GG, T>(ptrs, core::array::from_fn(|j| act(t + j)), nb);
             for (i, gr) in res.iter().take(groups).enumerate() {
                 for (r, rr) in gr.iter().enumerate() {
                     for (j, v) in rr.iter().enumerate() {
@@ -474,7 +562,7 @@ unsafe fn body<K: KPack, D: Quad>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f
             t += T;
         }
         while t < n_tok {
-            let res = tile::<K, D, 2, 1>([p0, p1], [act(t)], nb);
+            let res = tile::<K, D, GG, 1>(ptrs, [act(t)], nb);
             for (i, gr) in res.iter().take(groups).enumerate() {
                 for (r, rr) in gr.iter().enumerate() {
                     put(g + i, r, t, rr[0]);
@@ -482,7 +570,7 @@ unsafe fn body<K: KPack, D: Quad>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f
             }
             t += 1;
         }
-        g += 2;
+        g += GG;
     }
 }
 
@@ -492,13 +580,23 @@ mod jobs {
     use super::*;
 
     #[target_feature(enable = "neon")]
-    pub(super) unsafe fn base<K: KPack>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) {
-        body::<K, MullQ>(job, w, acts, out)
+    pub(super) unsafe fn base<K: KPack, const GG: usize>(
+        job: &Job,
+        w: &[u8],
+        acts: &[u8],
+        out: &mut [f32],
+    ) {
+        body::<K, MullQ, GG>(job, w, acts, out)
     }
 
     #[target_feature(enable = "neon,dotprod")]
-    pub(super) unsafe fn dot<K: KPack>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) {
-        body::<K, SdotQ>(job, w, acts, out)
+    pub(super) unsafe fn dot<K: KPack, const GG: usize>(
+        job: &Job,
+        w: &[u8],
+        acts: &[u8],
+        out: &mut [f32],
+    ) {
+        body::<K, SdotQ, GG>(job, w, acts, out)
     }
 }
 
@@ -509,7 +607,7 @@ mod jobs {
 /// # Safety
 /// The CPU has Advanced SIMD (and dotprod when `DOT`); `table` is a table for this CPU.
 #[allow(clippy::too_many_arguments)]
-unsafe fn run<K: KPack, const DOT: bool>(
+unsafe fn run<K: KPack, const DOT: bool, const GG: usize>(
     table: &'static KernelTable,
     ty: GgmlType,
     block: usize,
@@ -542,9 +640,9 @@ unsafe fn run<K: KPack, const DOT: bool>(
         // one value per (row, token); the caller guarantees the ISA.
         unsafe {
             if DOT {
-                jobs::dot::<K>(&j, w, acts, head)
+                jobs::dot::<K, GG>(&j, w, acts, head)
             } else {
-                jobs::base::<K>(&j, w, acts, head)
+                jobs::base::<K, GG>(&j, w, acts, head)
             }
         }
     }
@@ -556,7 +654,7 @@ unsafe fn run<K: KPack, const DOT: bool>(
 
 /// A `PackedFn` for layout `$k` (`$dot`: compiled with dotprod).
 macro_rules! packed_fn {
-    ($name:ident, $k:ty, $dot:literal, $ty:ident, $block:expr) => {
+    ($name:ident, $k:ty, $dot:literal, $gg:literal, $ty:ident, $block:expr) => {
         /// # Safety
         /// The CPU has the ISA of the table that lists this function.
         pub(super) unsafe fn $name(
@@ -568,11 +666,13 @@ macro_rules! packed_fn {
             out: &mut [f32],
         ) -> bool {
             // SAFETY: the caller's contract.
-            unsafe { run::<$k, $dot>(table, GgmlType::$ty, $block, w, row_bytes, rows, acts, out) }
+            unsafe {
+                run::<$k, $dot, $gg>(table, GgmlType::$ty, $block, w, row_bytes, rows, acts, out)
+            }
         }
     };
 }
-packed_fn!(q4_kx4_base, Q4, false, Q4_K, q4_k::BLOCK_BYTES);
-packed_fn!(q4_kx4_dot, Q4, true, Q4_K, q4_k::BLOCK_BYTES);
-packed_fn!(q6_kx4_base, Q6, false, Q6_K, q6_k::BLOCK_BYTES);
-packed_fn!(q6_kx4_dot, Q6, true, Q6_K, q6_k::BLOCK_BYTES);
+packed_fn!(q4_kx4_base, Q4, false, 2, Q4_K, q4_k::BLOCK_BYTES);
+packed_fn!(q4_kx4_dot, Q4, true, 2, Q4_K, q4_k::BLOCK_BYTES);
+packed_fn!(q6_kx4_base, Q6, false, 1, Q6_K, q6_k::BLOCK_BYTES);
+packed_fn!(q6_kx4_dot, Q6, true, 1, Q6_K, q6_k::BLOCK_BYTES);
