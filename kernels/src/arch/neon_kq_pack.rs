@@ -51,6 +51,8 @@ pub(super) trait Quad {
     unsafe fn quad(acc: Self::Acc, w: [int8x16_t; 4], a: &Self::A) -> Self::Acc;
     /// The four rows' sums (row `r` in lane `r`), `init` included.
     unsafe fn finish(acc: Self::Acc, init: int32x4_t) -> int32x4_t;
+    /// One quad of any int8 weights (|w| <= 128; activations not -128), summed.
+    unsafe fn full(w: [int8x16_t; 4], a: &Self::A) -> int32x4_t;
 }
 
 /// `sdot` by element (dotprod).
@@ -76,6 +78,10 @@ impl Quad for SdotQ {
     #[inline(always)]
     unsafe fn finish(acc: int32x4_t, _: int32x4_t) -> int32x4_t {
         acc
+    }
+    #[inline(always)]
+    unsafe fn full(w: [int8x16_t; 4], a: &int8x16_t) -> int32x4_t {
+        Self::quad(vdupq_n_s32(0), w, a)
     }
 }
 
@@ -108,6 +114,20 @@ impl Quad for MullQ {
     #[inline(always)]
     unsafe fn finish((p01, p23): Self::Acc, init: int32x4_t) -> int32x4_t {
         vaddq_s32(vpaddq_s32(vpaddlq_s16(p01), vpaddlq_s16(p23)), init)
+    }
+    /// Two products per i16 lane (|w * a| <= 128 * 127), widened after each pair.
+    #[inline(always)]
+    unsafe fn full(w: [int8x16_t; 4], b: &[int8x16_t; 4]) -> int32x4_t {
+        let pair = |c: usize, high: bool| {
+            if high {
+                mlal::<true>(mull::<true>(w[c], b[c]), w[c + 1], b[c + 1])
+            } else {
+                mlal::<false>(mull::<false>(w[c], b[c]), w[c + 1], b[c + 1])
+            }
+        };
+        let s01 = vpadalq_s16(vpaddlq_s16(pair(0, false)), pair(2, false));
+        let s23 = vpadalq_s16(vpaddlq_s16(pair(0, true)), pair(2, true));
+        vpaddq_s32(s01, s23)
     }
 }
 
@@ -158,25 +178,6 @@ unsafe fn mlal<const HIGH: bool>(mut acc: int16x8_t, a: int8x16_t, b: int8x16_t)
             o = inout(vreg) acc, options(pure, nomem, nostack, preserves_flags));
     }
     acc
-}
-
-/// `sli #4`: `src << 4 | dest & 0x0f` per byte (LLVM would rewrite the intrinsic into
-/// two instructions).
-#[inline(always)]
-unsafe fn sli4(mut dest: uint8x16_t, src: uint8x16_t) -> uint8x16_t {
-    // SAFETY: baseline Advanced SIMD; reads and writes only the named registers.
-    core::arch::asm!("sli {d:v}.16b, {s:v}.16b, #4", d = inout(vreg) dest, s = in(vreg) src,
-        options(pure, nomem, nostack, preserves_flags));
-    dest
-}
-
-/// `sri #4`: `dest & 0xf0 | src >> 4` per byte.
-#[inline(always)]
-unsafe fn sri4(mut dest: uint8x16_t, src: uint8x16_t) -> uint8x16_t {
-    // SAFETY: baseline Advanced SIMD; reads and writes only the named registers.
-    core::arch::asm!("sri {d:v}.16b, {s:v}.16b, #4", d = inout(vreg) dest, s = in(vreg) src,
-        options(pure, nomem, nostack, preserves_flags));
-    dest
 }
 
 /// Per (row group, token): the f32 accumulators `acc` and `accm` (four rows each).
@@ -254,12 +255,12 @@ unsafe fn q4_decode(b: &BlockQ4Kx4) -> Q4W {
         sc: [
             vandq_u8(w[0], low6),
             // (w2 & 0x0f) | (w0 >> 6) << 4
-            sli4(vandq_u8(w[2], vdupq_n_u8(0x0f)), vshrq_n_u8::<6>(w[0])),
+            sli_n::<4>(vandq_u8(w[2], vdupq_n_u8(0x0f)), vshrq_n_u8::<6>(w[0])),
         ],
         mn: [
             vandq_u8(w[1], low6),
             // (w2 >> 4) | (w1 >> 6) << 4
-            sli4(vshrq_n_u8::<4>(w[2]), vshrq_n_u8::<6>(w[1])),
+            sli_n::<4>(vshrq_n_u8::<4>(w[2]), vshrq_n_u8::<6>(w[1])),
         ],
         d: h2f4(vget_low_u16(dd)),
         dmin: h2f4_high(dd),
@@ -363,92 +364,84 @@ impl KPack for Q4 {
     }
 }
 
-/// Q6Kx4: in half `H`, for `MH` in 0..2, the chunks `8H + 4MH..+4` of `qh` with those
-/// of `ql` at `16H + 4MH` (A) and `16H + 8 + 4MH` (B) give the quads of groups
-/// `8H + 2k + MH` (`k` 0..4: low nibbles of A, of B, high nibbles of A, of B, with bit
-/// pairs 0, 1, 2, 3 of `qh`), each against activation vector `8H + 2k + MH`.
+/// Q6Kx4: part `P` (groups `4P..4P + 4`) is twelve chunks giving four quads of `4 s`
+/// (see [`crate::repack::kquant`]), one per group, against the part's four activation
+/// vectors; the block's integer is `isum >> 2`.
 struct Q6;
 
-/// `v` with lane `L` in every lane.
+/// `sli #N`: `src << N | dest & (2^N - 1)` per byte.
 #[inline(always)]
-unsafe fn dup_lane(v: int32x4_t, l: usize) -> int32x4_t {
-    match l {
-        0 => vdupq_laneq_s32::<0>(v),
-        1 => vdupq_laneq_s32::<1>(v),
-        2 => vdupq_laneq_s32::<2>(v),
-        _ => vdupq_laneq_s32::<3>(v),
+unsafe fn sli_n<const N: i32>(mut dest: uint8x16_t, src: uint8x16_t) -> uint8x16_t {
+    // SAFETY: baseline Advanced SIMD; reads and writes only the named registers.
+    core::arch::asm!("sli {d:v}.16b, {s:v}.16b, #{n}", d = inout(vreg) dest, s = in(vreg) src,
+        n = const N, options(pure, nomem, nostack, preserves_flags));
+    dest
+}
+
+/// Sign-extending widenings (`sxtl`, `sxtl2`), written out: LLVM merges two of them into
+/// a zip and two shifts.
+#[inline(always)]
+unsafe fn sxtl8<const HIGH: bool>(v: int8x16_t) -> int16x8_t {
+    let out: int16x8_t;
+    // SAFETY: baseline Advanced SIMD; reads and writes only the named registers.
+    if HIGH {
+        core::arch::asm!("sxtl2 {o:v}.8h, {i:v}.16b", i = in(vreg) v, o = lateout(vreg) out,
+            options(pure, nomem, nostack, preserves_flags));
+    } else {
+        core::arch::asm!("sxtl {o:v}.8h, {i:v}.8b", i = in(vreg) v, o = lateout(vreg) out,
+            options(pure, nomem, nostack, preserves_flags));
     }
+    out
 }
 
-/// `-32 * bsum[g]` for the sixteen groups of a token block, four per vector.
+/// See [`sxtl8`].
 #[inline(always)]
-unsafe fn q6_offsets(y: &BlockQ8K) -> [int32x4_t; 4] {
-    let b = bsums(y);
-    let m = vdupq_n_s32(-32);
-    [
-        vmulq_s32(vmovl_s16(vget_low_s16(b[0])), m),
-        vmulq_s32(vmovl_high_s16(b[0]), m),
-        vmulq_s32(vmovl_s16(vget_low_s16(b[1])), m),
-        vmulq_s32(vmovl_high_s16(b[1]), m),
-    ]
+unsafe fn sxtl16<const HIGH: bool>(v: int16x8_t) -> int32x4_t {
+    let out: int32x4_t;
+    // SAFETY: baseline Advanced SIMD; reads and writes only the named registers.
+    if HIGH {
+        core::arch::asm!("sxtl2 {o:v}.4s, {i:v}.8h", i = in(vreg) v, o = lateout(vreg) out,
+            options(pure, nomem, nostack, preserves_flags));
+    } else {
+        core::arch::asm!("sxtl {o:v}.4s, {i:v}.4h", i = in(vreg) v, o = lateout(vreg) out,
+            options(pure, nomem, nostack, preserves_flags));
+    }
+    out
 }
 
-/// Groups `8H + 2k + MH` of a Q6Kx4 block added to `isum`.
+/// Part `P` of a Q6Kx4 block added to `isum` (four times the integer).
 #[inline(always)]
-unsafe fn q6_part<D: Quad, const GG: usize, const TT: usize, const H: usize, const MH: usize>(
+unsafe fn q6_part<D: Quad, const GG: usize, const TT: usize, const P: usize>(
     g: &[&BlockQ6Kx4; GG],
     y: &[&BlockQ8K; TT],
-    off: &[[int32x4_t; 4]; TT],
     isum: &mut [[int32x4_t; TT]; GG],
 ) {
-    let (m2, m30) = (vdupq_n_u8(0x03), vdupq_n_u8(0x30));
-    let group = |k: usize| 8 * H + 2 * k + MH;
-    // Each token's activation vectors and chain starts of the four groups.
-    let a: [[D::A; 4]; TT] = core::array::from_fn(|t| {
-        core::array::from_fn(|k| {
-            D::prep(vld1q_s8(y[t].qs.as_ptr().add(16 * group(k)) as *const i8))
-        })
-    });
-    let init: [[int32x4_t; 4]; TT] = core::array::from_fn(|t| {
-        core::array::from_fn(|k| dup_lane(off[t][group(k) / 4], group(k) % 4))
-    });
+    let fc = vdupq_n_u8(0xfc);
+    let a: [[D::A; 4]; TT] = core::array::from_fn(|t| act64::<D>(y[t].qs.as_ptr().add(64 * P)));
     for i in 0..GG {
-        let qh = load64(g[i].qh[8 * H + 4 * MH].as_ptr());
-        let qa = load64(g[i].ql[16 * H + 4 * MH].as_ptr());
-        let qb = load64(g[i].ql[16 * H + 8 + 4 * MH].as_ptr());
-        // u = nibble | bit pair << 4: low nibbles by `sli` (pairs 0, 1 moved to bits
-        // 0..2 first), high nibbles by `sri` (pairs 2, 3 moved to bits 4..6 first).
-        let mut u = [[vdupq_n_s8(0); 4]; 4];
-        for m in 0..4 {
-            let t = vshrq_n_u8::<2>(qh[m]);
-            let z1 = vandq_u8(t, m2);
-            u[3][m] = vreinterpretq_s8_u8(sri4(t, qb[m]));
-            u[1][m] = vreinterpretq_s8_u8(sli4(qb[m], z1));
-            let y2 = vandq_u8(qh[m], m30);
-            let z0 = vandq_u8(qh[m], m2);
-            u[2][m] = vreinterpretq_s8_u8(sri4(y2, qa[m]));
-            u[0][m] = vreinterpretq_s8_u8(sli4(qa[m], z0));
-        }
-        let sc: [int8x16_t; 2] = [
-            vld1q_s8(g[i].scales[2 * H].as_ptr() as *const i8),
-            vld1q_s8(g[i].scales[2 * H + 1].as_ptr() as *const i8),
+        let x = load64(g[i].q[12 * P].as_ptr());
+        let yv = load64(g[i].q[12 * P + 4].as_ptr());
+        let z = load64(g[i].q[12 * P + 8].as_ptr());
+        let s8 = |v: [uint8x16_t; 4]| v.map(|x| vreinterpretq_s8_u8(x));
+        let v = [
+            s8(x.map(|c| vandq_u8(c, fc))),
+            s8(yv.map(|c| vandq_u8(c, fc))),
+            s8(z.map(|c| vandq_u8(c, fc))),
+            s8(core::array::from_fn(|m| {
+                sli_n::<6>(sli_n::<4>(vshlq_n_u8::<2>(x[m]), yv[m]), z[m])
+            })),
         ];
-        for (k, uk) in u.into_iter().enumerate() {
-            // Group 8H + 2k + MH: scale vector 2H + k / 2, bytes 4(2(k % 2) + MH)...
-            let v = sc[k / 2];
-            let h = if k % 2 == 0 {
-                vmovl_s8(vget_low_s8(v))
-            } else {
-                vmovl_high_s8(v)
-            };
-            let s = if MH == 0 {
-                vmovl_s16(vget_low_s16(h))
-            } else {
-                vmovl_high_s16(h)
-            };
-            for t in 0..TT {
-                let x = D::first(uk, &a[t][k], init[t][k]);
-                isum[i][t] = vmlaq_s32(isum[i][t], D::finish(x, init[t][k]), s);
+        let sc = vld1q_s8(g[i].scales[P].as_ptr() as *const i8);
+        let (s01, s23) = (sxtl8::<false>(sc), sxtl8::<true>(sc));
+        let s = [
+            sxtl16::<false>(s01),
+            sxtl16::<true>(s01),
+            sxtl16::<false>(s23),
+            sxtl16::<true>(s23),
+        ];
+        for t in 0..TT {
+            for k in 0..4 {
+                isum[i][t] = vmlaq_s32(isum[i][t], D::full(v[k], &a[t][k]), s[k]);
             }
         }
     }
@@ -462,18 +455,18 @@ impl KPack for Q6 {
         y: [&BlockQ8K; TT],
         acc: &mut [[Acc; TT]; GG],
     ) {
-        let off: [[int32x4_t; 4]; TT] = core::array::from_fn(|t| q6_offsets(y[t]));
         let mut isum = [[vdupq_n_s32(0); TT]; GG];
-        q6_part::<D, GG, TT, 0, 0>(&g, &y, &off, &mut isum);
-        q6_part::<D, GG, TT, 0, 1>(&g, &y, &off, &mut isum);
-        q6_part::<D, GG, TT, 1, 0>(&g, &y, &off, &mut isum);
-        q6_part::<D, GG, TT, 1, 1>(&g, &y, &off, &mut isum);
+        q6_part::<D, GG, TT, 0>(&g, &y, &mut isum);
+        q6_part::<D, GG, TT, 1>(&g, &y, &mut isum);
+        q6_part::<D, GG, TT, 2>(&g, &y, &mut isum);
+        q6_part::<D, GG, TT, 3>(&g, &y, &mut isum);
         for i in 0..GG {
             let d = h2f4(vld1_u16(g[i].d.as_ptr() as *const u16));
             for t in 0..TT {
+                // Exact: every product was 4 s a, and |4 * integer| < 2^29 for any bytes.
+                let n = vshrq_n_s32::<2>(isum[i][t]);
                 let a0 = acc[i][t].0;
-                acc[i][t].0 =
-                    vfmaq_f32(a0, vcvtq_f32_s32(isum[i][t]), vmulq_n_f32(d, y[t].scale()));
+                acc[i][t].0 = vfmaq_f32(a0, vcvtq_f32_s32(n), vmulq_n_f32(d, y[t].scale()));
             }
         }
     }

@@ -13,9 +13,18 @@
 //!   4-byte words of the packed 6-bit scales, word `w` as one vector with byte `4j + r` =
 //!   byte `4w + j` of row `r` (every step of [`crate::quant::q4_k::scales_mins_k4_packed`]
 //!   works byte by byte, so it decodes the four rows at once); then the nibble chunks.
-//! - [`BlockQ6Kx4`] (`Layout::Q6Kx4`): the low-bit chunks (`ql`), the high-bit chunks
-//!   (`qh`), the sixteen signed scales transposed (vector `v`, byte `4j + r` = scale
-//!   `4v + j` of row `r`), the four `d`.
+//! - [`BlockQ6Kx4`] (`Layout::Q6Kx4`): the 6-bit quants re-cut so that every 16-byte
+//!   vector of weights is one or three instructions away. Each weight is stored as
+//!   `s = u - 32` (6-bit two's complement) in the top six bits of a byte, so masking
+//!   the low two bits off gives `4s` as an exact int8 (`sdot` then sums `4 s a`; the
+//!   `- 32` needs no correction and the factor 4 comes off the block's integer with one
+//!   shift). Three such bytes hold weights A, B, C and, in their low bit pairs, the six
+//!   bits of a fourth weight D: `4 s_D = sli(sli(X << 2, Y, 4), Z, 6)`. Part `p` (groups
+//!   `4p..4p + 4`) is twelve chunks: X, Y, Z for chunk position `m` at `12p + m`,
+//!   `12p + 4 + m`, `12p + 8 + m`; byte `4r + j` of them holds weights `16(4p + k) + 4m + j`
+//!   of row `r`, `k` = 0 (A, in X), 1 (B, Y), 2 (C, Z), 3 (D, the low bits). Then the
+//!   sixteen signed scales transposed (vector `v`, byte `4j + r` = scale `4v + j` of row
+//!   `r`) and the four `d`.
 //!
 //! # Arithmetic ([`kquant_dot_blocksum`])
 //! The plain K-quant kernels compute llama.cpp's x86 eight-lane order
@@ -47,14 +56,12 @@ pub struct BlockQ4Kx4 {
 crate::pod_block!(BlockQ4Kx4);
 static_assertions::const_assert_eq!(core::mem::size_of::<BlockQ4Kx4>(), 4 * q4_k::BLOCK_BYTES);
 
-/// One block of four Q6_K rows for `sdot` by element.
+/// One block of four Q6_K rows for `sdot` by element (see the module doc).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct BlockQ6Kx4 {
-    /// Chunk `k`: low-bit bytes `4k..4k+4` of rows 0, 1, 2, 3.
-    pub ql: [[u8; 16]; 32],
-    /// Chunk `k`: high-bit bytes `4k..4k+4` of rows 0, 1, 2, 3.
-    pub qh: [[u8; 16]; 16],
+    /// Four parts of twelve chunks (X, Y, Z for chunk positions 0..4).
+    pub q: [[u8; 16]; 48],
     /// Vector `v`: byte `4j + r` is the (signed) scale of group `4v + j` of row `r`.
     pub scales: [[u8; 16]; 4],
     /// `d` of rows 0..4 (f16 little-endian).
@@ -108,22 +115,60 @@ impl Group for BlockQ6Kx4 {
     const ROWS: usize = 4;
     type Plain = BlockQ6K;
     fn pack(rows: &[&BlockQ6K]) -> Self {
-        let rows: [&BlockQ6K; 4] = core::array::from_fn(|r| rows[r]);
+        // 6-bit two's complement of q - 32 (= the unsigned quant with its top bit flipped).
+        let s: [[u8; 256]; 4] =
+            core::array::from_fn(|r| rows[r].quants().map(|q| (q as u8) & 0x3f));
+        let q = core::array::from_fn(|c| {
+            let (p, kind, m) = (c / 12, c % 12 / 4, c % 4);
+            core::array::from_fn(|b| {
+                let (r, j) = (b / 4, b % 4);
+                let w = |k: usize| s[r][16 * (4 * p + k) + 4 * m + j];
+                (w(kind) << 2) | ((w(3) >> (2 * kind)) & 3)
+            })
+        });
         BlockQ6Kx4 {
-            ql: interleave(rows.map(|b| &b.ql[..])),
-            qh: interleave(rows.map(|b| &b.qh[..])),
-            scales: transpose(rows.map(|b| &b.scales[..])),
-            d: rows.map(|b| b.d),
+            q,
+            scales: transpose(core::array::from_fn(|r| &rows[r].scales[..])),
+            d: core::array::from_fn(|r| rows[r].d),
         }
     }
     fn unpack(&self, r: usize) -> BlockQ6K {
-        BlockQ6K {
-            ql: deinterleave(&self.ql, r),
-            qh: deinterleave(&self.qh, r),
-            scales: untranspose(&self.scales, r),
-            d: self.d[r],
+        let mut u = [0u8; 256];
+        for c in 0..48 {
+            let (p, kind, m) = (c / 12, c % 12 / 4, c % 4);
+            for j in 0..4 {
+                let b = self.q[c][4 * r + j];
+                let base = 16 * 4 * p + 4 * m + j;
+                // Back to unsigned: flip the top bit of the 6-bit value.
+                u[base + 16 * kind] = (b >> 2) ^ 0x20;
+                u[base + 48] ^= (b & 3) << (2 * kind);
+            }
         }
+        for p in 0..4 {
+            for i in 0..16 {
+                u[64 * p + 48 + i] ^= 0x20;
+            }
+        }
+        q6_k_block(&u, untranspose(&self.scales, r), self.d[r])
     }
+}
+
+/// A Q6_K block from its 256 unsigned quants (0..64, weight order), scales and `d`.
+fn q6_k_block(u: &[u8; 256], scales: [u8; 16], d: [u8; 2]) -> BlockQ6K {
+    let mut b = BlockQ6K {
+        ql: [0; 128],
+        qh: [0; 64],
+        scales,
+        d,
+    };
+    // Weight 128h + 32k + l: low bits in ql[64h + 32(k % 2) + l] (high nibble for k >= 2),
+    // top bits in bits 2k.. of qh[32h + l].
+    for (i, &q) in u.iter().enumerate() {
+        let (h, k, l) = (i / 128, i % 128 / 32, i % 32);
+        b.ql[64 * h + 32 * (k % 2) + l] |= (q & 0xf) << (4 * (k / 2));
+        b.qh[32 * h + l] |= (q >> 4) << (2 * k);
+    }
+    b
 }
 
 /// Scalar reference of the repacked K-quant kernels' arithmetic (see the module doc):
