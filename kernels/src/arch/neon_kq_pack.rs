@@ -667,5 +667,5 @@ macro_rules! packed_fn {
 }
 packed_fn!(q4_kx4_base, Q4, false, 2, Q4_K, q4_k::BLOCK_BYTES);
 packed_fn!(q4_kx4_dot, Q4, true, 2, Q4_K, q4_k::BLOCK_BYTES);
-packed_fn!(q6_kx4_base, Q6, false, 1, Q6_K, q6_k::BLOCK_BYTES);
+packed_fn!(q6_kx4_base, Q6, false, 2, Q6_K, q6_k::BLOCK_BYTES);
 packed_fn!(q6_kx4_dot, Q6, true, 1, Q6_K, q6_k::BLOCK_BYTES);
