@@ -26,10 +26,10 @@ use core::arch::aarch64::*;
 use core::ops::Range;
 
 use super::neon_legacy::h2f4;
-use super::neon_repack::sdot_lane;
+use super::neon_repack::{run_split, sdot_lane, walk, Job};
 use super::neon_rows::lane;
-use super::table::{KernelTable, PackedJob};
-use crate::blocks::{cast, Pod};
+use super::table::KernelTable;
+use crate::blocks::Pod;
 use crate::quant::q8_k::{self, BlockQ8K};
 use crate::quant::{q4_k, q6_k};
 use crate::repack::{BlockQ4Kx4, BlockQ6Kx4};
@@ -499,18 +499,7 @@ unsafe fn tile<K: KPack, D: Quad, const GG: usize, const TT: usize>(
     })
 }
 
-/// The shape of one call's work on whole groups.
-struct Job {
-    rb: usize,
-    rows: Range<usize>,
-    arb: usize,
-    n_tok: usize,
-}
-
-/// Rows `job.rows` (inside whole groups present in `w`): `GG` groups at a time (the
-/// activation work shared by their rows) x tiles of `T` tokens. At the end of the range
-/// the last group stands in for the missing ones (computed again, not written): one
-/// tile shape fewer in the binary for a few groups' work per call.
+/// Rows `job.rows` of a repacked K-quant tensor, `GG` groups at a time.
 #[inline(always)]
 unsafe fn body<K: KPack, D: Quad, const GG: usize>(
     job: &Job,
@@ -518,53 +507,15 @@ unsafe fn body<K: KPack, D: Quad, const GG: usize>(
     acts: &[u8],
     out: &mut [f32],
 ) {
-    let (rb, n_tok) = (job.rb, job.n_tok);
-    let nb = 4 * rb / core::mem::size_of::<K::G>();
+    let nb = 4 * job.rb / core::mem::size_of::<K::G>();
     let act = |t: usize| acts.as_ptr().add(t * job.arb) as *const BlockQ8K;
-    let rows = &job.rows;
-    let mut put = |g: usize, r: usize, t: usize, v: f32| {
-        let r = 4 * g + r;
-        if rows.contains(&r) {
-            out[(r - rows.start) * n_tok + t] = v;
-        }
-    };
-    let group = |g: usize| -> Option<*const K::G> {
-        let gw = cast::<K::G>(w.get(g * 4 * rb..(g + 1) * 4 * rb)?)?;
-        (gw.len() == nb).then_some(gw.as_ptr())
-    };
-    let (mut g, end) = (rows.start / 4, rows.end.div_ceil(4));
-    while g < end {
-        let mut ptrs = [core::ptr::null::<K::G>(); GG];
-        for (i, p) in ptrs.iter_mut().enumerate() {
-            let Some(q) = group((g + i).min(end - 1)) else {
-                return;
-            };
-            *p = q;
-        }
-        let groups = (end - g).min(GG);
-        let mut t = 0;
-        while t + T <= n_tok {
-            let res = tile::<K, D, GG, T>(ptrs, core::array::from_fn(|j| act(t + j)), nb);
-            for (i, gr) in res.iter().take(groups).enumerate() {
-                for (r, rr) in gr.iter().enumerate() {
-                    for (j, v) in rr.iter().enumerate() {
-                        put(g + i, r, t + j, *v);
-                    }
-                }
-            }
-            t += T;
-        }
-        while t < n_tok {
-            let res = tile::<K, D, GG, 1>(ptrs, [act(t)], nb);
-            for (i, gr) in res.iter().take(groups).enumerate() {
-                for (r, rr) in gr.iter().enumerate() {
-                    put(g + i, r, t, rr[0]);
-                }
-            }
-            t += 1;
-        }
-        g += GG;
-    }
+    walk::<K::G, GG, T>(
+        job,
+        w,
+        out,
+        |g, t| tile::<K, D, GG, T>(g, core::array::from_fn(|j| act(t + j)), nb),
+        |g, t| tile::<K, D, GG, 1>(g, [act(t)], nb),
+    )
 }
 
 /// Entry points, one per feature set (so that `sdot` is only compiled into the dotprod
@@ -593,9 +544,8 @@ mod jobs {
     }
 }
 
-/// Product over a repacked K-quant tensor (`w`: all of its rows) of plain type `ty`
-/// with `block` bytes per plain block, or `false` (nothing written) when the shapes do
-/// not fit. Rows past the last whole group are plain; they go to `table`'s plain kernel.
+/// Product over a repacked K-quant tensor (see [`run_split`]) with `K` over groups of
+/// `GG` (`DOT`: the dotprod entry point).
 ///
 /// # Safety
 /// The CPU has Advanced SIMD (and dotprod when `DOT`); `table` is a table for this CPU.
@@ -610,39 +560,27 @@ unsafe fn run<K: KPack, const DOT: bool, const GG: usize>(
     acts: &[u8],
     out: &mut [f32],
 ) -> bool {
-    let Some(PackedJob { n_tok, arb, split }) = PackedJob::new(
+    let shape = (block, q8_k::BLOCK_BYTES);
+    run_split(
+        table,
+        ty,
+        shape,
         w,
         row_bytes,
-        &rows,
+        rows,
         acts,
-        out.len(),
-        (block, q8_k::BLOCK_BYTES, 4),
-    ) else {
-        return false;
-    };
-    let (head, tail) = out.split_at_mut((split - rows.start) * n_tok);
-    if split > rows.start {
-        let j = Job {
-            rb: row_bytes,
-            rows: rows.start..split,
-            arb,
-            n_tok,
-        };
-        // SAFETY: the checks above put every group-block of the groups of `j.rows` (all
-        // in whole groups) inside `w`, every activation row inside `acts`, and `head` has
-        // one value per (row, token); the caller guarantees the ISA.
-        unsafe {
-            if DOT {
-                jobs::dot::<K, GG>(&j, w, acts, head)
-            } else {
-                jobs::base::<K, GG>(&j, w, acts, head)
+        out,
+        |j, head| {
+            // SAFETY: `run_split` checked the shapes `j` names; the caller guarantees the ISA.
+            unsafe {
+                if DOT {
+                    jobs::dot::<K, GG>(j, w, acts, head)
+                } else {
+                    jobs::base::<K, GG>(j, w, acts, head)
+                }
             }
-        }
-    }
-    if split < rows.end {
-        return table.rows(ty, w, row_bytes, split..rows.end, acts, arb, tail);
-    }
-    true
+        },
+    )
 }
 
 /// A `PackedFn` for layout `$k` (`$dot`: compiled with dotprod).
