@@ -23,17 +23,14 @@
 #![allow(unsafe_code)]
 
 use core::arch::aarch64::*;
-use core::ops::Range;
 
 use super::neon_legacy::h2f4;
-use super::neon_repack::{run_split, sdot_lane, walk, Job};
+use super::neon_repack::{packed_fn, sdot_lane, walk, Job};
 use super::neon_rows::lane;
-use super::table::KernelTable;
 use crate::blocks::Pod;
 use crate::quant::q8_k::{self, BlockQ8K};
 use crate::quant::{q4_k, q6_k};
 use crate::repack::{BlockQ4Kx4, BlockQ6Kx4};
-use crate::GgmlType;
 
 /// Tokens per tile of a prompt.
 const T: usize = 2;
@@ -378,36 +375,35 @@ unsafe fn sli_n<const N: i32>(mut dest: uint8x16_t, src: uint8x16_t) -> uint8x16
     dest
 }
 
-/// Sign-extending widenings (`sxtl`, `sxtl2`), written out: LLVM merges two of them into
-/// a zip and two shifts.
-#[inline(always)]
-unsafe fn sxtl8<const HIGH: bool>(v: int8x16_t) -> int16x8_t {
-    let out: int16x8_t;
-    // SAFETY: baseline Advanced SIMD; reads and writes only the named registers.
-    if HIGH {
-        core::arch::asm!("sxtl2 {o:v}.8h, {i:v}.16b", i = in(vreg) v, o = lateout(vreg) out,
-            options(pure, nomem, nostack, preserves_flags));
-    } else {
-        core::arch::asm!("sxtl {o:v}.8h, {i:v}.8b", i = in(vreg) v, o = lateout(vreg) out,
-            options(pure, nomem, nostack, preserves_flags));
-    }
-    out
+/// A one-operand instruction on the low half of a vector (`HIGH == false`: `$lo`) or
+/// its high half (`$hi`), written out.
+macro_rules! widen_asm {
+    ($(#[$m:meta])* $name:ident, $in:ty, $out:ty, $lo:literal, $hi:literal) => {
+        $(#[$m])*
+        #[inline(always)]
+        unsafe fn $name<const HIGH: bool>(v: $in) -> $out {
+            let out: $out;
+            // SAFETY: baseline Advanced SIMD; reads and writes only the named registers.
+            if HIGH {
+                core::arch::asm!($hi, i = in(vreg) v, o = lateout(vreg) out,
+                    options(pure, nomem, nostack, preserves_flags));
+            } else {
+                core::arch::asm!($lo, i = in(vreg) v, o = lateout(vreg) out,
+                    options(pure, nomem, nostack, preserves_flags));
+            }
+            out
+        }
+    };
 }
-
-/// See [`sxtl8`].
-#[inline(always)]
-unsafe fn sxtl16<const HIGH: bool>(v: int16x8_t) -> int32x4_t {
-    let out: int32x4_t;
-    // SAFETY: baseline Advanced SIMD; reads and writes only the named registers.
-    if HIGH {
-        core::arch::asm!("sxtl2 {o:v}.4s, {i:v}.8h", i = in(vreg) v, o = lateout(vreg) out,
-            options(pure, nomem, nostack, preserves_flags));
-    } else {
-        core::arch::asm!("sxtl {o:v}.4s, {i:v}.4h", i = in(vreg) v, o = lateout(vreg) out,
-            options(pure, nomem, nostack, preserves_flags));
-    }
-    out
-}
+widen_asm!(
+    /// Sign-extending widening (`sxtl`, `sxtl2`), written out: LLVM merges two of them
+    /// into a zip and two shifts.
+    sxtl8, int8x16_t, int16x8_t, "sxtl {o:v}.8h, {i:v}.8b", "sxtl2 {o:v}.8h, {i:v}.16b"
+);
+widen_asm!(
+    /// See [`sxtl8`].
+    sxtl16, int16x8_t, int32x4_t, "sxtl {o:v}.4s, {i:v}.4h", "sxtl2 {o:v}.4s, {i:v}.8h"
+);
 
 /// Part `P` of a Q6Kx4 block added to `isum` (four times the integer).
 #[inline(always)]
@@ -544,66 +540,20 @@ mod jobs {
     }
 }
 
-/// Product over a repacked K-quant tensor (see [`run_split`]) with `K` over groups of
-/// `GG` (`DOT`: the dotprod entry point).
-///
-/// # Safety
-/// The CPU has Advanced SIMD (and dotprod when `DOT`); `table` is a table for this CPU.
-#[allow(clippy::too_many_arguments)]
-unsafe fn run<K: KPack, const DOT: bool, const GG: usize>(
-    table: &'static KernelTable,
-    ty: GgmlType,
-    block: usize,
-    w: &[u8],
-    row_bytes: usize,
-    rows: Range<usize>,
-    acts: &[u8],
-    out: &mut [f32],
-) -> bool {
-    let shape = (block, q8_k::BLOCK_BYTES);
-    run_split(
-        table,
-        ty,
-        shape,
-        w,
-        row_bytes,
-        rows,
-        acts,
-        out,
-        |j, head| {
-            // SAFETY: `run_split` checked the shapes `j` names; the caller guarantees the ISA.
-            unsafe {
-                if DOT {
-                    jobs::dot::<K, GG>(j, w, acts, head)
-                } else {
-                    jobs::base::<K, GG>(j, w, acts, head)
-                }
-            }
-        },
-    )
-}
-
-/// A `PackedFn` for layout `$k` (`$dot`: compiled with dotprod).
-macro_rules! packed_fn {
-    ($name:ident, $k:ty, $dot:literal, $gg:literal, $ty:ident, $block:expr) => {
-        /// # Safety
-        /// The CPU has the ISA of the table that lists this function.
-        pub(super) unsafe fn $name(
-            table: &'static KernelTable,
-            w: &[u8],
-            row_bytes: usize,
-            rows: Range<usize>,
-            acts: &[u8],
-            out: &mut [f32],
-        ) -> bool {
-            // SAFETY: the caller's contract.
-            unsafe {
-                run::<$k, $dot, $gg>(table, GgmlType::$ty, $block, w, row_bytes, rows, acts, out)
-            }
-        }
-    };
-}
-packed_fn!(q4_kx4_base, Q4, false, 2, Q4_K, q4_k::BLOCK_BYTES);
-packed_fn!(q4_kx4_dot, Q4, true, 2, Q4_K, q4_k::BLOCK_BYTES);
-packed_fn!(q6_kx4_base, Q6, false, 2, Q6_K, q6_k::BLOCK_BYTES);
-packed_fn!(q6_kx4_dot, Q6, true, 1, Q6_K, q6_k::BLOCK_BYTES);
+const ACT: usize = q8_k::BLOCK_BYTES;
+packed_fn!(
+    q4_kx4_base,
+    jobs::base::<Q4, 2>,
+    Q4_K,
+    q4_k::BLOCK_BYTES,
+    ACT
+);
+packed_fn!(q4_kx4_dot, jobs::dot::<Q4, 2>, Q4_K, q4_k::BLOCK_BYTES, ACT);
+packed_fn!(
+    q6_kx4_base,
+    jobs::base::<Q6, 2>,
+    Q6_K,
+    q6_k::BLOCK_BYTES,
+    ACT
+);
+packed_fn!(q6_kx4_dot, jobs::dot::<Q6, 1>, Q6_K, q6_k::BLOCK_BYTES, ACT);

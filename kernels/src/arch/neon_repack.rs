@@ -80,77 +80,77 @@ pub(super) unsafe fn run_split(
     true
 }
 
-/// [`run_split`] with tile `K` over groups of `GG` (`DOT`: the dotprod entry point).
-///
-/// # Safety
-/// The CPU has Advanced SIMD (and dotprod when `K` or `DOT` use `sdot`); `table` is a
-/// table for this CPU.
-#[allow(clippy::too_many_arguments)]
-unsafe fn run<K: Tile, const DOT: bool, const GG: usize>(
-    table: &'static KernelTable,
-    ty: GgmlType,
-    block: usize,
-    w: &[u8],
-    row_bytes: usize,
-    rows: Range<usize>,
-    acts: &[u8],
-    out: &mut [f32],
-) -> bool {
-    let shape = (block, BLOCK_BYTES);
-    run_split(
-        table,
-        ty,
-        shape,
-        w,
-        row_bytes,
-        rows,
-        acts,
-        out,
-        |j, head| {
-            // SAFETY: `run_split` checked the shapes `j` names; the caller guarantees the ISA.
-            unsafe {
-                if DOT {
-                    jobs::dot::<K, GG>(j, w, acts, head)
-                } else {
-                    jobs::base::<K, GG>(j, w, acts, head)
-                }
-            }
-        },
-    )
-}
-
-/// A `PackedFn` for layout tile `$k` (`$dot`: compiled with dotprod).
+/// A `PackedFn` `$name` over [`run_split`]: `$job(job, w, acts, out)` (an entry point
+/// compiled for the table's ISA) computes the whole groups of plain type `$ty`
+/// (`$block` bytes per plain block, each paired with `$act` activation bytes).
 macro_rules! packed_fn {
-    ($name:ident, $k:ty, $dot:literal, $gg:literal, $ty:ident, $block:expr) => {
+    ($name:ident, $job:expr, $ty:ident, $block:expr, $act:expr) => {
         /// # Safety
         /// The CPU has the ISA of the table that lists this function.
         pub(super) unsafe fn $name(
-            table: &'static KernelTable,
+            table: &'static $crate::arch::table::KernelTable,
             w: &[u8],
             row_bytes: usize,
-            rows: Range<usize>,
+            rows: core::ops::Range<usize>,
             acts: &[u8],
             out: &mut [f32],
         ) -> bool {
-            // SAFETY: the caller's contract.
+            let shape = ($block, $act);
+            let ty = $crate::GgmlType::$ty;
+            // SAFETY: the caller's contract; `run_split` checked the shapes the job reads.
             unsafe {
-                run::<$k, $dot, $gg>(table, GgmlType::$ty, $block, w, row_bytes, rows, acts, out)
+                $crate::arch::neon_repack::run_split(
+                    table,
+                    ty,
+                    shape,
+                    w,
+                    row_bytes,
+                    rows,
+                    acts,
+                    out,
+                    |j, head| $job(j, w, acts, head),
+                )
             }
         }
     };
 }
-packed_fn!(q8_0x4_base, RowsTile<Mull>, false, 2, Q8_0, BLOCK_BYTES);
-packed_fn!(q8_0x4_dot, RowsTile<Sdot>, true, 2, Q8_0, BLOCK_BYTES);
-packed_fn!(q8_0x4s_dot, LaneTile, true, 4, Q8_0, BLOCK_BYTES);
+pub(super) use packed_fn;
+packed_fn!(
+    q8_0x4_base,
+    jobs::base::<RowsTile<Mull>, 2>,
+    Q8_0,
+    BLOCK_BYTES,
+    BLOCK_BYTES
+);
+packed_fn!(
+    q8_0x4_dot,
+    jobs::dot::<RowsTile<Sdot>, 2>,
+    Q8_0,
+    BLOCK_BYTES,
+    BLOCK_BYTES
+);
+packed_fn!(
+    q8_0x4s_dot,
+    jobs::dot::<LaneTile, 4>,
+    Q8_0,
+    BLOCK_BYTES,
+    BLOCK_BYTES
+);
+const Q5B: usize = q5_0::BLOCK_BYTES;
 packed_fn!(
     q5_0x4s_base,
-    Q5Tile<Mull>,
-    false,
-    2,
+    jobs::base::<Q5Tile<Mull>, 2>,
     Q5_0,
-    q5_0::BLOCK_BYTES
+    Q5B,
+    BLOCK_BYTES
 );
-packed_fn!(q5_0x4s_dot, Q5Tile<Sdot>, true, 2, Q5_0, q5_0::BLOCK_BYTES);
+packed_fn!(
+    q5_0x4s_dot,
+    jobs::dot::<Q5Tile<Sdot>, 2>,
+    Q5_0,
+    Q5B,
+    BLOCK_BYTES
+);
 
 /// `sdot` by element: `acc[i] += dot(w[4i..4i+4], a[4L..4L+4])`.
 #[target_feature(enable = "neon,dotprod")]
