@@ -20,6 +20,10 @@
 //!   bit-sliced over 16 bytes: byte `4r + j`, bit `k` is weight `4k + j` of row `r`, bit
 //!   `4 + k` weight `16 + 4k + j`, then the scales. A shift and a mask then give any chunk's fifth bits
 //!   (the plain layout needs a table lookup and a compare per 16 weights). NEON.
+//! - [`Layout::Q5_0x4d`] ([`BlockQ5_0x4d`]): Q5_0 for `sdot` by element, each weight
+//!   as `8 (q - 16)` in the top five bits of a byte (one mask away), the low three bits
+//!   of those bytes and a 16-byte word of bit pairs carrying the other sixteen weights
+//!   (three instructions per 16 weights); no `- 16` term. NEON with dotprod.
 //! - [`Layout::Q4Kx4`] ([`BlockQ4Kx4`]), [`Layout::Q6Kx4`] ([`BlockQ6Kx4`]): the same
 //!   chunks for the K-quants' quant bytes, the scales transposed so each sub-block's four
 //!   scales are one vector; their kernels sum each block exactly (see [`kquant`]). NEON.
@@ -65,6 +69,8 @@ pub enum Layout {
     Q1_0x16,
     /// Q4_K, groups of four rows, nibbles four bytes at a time ([`BlockQ4Kx4`]).
     Q4Kx4,
+    /// Q5_0, groups of four rows, weights as `8 (q - 16)` for `sdot` ([`BlockQ5_0x4d`]).
+    Q5_0x4d,
     /// Q6_K, groups of four rows, quant bytes four at a time ([`BlockQ6Kx4`]).
     Q6Kx4,
 }
@@ -81,6 +87,7 @@ impl Layout {
             Layout::Q1_0x16 => 5,
             Layout::Q4Kx4 => 6,
             Layout::Q6Kx4 => 7,
+            Layout::Q5_0x4d => 8,
         }
     }
     /// The layout of id `id`, if known.
@@ -93,6 +100,7 @@ impl Layout {
             5 => Some(Layout::Q1_0x16),
             6 => Some(Layout::Q4Kx4),
             7 => Some(Layout::Q6Kx4),
+            8 => Some(Layout::Q5_0x4d),
             _ => None,
         }
     }
@@ -114,6 +122,7 @@ impl Layout {
             Layout::Q1_0x16 => "q1_0x16",
             Layout::Q4Kx4 => "q4_kx4",
             Layout::Q6Kx4 => "q6_kx4",
+            Layout::Q5_0x4d => "q5_0x4d",
         }
     }
     /// The repacked layout pinch uses for weights of type `ty` on a CPU with `feat`, if
@@ -127,7 +136,7 @@ impl Layout {
         match self {
             Layout::Plain => None,
             Layout::Q8_0x4 | Layout::Q8_0x4s => Some(GgmlType::Q8_0),
-            Layout::Q5_0x4s => Some(GgmlType::Q5_0),
+            Layout::Q5_0x4s | Layout::Q5_0x4d => Some(GgmlType::Q5_0),
             Layout::Q1_0x16 => Some(GgmlType::Q1_0),
             Layout::Q4Kx4 => Some(GgmlType::Q4_K),
             Layout::Q6Kx4 => Some(GgmlType::Q6_K),
@@ -306,6 +315,62 @@ impl Group for BlockQ5_0x4s {
     }
 }
 
+/// One block of four Q5_0 rows for `sdot` by element, weights as `s = q - 16` (5-bit
+/// two's complement): `x[k][4r + j]` holds `8 s` of weight `4k + j` of row `r` in bits
+/// 3..8 and bits 0..3 of `s` of weight `16 + 4k + j` in bits 0..3; bits `2k`, `2k + 1`
+/// of `e[4r + j]` are bits 3, 4 of that second weight.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ5_0x4d {
+    /// Chunk `k`: weights `4k..4k+4` (and the low bits of `16 + 4k..`) of rows 0..4.
+    pub x: [[u8; 16]; 4],
+    /// The top bit pairs of weights `16..32`.
+    pub e: [u8; 16],
+    /// Scales (f16 little-endian) of rows 0..4.
+    pub d: [[u8; 2]; 4],
+}
+crate::pod_block!(BlockQ5_0x4d);
+static_assertions::const_assert_eq!(core::mem::size_of::<BlockQ5_0x4d>(), 4 * q5_0::BLOCK_BYTES);
+
+impl Group for BlockQ5_0x4d {
+    const ROWS: usize = 4;
+    type Plain = BlockQ5_0;
+    fn pack(rows: &[&BlockQ5_0]) -> Self {
+        // q - 16 in 5-bit two's complement.
+        let s: [[u8; QK]; 4] = core::array::from_fn(|r| rows[r].quants().map(|q| q as u8 & 0x1f));
+        BlockQ5_0x4d {
+            x: core::array::from_fn(|k| {
+                core::array::from_fn(|i| {
+                    let (r, j) = (i / 4, i % 4);
+                    s[r][4 * k + j] << 3 | (s[r][16 + 4 * k + j] & 7)
+                })
+            }),
+            e: core::array::from_fn(|i| {
+                let (r, j) = (i / 4, i % 4);
+                (0..4).fold(0u8, |acc, k| acc | (s[r][16 + 4 * k + j] >> 3) << (2 * k))
+            }),
+            d: core::array::from_fn(|r| rows[r].d),
+        }
+    }
+    fn unpack(&self, r: usize) -> BlockQ5_0 {
+        // Back to unsigned q = s + 16 (flip the sign bit of the 5-bit value).
+        let mut q = [0u8; QK];
+        for k in 0..4 {
+            for j in 0..4 {
+                let (x, e) = (self.x[k][4 * r + j], self.e[4 * r + j]);
+                q[4 * k + j] = (x >> 3) ^ 0x10;
+                q[16 + 4 * k + j] = ((x & 7) | ((e >> (2 * k)) & 3) << 3) ^ 0x10;
+            }
+        }
+        let h = (0..QK).fold(0u32, |h, i| h | ((q[i] >> 4) as u32) << i);
+        BlockQ5_0 {
+            d: self.d[r],
+            qh: h.to_le_bytes(),
+            qs: core::array::from_fn(|b| (q[b] & 0xf) | (q[16 + b] & 0xf) << 4),
+        }
+    }
+}
+
 /// Run `$body` with `$G` bound to the group-block type of `$layout` (not `Plain`).
 macro_rules! with_group {
     ($layout:expr, $G:ident => $body:expr, plain => $plain:expr) => {
@@ -333,6 +398,10 @@ macro_rules! with_group {
             }
             Layout::Q6Kx4 => {
                 type $G = BlockQ6Kx4;
+                $body
+            }
+            Layout::Q5_0x4d => {
+                type $G = BlockQ5_0x4d;
                 $body
             }
         }
@@ -721,6 +790,7 @@ mod tests {
             (Layout::Q8_0x4, GgmlType::Q8_0),
             (Layout::Q8_0x4s, GgmlType::Q8_0),
             (Layout::Q5_0x4s, GgmlType::Q5_0),
+            (Layout::Q5_0x4d, GgmlType::Q5_0),
         ] {
             for rows in [1usize, 3, 4, 5, 8, 9, 11] {
                 let nb = 3;

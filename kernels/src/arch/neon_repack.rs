@@ -30,7 +30,7 @@ use super::table::{KernelTable, PackedJob};
 use crate::blocks::{cast, Pod};
 use crate::quant::q5_0;
 use crate::quant::q8_0::{BlockQ8_0, BLOCK_BYTES};
-use crate::repack::{BlockQ5_0x4s, BlockQ8_0x4, BlockQ8_0x4s};
+use crate::repack::{BlockQ5_0x4d, BlockQ5_0x4s, BlockQ8_0x4, BlockQ8_0x4s};
 use crate::GgmlType;
 
 /// Tokens per tile.
@@ -151,6 +151,7 @@ packed_fn!(
     Q5B,
     BLOCK_BYTES
 );
+packed_fn!(q5_0x4d_dot, jobs::dot::<Q5DTile, 2>, Q5_0, Q5B, BLOCK_BYTES);
 
 /// `sdot` by element: `acc[i] += dot(w[4i..4i+4], a[4L..4L+4])`.
 #[target_feature(enable = "neon,dotprod")]
@@ -312,6 +313,60 @@ impl Tile for LaneTile {
     #[inline(always)]
     unsafe fn sums(q: &Self::W, a: &Self::A) -> int32x4_t {
         sdot_chunks(vdupq_n_s32(0), q, a)
+    }
+}
+
+/// Q5_0x4d: eight chunks of `8 s` (`s = q - 16`), a mask for the first four, a shift
+/// and an insert (`sli`) of the bit pairs for the others; eight `sdot` by element give
+/// `8 * sum(s a)`, exact, shifted back once per block and token.
+struct Q5DTile;
+
+/// `sli #6`: `src << 6 | dest & 0x3f` per byte (written out: LLVM would use two
+/// instructions).
+#[inline(always)]
+unsafe fn sli6(mut dest: uint8x16_t, src: uint8x16_t) -> uint8x16_t {
+    // SAFETY: baseline Advanced SIMD; reads and writes only the named registers.
+    core::arch::asm!("sli {d:v}.16b, {s:v}.16b, #6", d = inout(vreg) dest, s = in(vreg) src,
+        options(pure, nomem, nostack, preserves_flags));
+    dest
+}
+
+impl Tile for Q5DTile {
+    type G = BlockQ5_0x4d;
+    type W = [int8x16_t; 8];
+    type A = [int8x16_t; 2];
+    #[inline(always)]
+    unsafe fn weights(b: &BlockQ5_0x4d) -> Self::W {
+        let x: [uint8x16_t; 4] = core::array::from_fn(|k| load16(&b.x[k]));
+        let e = load16(&b.e);
+        let pairs = [
+            e,
+            vshrq_n_u8::<2>(e),
+            vshrq_n_u8::<4>(e),
+            vshrq_n_u8::<6>(e),
+        ];
+        let top = vdupq_n_u8(0xf8);
+        core::array::from_fn(|c| {
+            let k = c % 4;
+            vreinterpretq_s8_u8(if c < 4 {
+                vandq_u8(x[k], top)
+            } else {
+                sli6(vshlq_n_u8::<3>(x[k]), pairs[k])
+            })
+        })
+    }
+    #[inline(always)]
+    fn scales(b: &BlockQ5_0x4d) -> &[[u8; 2]; 4] {
+        &b.d
+    }
+    #[inline(always)]
+    unsafe fn act(y: &BlockQ8_0) -> Self::A {
+        act_q(y)
+    }
+    #[inline(always)]
+    unsafe fn sums(q: &Self::W, a: &Self::A) -> int32x4_t {
+        // Exact: |8 * sum| <= 8 * 32 * 16 * 128.
+        vshrq_n_s32::<3>(sdot_chunks(vdupq_n_s32(0), q, a))
     }
 }
 

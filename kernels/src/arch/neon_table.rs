@@ -142,6 +142,8 @@ pub(super) static NEON_DOT: KernelTable = KernelTable {
         // Preferred first: `sdot` by element needs no reduction.
         Kernels::packed(T::Q8_0, Layout::Q8_0x4s, rp::q8_0x4s_dot),
         Kernels::packed(T::Q8_0, Layout::Q8_0x4, rp::q8_0x4_dot),
+        // Preferred first: no fifth-bit merge, no `- 16` term.
+        Kernels::packed(T::Q5_0, Layout::Q5_0x4d, rp::q5_0x4d_dot),
         Kernels::packed(T::Q5_0, Layout::Q5_0x4s, rp::q5_0x4s_dot),
         Kernels::packed(T::Q4_K, Layout::Q4Kx4, kp::q4_kx4_dot),
         Kernels::packed(T::Q6_K, Layout::Q6Kx4, kp::q6_kx4_dot),
