@@ -600,22 +600,7 @@ pub fn dot_row_scalar(
 ) -> f32 {
     let n_rows = w.len() / row_bytes.max(1);
     if matches!(layout, Layout::Q4Kx4 | Layout::Q6Kx4) {
-        let whole = n_rows / 4 * 4;
-        let plain = &w[(r * row_bytes).min(w.len())..((r + 1) * row_bytes).min(w.len())];
-        return match layout {
-            Layout::Q4Kx4 if r >= whole => crate::quant::q4_k::vec_dot(plain, act),
-            Layout::Q6Kx4 if r >= whole => crate::quant::q6_k::vec_dot(plain, act),
-            Layout::Q4Kx4 => {
-                let nb = row_bytes / crate::quant::q4_k::BLOCK_BYTES;
-                let x = (0..nb).map(|b| row_block::<BlockQ4Kx4>(w, row_bytes, n_rows, r, b));
-                kquant::q4_k_dot(x, act)
-            }
-            _ => {
-                let nb = row_bytes / crate::quant::q6_k::BLOCK_BYTES;
-                let x = (0..nb).map(|b| row_block::<BlockQ6Kx4>(w, row_bytes, n_rows, r, b));
-                kquant::q6_k_dot(x, act)
-            }
-        };
+        return kquant::dot_row(layout, order, w, row_bytes, r, act);
     }
     if layout == Layout::Q1_0x16 {
         // Block by block through the plain reference: each block's `d_w * sumi` added

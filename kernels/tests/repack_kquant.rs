@@ -105,13 +105,16 @@ fn products_on_repacked_k_quants_equal_the_block_sum_reference_bits() {
                 let wr = repacked(layout, ty, &w, rb);
                 for n_tok in [1usize, 2, 3, 5] {
                     let a = acts(&mut rng, n_tok, cols);
-                    let want: Vec<f32> = (0..rows * n_tok)
-                        .map(|k| {
-                            let (r, t) = (k / n_tok, k % n_tok);
-                            let act = &a[t * arb..(t + 1) * arb];
-                            repack::dot_row_scalar(layout, Order::Lanes8, &wr, rb, r, act)
-                        })
-                        .collect();
+                    let want = |feat: &CpuFeatures| -> Vec<f32> {
+                        (0..rows * n_tok)
+                            .map(|k| {
+                                let (r, t) = (k / n_tok, k % n_tok);
+                                let act = &a[t * arb..(t + 1) * arb];
+                                let o = Order::of(feat);
+                                repack::dot_row_scalar(layout, o, &wr, rb, r, act)
+                            })
+                            .collect()
+                    };
                     let ranges = [
                         0..rows,
                         1.min(rows)..rows,
@@ -120,6 +123,7 @@ fn products_on_repacked_k_quants_equal_the_block_sum_reference_bits() {
                         rows..rows,
                     ];
                     for feat in feature_sets() {
+                        let want = want(&feat);
                         for range in ranges.clone() {
                             let mut out = vec![f32::NAN; range.len() * n_tok];
                             repack::matmul_rows(

@@ -274,22 +274,30 @@ unsafe fn widen_u8x8<const HIGH: bool>(v: uint8x16_t) -> [int32x4_t; 2] {
     ]
 }
 
-/// The four rows' minimum integers `sum_j mn[j] * (bsum[2j] + bsum[2j + 1])`, the pair
-/// sums `s` added in i16 (as [`crate::repack::kquant::q4_k_terms`]).
+/// The four rows' minimum integers `sum_g mn[g / 2] * bsum[g]` (`b`: the sixteen group
+/// sums), exact in i32 for any bytes (as `q4_k::terms`).
 #[inline(always)]
-unsafe fn q4_mins(w: &Q4W, s: int16x8_t) -> int32x4_t {
+unsafe fn q4_mins(w: &Q4W, b: [int16x8_t; 2]) -> int32x4_t {
     let m01 = vreinterpretq_s16_u16(widen8::<false>(w.mn[0]));
     let m23 = vreinterpretq_s16_u16(widen8::<true>(w.mn[0]));
     let m45 = vreinterpretq_s16_u16(widen8::<false>(w.mn[1]));
     let m67 = vreinterpretq_s16_u16(widen8::<true>(w.mn[1]));
-    let p = vmull_laneq_s16::<0>(vget_low_s16(m01), s);
-    let p = vmlal_high_laneq_s16::<1>(p, m01, s);
-    let p = vmlal_laneq_s16::<2>(p, vget_low_s16(m23), s);
-    let p = vmlal_high_laneq_s16::<3>(p, m23, s);
-    let p = vmlal_laneq_s16::<4>(p, vget_low_s16(m45), s);
-    let p = vmlal_high_laneq_s16::<5>(p, m45, s);
-    let p = vmlal_laneq_s16::<6>(p, vget_low_s16(m67), s);
-    vmlal_high_laneq_s16::<7>(p, m67, s)
+    let p = vmull_laneq_s16::<0>(vget_low_s16(m01), b[0]);
+    let p = vmlal_laneq_s16::<1>(p, vget_low_s16(m01), b[0]);
+    let p = vmlal_high_laneq_s16::<2>(p, m01, b[0]);
+    let p = vmlal_high_laneq_s16::<3>(p, m01, b[0]);
+    let p = vmlal_laneq_s16::<4>(p, vget_low_s16(m23), b[0]);
+    let p = vmlal_laneq_s16::<5>(p, vget_low_s16(m23), b[0]);
+    let p = vmlal_high_laneq_s16::<6>(p, m23, b[0]);
+    let p = vmlal_high_laneq_s16::<7>(p, m23, b[0]);
+    let p = vmlal_laneq_s16::<0>(p, vget_low_s16(m45), b[1]);
+    let p = vmlal_laneq_s16::<1>(p, vget_low_s16(m45), b[1]);
+    let p = vmlal_high_laneq_s16::<2>(p, m45, b[1]);
+    let p = vmlal_high_laneq_s16::<3>(p, m45, b[1]);
+    let p = vmlal_laneq_s16::<4>(p, vget_low_s16(m67), b[1]);
+    let p = vmlal_laneq_s16::<5>(p, vget_low_s16(m67), b[1]);
+    let p = vmlal_high_laneq_s16::<6>(p, m67, b[1]);
+    vmlal_high_laneq_s16::<7>(p, m67, b[1])
 }
 
 /// The activation's sixteen group sums as two i16 vectors.
@@ -347,10 +355,9 @@ impl KPack for Q4 {
         q4_part::<D, GG, TT, 3>(&g, &y, &ws, &mut isum);
         for t in 0..TT {
             let b = bsums(y[t]);
-            let s = vpaddq_s16(b[0], b[1]);
             let ys = y[t].scale();
             for i in 0..GG {
-                let m = q4_mins(&ws[i], s);
+                let m = q4_mins(&ws[i], b);
                 let (a0, a1) = acc[i][t];
                 acc[i][t] = (
                     vfmaq_f32(a0, vcvtq_f32_s32(isum[i][t]), vmulq_n_f32(ws[i].d, ys)),

@@ -26,20 +26,22 @@
 //!   sixteen signed scales transposed (vector `v`, byte `4j + r` = scale `4v + j` of row
 //!   `r`) and the four `d`.
 //!
-//! # Arithmetic ([`kquant_dot_blocksum`])
+//! # Arithmetic ([`q8_k::kquant_dot_blocksum`])
 //! The plain K-quant kernels compute llama.cpp's x86 eight-lane order
 //! ([`crate::quant::q8_k::kquant_dot`]); a four-row lane holds one row, not a lane of
 //! eight, so the repacked kernels sum each block *exactly* in one int32 (wrapping):
 //! `I = sum_g scale[g] * sum_{i in g} u[i] q8[i] - offset`, and per (row, token) keep two
 //! f32 accumulators, `acc = fma(d * d_a, I, acc)` and `accm = fma(dmin * d_a, M, accm)`
 //! (`M` the minimums' integer, Q4_K only), giving `acc - accm`: the same order as
-//! `q8_0::Order::BlockSum` for the block-32 formats. It differs from the eight-lane sum
-//! by float rounding only (a few ulp of the row's magnitude).
+//! `q8_0::Order::BlockSum` for the block-32 formats, and the one the plain aarch64 NEON
+//! K-quant kernels compute too (so repacking never changes a bit). It differs from the
+//! eight-lane sum by float rounding only (a few ulp of the row's magnitude).
 use crate::quant::q4_k::{self, BlockQ4K};
 use crate::quant::q6_k::{self, BlockQ6K};
-use crate::quant::q8_k::{self, BlockQ8K, KTerms};
+use crate::quant::q8_0::Order;
+use crate::quant::q8_k;
 
-use super::Group;
+use super::{row_block, Group, Layout};
 
 /// One block of four Q4_K rows for `sdot` by element.
 #[repr(C)]
@@ -171,56 +173,44 @@ fn q6_k_block(u: &[u8; 256], scales: [u8; 16], d: [u8; 2]) -> BlockQ6K {
     b
 }
 
-/// Scalar reference of the repacked K-quant kernels' arithmetic (see the module doc):
-/// per block the exact (wrapping) integer `I = sum_i scales[i / 16] u[i] q8[i] - offset`,
-/// `acc = fma(d, I, acc)`, `accm = fma(dmin, mins, accm)`; the result `acc - accm`.
-/// `blocks` yields what [`q8_k::kquant_dot`] takes.
-pub fn kquant_dot_blocksum<'a>(
-    blocks: impl Iterator<Item = (KTerms, [u8; q8_k::QK], &'a BlockQ8K)>,
+/// Scalar reference of row `r` of a tensor of `n_rows` rows in a K-quant layout (`w`:
+/// all of its rows) dotted with one Q8_K row: whole groups in the order of their kernels
+/// ([`q8_k::kquant_dot_blocksum`]), plain tail rows in `order` (the plain kernels').
+pub(super) fn dot_row(
+    layout: Layout,
+    order: Order,
+    w: &[u8],
+    row_bytes: usize,
+    r: usize,
+    act: &[u8],
 ) -> f32 {
-    let (mut acc, mut accm) = (0f32, 0f32);
-    for (t, u, y) in blocks {
-        let mut i = 0i32;
-        for (j, &uj) in u.iter().enumerate() {
-            let p = (uj as i32 * y.q(j)).wrapping_mul(t.scales[j / 16] as i32);
-            i = i.wrapping_add(p);
+    let n_rows = w.len() / row_bytes.max(1);
+    let o = if r < n_rows / 4 * 4 {
+        Order::BlockSum
+    } else {
+        order
+    };
+    let ys = q8_k::act_blocks(act);
+    match layout {
+        Layout::Q4Kx4 => {
+            let nb = row_bytes / q4_k::BLOCK_BYTES;
+            let x = (0..nb).map(|b| row_block::<BlockQ4Kx4>(w, row_bytes, n_rows, r, b));
+            q8_k::kquant_dot_in(
+                o,
+                x.zip(ys)
+                    .map(|(x, y)| (q4_k::terms(&x, y), x.quants().map(|q| q as u8), y)),
+            )
         }
-        i = i.wrapping_sub(t.offset);
-        acc = libm::fmaf(t.d, i as f32, acc);
-        accm = libm::fmaf(t.dmin, t.mins as f32, accm);
+        _ => {
+            let nb = row_bytes / q6_k::BLOCK_BYTES;
+            let x = (0..nb).map(|b| row_block::<BlockQ6Kx4>(w, row_bytes, n_rows, r, b));
+            q8_k::kquant_dot_in(
+                o,
+                x.zip(ys).map(|(x, y)| {
+                    let u = x.quants().map(|q| (q as i32 + 32) as u8);
+                    (q6_k::terms(&x, y), u, y)
+                }),
+            )
+        }
     }
-    acc - accm
-}
-
-/// [`q4_k::terms`] as the repacked kernels form the minimums: each sub-block's pair of
-/// group sums added in i16 (wrapping; exact for any real Q8_K block, whose group sums
-/// are at most 16 * 127 in magnitude), times the minimum, summed in i32.
-pub fn q4_k_terms(x: &BlockQ4K, y: &BlockQ8K) -> KTerms {
-    let mut t = q4_k::terms(x, y);
-    let (_, mn) = q4_k::scales_mins_k4(&x.scales);
-    t.mins = (0..8)
-        .map(|j| {
-            mn[j] as i32 * (y.bsum(2 * j) as i16).wrapping_add(y.bsum(2 * j + 1) as i16) as i32
-        })
-        .sum();
-    t
-}
-
-/// Scalar reference of one Q4_K row of a repacked group (`x`: its plain blocks).
-pub fn q4_k_dot(x: impl Iterator<Item = BlockQ4K>, act: &[u8]) -> f32 {
-    kquant_dot_blocksum(
-        x.zip(q8_k::act_blocks(act))
-            .map(|(x, y)| (q4_k_terms(&x, y), x.quants().map(|q| q as u8), y)),
-    )
-}
-
-/// Scalar reference of one Q6_K row of a repacked group (`x`: its plain blocks).
-pub fn q6_k_dot(x: impl Iterator<Item = BlockQ6K>, act: &[u8]) -> f32 {
-    kquant_dot_blocksum(x.zip(q8_k::act_blocks(act)).map(|(x, y)| {
-        (
-            q6_k::terms(&x, y),
-            x.quants().map(|q| (q as i32 + 32) as u8),
-            y,
-        )
-    }))
 }
