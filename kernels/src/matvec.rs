@@ -121,7 +121,8 @@ pub fn vec_dot_scalar(ty: GgmlType, w: &[u8], act: &[u8]) -> Result<f32, KernelE
 
 /// Scalar reference of the arithmetic the SIMD kernels for `feat` compute: what
 /// [`vec_dot`] returns bit for bit. The same as [`vec_dot_scalar`] except Q8_0/Q5_0 on
-/// NEON, which sum per block ([`q8_0::Order::BlockSum`]).
+/// NEON and the K-quants on aarch64 NEON, which sum per block ([`q8_0::Order::BlockSum`],
+/// [`crate::quant::q8_k::kquant_dot_blocksum`]).
 ///
 /// # Errors
 /// [`KernelError::Unsupported`] when pinch has no kernel for `ty`.
@@ -132,9 +133,16 @@ pub fn vec_dot_reference(
     act: &[u8],
 ) -> Result<f32, KernelError> {
     let order = q8_0::Order::of(feat);
+    let k = crate::quant::q8_k::order_of(feat);
+    use crate::quant::{q2_k, q3_k, q4_k, q5_k, q6_k};
     match ty {
         GgmlType::Q8_0 => Ok(q8_0::vec_dot_in(order, w, act)),
         GgmlType::Q5_0 => Ok(q5_0::vec_dot_in(order, w, act)),
+        GgmlType::Q2_K => Ok(q2_k::vec_dot_in(k, w, act)),
+        GgmlType::Q3_K => Ok(q3_k::vec_dot_in(k, w, act)),
+        GgmlType::Q4_K => Ok(q4_k::vec_dot_in(k, w, act)),
+        GgmlType::Q5_K => Ok(q5_k::vec_dot_in(k, w, act)),
+        GgmlType::Q6_K => Ok(q6_k::vec_dot_in(k, w, act)),
         _ => vec_dot_scalar(ty, w, act),
     }
 }

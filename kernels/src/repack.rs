@@ -20,6 +20,13 @@
 //!   bit-sliced over 16 bytes: byte `4r + j`, bit `k` is weight `4k + j` of row `r`, bit
 //!   `4 + k` weight `16 + 4k + j`, then the scales. A shift and a mask then give any chunk's fifth bits
 //!   (the plain layout needs a table lookup and a compare per 16 weights). NEON.
+//! - [`Layout::Q5_0x4d`] ([`BlockQ5_0x4d`]): Q5_0 for `sdot` by element, each weight
+//!   as `8 (q - 16)` in the top five bits of a byte (one mask away), the low three bits
+//!   of those bytes and a 16-byte word of bit pairs carrying the other sixteen weights
+//!   (three instructions per 16 weights); no `- 16` term. NEON with dotprod.
+//! - [`Layout::Q4Kx4`] ([`BlockQ4Kx4`]), [`Layout::Q6Kx4`] ([`BlockQ6Kx4`]): the same
+//!   chunks for the K-quants' quant bytes, the scales transposed so each sub-block's four
+//!   scales are one vector; their kernels sum each block exactly (see [`kquant`]). NEON.
 //!
 //! The group-blocks of group `g` (rows `4g..4g+4`) fill bytes `4g * row_bytes ..
 //! 4(g+1) * row_bytes`, exactly the bytes the four plain rows occupied, so a repacked
@@ -35,6 +42,9 @@
 //! whose kernels sum a block's integer lanes before the float steps: exact against their
 //! own scalar reference, [`dot_row_scalar`], and within float rounding of the plain one).
 use core::ops::Range;
+
+pub mod kquant;
+pub use kquant::{BlockQ4Kx4, BlockQ6Kx4};
 
 use crate::blocks::{cast, cast_mut, Pod};
 use crate::matvec::KernelError;
@@ -72,6 +82,12 @@ pub enum Layout {
     Q2_0x4,
     /// TQ1_0, groups of four rows, base-3 bytes four at a time per row ([`BlockTq1_0x4`]).
     Tq1_0x4,
+    /// Q4_K, groups of four rows, nibbles four bytes at a time ([`BlockQ4Kx4`]).
+    Q4Kx4,
+    /// Q5_0, groups of four rows, weights as `8 (q - 16)` for `sdot` ([`BlockQ5_0x4d`]).
+    Q5_0x4d,
+    /// Q6_K, groups of four rows, quant bytes four at a time ([`BlockQ6Kx4`]).
+    Q6Kx4,
 }
 
 impl Layout {
@@ -88,6 +104,9 @@ impl Layout {
             Layout::Tq2_0x4 => 11,
             Layout::Q2_0x4 => 12,
             Layout::Tq1_0x4 => 13,
+            Layout::Q4Kx4 => 6,
+            Layout::Q6Kx4 => 7,
+            Layout::Q5_0x4d => 8,
         }
     }
     /// The layout of id `id`, if known.
@@ -102,6 +121,9 @@ impl Layout {
             11 => Some(Layout::Tq2_0x4),
             12 => Some(Layout::Q2_0x4),
             13 => Some(Layout::Tq1_0x4),
+            6 => Some(Layout::Q4Kx4),
+            7 => Some(Layout::Q6Kx4),
+            8 => Some(Layout::Q5_0x4d),
             _ => None,
         }
     }
@@ -126,6 +148,9 @@ impl Layout {
             Layout::Tq2_0x4 => "tq2_0x4",
             Layout::Q2_0x4 => "q2_0x4",
             Layout::Tq1_0x4 => "tq1_0x4",
+            Layout::Q4Kx4 => "q4_kx4",
+            Layout::Q6Kx4 => "q6_kx4",
+            Layout::Q5_0x4d => "q5_0x4d",
         }
     }
     /// The repacked layout pinch uses for weights of type `ty` on a CPU with `feat`, if
@@ -139,12 +164,14 @@ impl Layout {
         match self {
             Layout::Plain => None,
             Layout::Q8_0x4 | Layout::Q8_0x4s => Some(GgmlType::Q8_0),
-            Layout::Q5_0x4s => Some(GgmlType::Q5_0),
+            Layout::Q5_0x4s | Layout::Q5_0x4d => Some(GgmlType::Q5_0),
             Layout::Q1_0x16 => Some(GgmlType::Q1_0),
             Layout::Q2Kx8 => Some(GgmlType::Q2_K),
             Layout::Tq2_0x4 => Some(GgmlType::TQ2_0),
             Layout::Q2_0x4 => Some(GgmlType::Q2_0),
             Layout::Tq1_0x4 => Some(GgmlType::TQ1_0),
+            Layout::Q4Kx4 => Some(GgmlType::Q4_K),
+            Layout::Q6Kx4 => Some(GgmlType::Q6_K),
         }
     }
     /// Whether products over this layout give the plain kernels' bits for the same CPU
@@ -326,6 +353,62 @@ impl Group for BlockQ5_0x4s {
     }
 }
 
+/// One block of four Q5_0 rows for `sdot` by element, weights as `s = q - 16` (5-bit
+/// two's complement): `x[k][4r + j]` holds `8 s` of weight `4k + j` of row `r` in bits
+/// 3..8 and bits 0..3 of `s` of weight `16 + 4k + j` in bits 0..3; bits `2k`, `2k + 1`
+/// of `e[4r + j]` are bits 3, 4 of that second weight.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ5_0x4d {
+    /// Chunk `k`: weights `4k..4k+4` (and the low bits of `16 + 4k..`) of rows 0..4.
+    pub x: [[u8; 16]; 4],
+    /// The top bit pairs of weights `16..32`.
+    pub e: [u8; 16],
+    /// Scales (f16 little-endian) of rows 0..4.
+    pub d: [[u8; 2]; 4],
+}
+crate::pod_block!(BlockQ5_0x4d);
+static_assertions::const_assert_eq!(core::mem::size_of::<BlockQ5_0x4d>(), 4 * q5_0::BLOCK_BYTES);
+
+impl Group for BlockQ5_0x4d {
+    const ROWS: usize = 4;
+    type Plain = BlockQ5_0;
+    fn pack(rows: &[&BlockQ5_0]) -> Self {
+        // q - 16 in 5-bit two's complement.
+        let s: [[u8; QK]; 4] = core::array::from_fn(|r| rows[r].quants().map(|q| q as u8 & 0x1f));
+        BlockQ5_0x4d {
+            x: core::array::from_fn(|k| {
+                core::array::from_fn(|i| {
+                    let (r, j) = (i / 4, i % 4);
+                    s[r][4 * k + j] << 3 | (s[r][16 + 4 * k + j] & 7)
+                })
+            }),
+            e: core::array::from_fn(|i| {
+                let (r, j) = (i / 4, i % 4);
+                (0..4).fold(0u8, |acc, k| acc | (s[r][16 + 4 * k + j] >> 3) << (2 * k))
+            }),
+            d: core::array::from_fn(|r| rows[r].d),
+        }
+    }
+    fn unpack(&self, r: usize) -> BlockQ5_0 {
+        // Back to unsigned q = s + 16 (flip the sign bit of the 5-bit value).
+        let mut q = [0u8; QK];
+        for k in 0..4 {
+            for j in 0..4 {
+                let (x, e) = (self.x[k][4 * r + j], self.e[4 * r + j]);
+                q[4 * k + j] = (x >> 3) ^ 0x10;
+                q[16 + 4 * k + j] = ((x & 7) | ((e >> (2 * k)) & 3) << 3) ^ 0x10;
+            }
+        }
+        let h = (0..QK).fold(0u32, |h, i| h | ((q[i] >> 4) as u32) << i);
+        BlockQ5_0 {
+            d: self.d[r],
+            qh: h.to_le_bytes(),
+            qs: core::array::from_fn(|b| (q[b] & 0xf) | (q[16 + b] & 0xf) << 4),
+        }
+    }
+}
+
 /// Run `$body` with `$G` bound to the group-block type of `$layout` (not `Plain`).
 macro_rules! with_group {
     ($layout:expr, $G:ident => $body:expr, plain => $plain:expr) => {
@@ -361,6 +444,18 @@ macro_rules! with_group {
             }
             Layout::Tq1_0x4 => {
                 type $G = BlockTq1_0x4;
+                $body
+            }
+            Layout::Q4Kx4 => {
+                type $G = BlockQ4Kx4;
+                $body
+            }
+            Layout::Q6Kx4 => {
+                type $G = BlockQ6Kx4;
+                $body
+            }
+            Layout::Q5_0x4d => {
+                type $G = BlockQ5_0x4d;
                 $body
             }
         }
@@ -546,7 +641,9 @@ pub fn dequantize_row(
 }
 
 /// Scalar reference: dot product of row `r` of a tensor in `layout` (`w`: all of its
-/// rows) with one Q8_0 activation row, in `order`.
+/// rows) with one activation row (Q8_0; Q8_K for the K-quant layouts, whose whole
+/// groups take [`kquant::kquant_dot_blocksum`]'s order and plain tail rows the plain
+/// kernels'), in `order`.
 pub fn dot_row_scalar(
     layout: Layout,
     order: Order,
@@ -556,6 +653,9 @@ pub fn dot_row_scalar(
     act: &[u8],
 ) -> f32 {
     let n_rows = w.len() / row_bytes.max(1);
+    if matches!(layout, Layout::Q4Kx4 | Layout::Q6Kx4) {
+        return kquant::dot_row(layout, order, w, row_bytes, r, act);
+    }
     if matches!(
         layout,
         Layout::Q1_0x16 | Layout::Tq2_0x4 | Layout::Q2_0x4 | Layout::Tq1_0x4
@@ -750,6 +850,7 @@ mod tests {
             (Layout::Q8_0x4, GgmlType::Q8_0),
             (Layout::Q8_0x4s, GgmlType::Q8_0),
             (Layout::Q5_0x4s, GgmlType::Q5_0),
+            (Layout::Q5_0x4d, GgmlType::Q5_0),
         ] {
             for rows in [1usize, 3, 4, 5, 8, 9, 11] {
                 let nb = 3;

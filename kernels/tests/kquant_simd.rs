@@ -5,7 +5,8 @@
 //! SIMD vs scalar: **exact** (`to_bits`). Every path computes the same exact integer
 //! lanes (eight per block, four consecutive weights of each 32-weight chunk), applies the
 //! block factor with one fused multiply-add per lane and reduces in the same tree
-//! ([`q8_k::kquant_dot`]), so x86 and ARM give the same bits as the scalar code.
+//! ([`q8_k::kquant_dot`]; aarch64 NEON one f32 fma per block, `kquant_dot_blocksum`),
+//! each bit for bit its scalar code (`vec_dot_reference`).
 //!
 //! Scalar vs an f64 dot product of the dequantized rows (dequantization is bit-exact
 //! with llama.cpp, see `kquant_dequant.rs`): each f32 operation errs by at most half an
@@ -178,6 +179,8 @@ fn check(ty: GgmlType, seed: u64, fill: Option<u8>) -> usize {
                 );
                 let fast = matvec::vec_dot(ty, &feat, &w, &act).unwrap();
                 note_ratio((fast as f64 - scalar as f64).abs(), tol);
+                // The scalar code of the kernels' order (aarch64 NEON: block sums).
+                let scalar = matvec::vec_dot_reference(ty, &feat, &w, &act).unwrap();
                 assert_eq!(
                     fast.to_bits(),
                     scalar.to_bits(),

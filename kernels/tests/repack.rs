@@ -1,4 +1,5 @@
-//! Products over repacked weights (`pinch_kernels::repack`: Q8_0x4, Q8_0x4s, Q5_0x4s)
+//! Products over repacked weights (`pinch_kernels::repack`: Q8_0x4, Q8_0x4s, Q5_0x4s,
+//! Q5_0x4d)
 //! against the plain scalar reference of the CPU's arithmetic (`vec_dot_reference`),
 //! **bit for bit** per (row, token), for every feature set the running CPU has (x86:
 //! AVX2, AVX-512 VNNI; aarch64: NEON, NEON+dotprod) and every layout (without a SIMD
@@ -32,10 +33,11 @@ fn weights_of(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> 
 }
 
 /// The repacked layouts and their weight types.
-const LAYOUTS: [(Layout, GgmlType); 3] = [
+const LAYOUTS: [(Layout, GgmlType); 4] = [
     (Layout::Q8_0x4, GgmlType::Q8_0),
     (Layout::Q8_0x4s, GgmlType::Q8_0),
     (Layout::Q5_0x4s, GgmlType::Q5_0),
+    (Layout::Q5_0x4d, GgmlType::Q5_0),
 ];
 
 fn repacked_as(layout: Layout, ty: GgmlType, w: &[u8], rb: usize) -> Vec<u8> {
@@ -95,7 +97,11 @@ fn preferred_layouts_have_simd_kernels_that_run() {
         );
         assert_eq!(
             Layout::preferred(GgmlType::Q5_0, &dot),
-            Some(Layout::Q5_0x4s)
+            Some(if dot.dotprod() {
+                Layout::Q5_0x4d
+            } else {
+                Layout::Q5_0x4s
+            })
         );
     }
 }

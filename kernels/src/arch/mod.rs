@@ -30,6 +30,8 @@ pub mod neon_attn;
 #[cfg(target_arch = "aarch64")]
 mod neon_iq2;
 #[cfg(target_arch = "aarch64")]
+mod neon_kq_pack;
+#[cfg(target_arch = "aarch64")]
 mod neon_kquant;
 #[cfg(target_arch = "aarch64")]
 mod neon_legacy;

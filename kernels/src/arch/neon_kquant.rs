@@ -115,9 +115,8 @@ unsafe fn shr(v: uint8x16_t, s: usize) -> uint8x16_t {
 
 #[inline(always)]
 unsafe fn dot_body<B: KBlock, D: Dot16>(w: &[B], a: &[BlockQ8K]) -> f32 {
-    // Lanes 0..4 (`lo`) and 4..8 (`hi`) of the AVX2 kernel's eight.
+    // The block sums' accumulator and the minimums' (lane 0 of each).
     let mut acc = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
-    let mut mins = 0f32;
     for (x, y) in w.iter().zip(a) {
         let t = x.terms(y);
         let u = x.unpack();
@@ -131,16 +130,13 @@ unsafe fn dot_body<B: KBlock, D: Dot16>(w: &[B], a: &[BlockQ8K]) -> f32 {
                 isum.1 = vmlaq_n_s32(isum.1, p, t.scales[g] as i32);
             }
         }
-        isum.0 = vsubq_s32(isum.0, vsetq_lane_s32::<0>(t.offset, vdupq_n_s32(0)));
-        acc.0 = vfmaq_n_f32(acc.0, vcvtq_f32_s32(isum.0), t.d);
-        acc.1 = vfmaq_n_f32(acc.1, vcvtq_f32_s32(isum.1), t.d);
-        mins += t.dmin * t.mins as f32;
+        // The block's exact integer (wrapping), then one fma per block
+        // (`q8_k::kquant_dot_blocksum`, the order of the repacked kernels too).
+        let i = vaddvq_s32(vaddq_s32(isum.0, isum.1)).wrapping_sub(t.offset);
+        acc.0 = vfmaq_n_f32(acc.0, vdupq_n_f32(i as f32), t.d);
+        acc.1 = vfmaq_n_f32(acc.1, vdupq_n_f32(t.mins as f32), t.dmin);
     }
-    // The AVX2 kernel's `hsum_f32`: v = lo + hi, then (v0 + v2) + (v1 + v3).
-    let v = vaddq_f32(acc.0, acc.1);
-    ((vgetq_lane_f32::<0>(v) + vgetq_lane_f32::<2>(v))
-        + (vgetq_lane_f32::<1>(v) + vgetq_lane_f32::<3>(v)))
-        - mins
+    vgetq_lane_f32::<0>(acc.0) - vgetq_lane_f32::<0>(acc.1)
 }
 
 pub(super) unsafe fn dot_neon<B: KBlock>(w: &[B], a: &[BlockQ8K]) -> f32 {

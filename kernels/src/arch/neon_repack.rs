@@ -30,39 +30,38 @@ use super::table::{KernelTable, PackedJob};
 use crate::blocks::{cast, Pod};
 use crate::quant::q5_0;
 use crate::quant::q8_0::{BlockQ8_0, BLOCK_BYTES};
-use crate::repack::{BlockQ5_0x4s, BlockQ8_0x4, BlockQ8_0x4s};
+use crate::repack::{BlockQ5_0x4d, BlockQ5_0x4s, BlockQ8_0x4, BlockQ8_0x4s};
 use crate::GgmlType;
 
 /// Tokens per tile.
 const T: usize = 2;
 
 /// Product over a repacked tensor (`w`: all of its rows) of plain type `ty` with `block`
-/// bytes per plain block for `rows`, with tile `K` over the whole groups, or `false`
-/// (nothing written) when the shapes do not fit. Rows past the last whole group are
-/// plain; they go to `table`'s plain kernel.
+/// bytes per plain block (each paired with `act_block` activation bytes) for `rows`:
+/// `job` computes the rows in whole groups of four, or `false` (nothing written) when
+/// the shapes do not fit. Rows past the last whole group are plain; they go to `table`'s
+/// plain kernel.
 ///
 /// # Safety
-/// The CPU has Advanced SIMD (and dotprod when `K` or `DOT` use `sdot`); `table` is a
-/// table for this CPU.
+/// `job` may rely on the checked [`Job`]: every group-block of its rows' groups lies
+/// inside `w`, every activation row inside `acts`, and the output it is given has one
+/// value per (row, token). `table` is a table for this CPU.
 #[allow(clippy::too_many_arguments)]
-unsafe fn run<K: Tile, const DOT: bool>(
+#[inline(always)]
+pub(super) unsafe fn run_split(
     table: &'static KernelTable,
     ty: GgmlType,
-    block: usize,
+    (block, act_block): (usize, usize),
     w: &[u8],
     row_bytes: usize,
     rows: Range<usize>,
     acts: &[u8],
     out: &mut [f32],
+    job: impl FnOnce(&Job, &mut [f32]),
 ) -> bool {
-    let Some(PackedJob { n_tok, arb, split }) = PackedJob::new(
-        w,
-        row_bytes,
-        &rows,
-        acts,
-        out.len(),
-        (block, BLOCK_BYTES, 4),
-    ) else {
+    let Some(PackedJob { n_tok, arb, split }) =
+        PackedJob::new(w, row_bytes, &rows, acts, out.len(), (block, act_block, 4))
+    else {
         return false;
     };
     let (head, tail) = out.split_at_mut((split - rows.start) * n_tok);
@@ -73,16 +72,7 @@ unsafe fn run<K: Tile, const DOT: bool>(
             arb,
             n_tok,
         };
-        // SAFETY: the checks above put every group-block of the groups of `j.rows` (all
-        // in whole groups) inside `w`, every activation row inside `acts`, and `head` has one
-        // value per (row, token); the caller guarantees the ISA.
-        unsafe {
-            if DOT {
-                jobs::dot::<K>(&j, w, acts, head)
-            } else {
-                jobs::base::<K>(&j, w, acts, head)
-            }
-        }
+        job(&j, head);
     }
     if split < rows.end {
         return table.rows(ty, w, row_bytes, split..rows.end, acts, arb, tail);
@@ -90,29 +80,78 @@ unsafe fn run<K: Tile, const DOT: bool>(
     true
 }
 
-/// A `PackedFn` for layout tile `$k` (`$dot`: compiled with dotprod).
+/// A `PackedFn` `$name` over [`run_split`]: `$job(job, w, acts, out)` (an entry point
+/// compiled for the table's ISA) computes the whole groups of plain type `$ty`
+/// (`$block` bytes per plain block, each paired with `$act` activation bytes).
 macro_rules! packed_fn {
-    ($name:ident, $k:ty, $dot:literal, $ty:ident, $block:expr) => {
+    ($name:ident, $job:expr, $ty:ident, $block:expr, $act:expr) => {
         /// # Safety
         /// The CPU has the ISA of the table that lists this function.
         pub(super) unsafe fn $name(
-            table: &'static KernelTable,
+            table: &'static $crate::arch::table::KernelTable,
             w: &[u8],
             row_bytes: usize,
-            rows: Range<usize>,
+            rows: core::ops::Range<usize>,
             acts: &[u8],
             out: &mut [f32],
         ) -> bool {
-            // SAFETY: the caller's contract.
-            unsafe { run::<$k, $dot>(table, GgmlType::$ty, $block, w, row_bytes, rows, acts, out) }
+            let shape = ($block, $act);
+            let ty = $crate::GgmlType::$ty;
+            // SAFETY: the caller's contract; `run_split` checked the shapes the job reads.
+            unsafe {
+                $crate::arch::neon_repack::run_split(
+                    table,
+                    ty,
+                    shape,
+                    w,
+                    row_bytes,
+                    rows,
+                    acts,
+                    out,
+                    |j, head| $job(j, w, acts, head),
+                )
+            }
         }
     };
 }
-packed_fn!(q8_0x4_base, RowsTile<Mull>, false, Q8_0, BLOCK_BYTES);
-packed_fn!(q8_0x4_dot, RowsTile<Sdot>, true, Q8_0, BLOCK_BYTES);
-packed_fn!(q8_0x4s_dot, LaneTile, true, Q8_0, BLOCK_BYTES);
-packed_fn!(q5_0x4s_base, Q5Tile<Mull>, false, Q5_0, q5_0::BLOCK_BYTES);
-packed_fn!(q5_0x4s_dot, Q5Tile<Sdot>, true, Q5_0, q5_0::BLOCK_BYTES);
+pub(super) use packed_fn;
+packed_fn!(
+    q8_0x4_base,
+    jobs::base::<RowsTile<Mull>, 2>,
+    Q8_0,
+    BLOCK_BYTES,
+    BLOCK_BYTES
+);
+packed_fn!(
+    q8_0x4_dot,
+    jobs::dot::<RowsTile<Sdot>, 2>,
+    Q8_0,
+    BLOCK_BYTES,
+    BLOCK_BYTES
+);
+packed_fn!(
+    q8_0x4s_dot,
+    jobs::dot::<LaneTile, 4>,
+    Q8_0,
+    BLOCK_BYTES,
+    BLOCK_BYTES
+);
+const Q5B: usize = q5_0::BLOCK_BYTES;
+packed_fn!(
+    q5_0x4s_base,
+    jobs::base::<Q5Tile<Mull>, 2>,
+    Q5_0,
+    Q5B,
+    BLOCK_BYTES
+);
+packed_fn!(
+    q5_0x4s_dot,
+    jobs::dot::<Q5Tile<Sdot>, 2>,
+    Q5_0,
+    Q5B,
+    BLOCK_BYTES
+);
+packed_fn!(q5_0x4d_dot, jobs::dot::<Q5DTile, 2>, Q5_0, Q5B, BLOCK_BYTES);
 
 /// `sdot` by element: `acc[i] += dot(w[4i..4i+4], a[4L..4L+4])`.
 #[target_feature(enable = "neon,dotprod")]
@@ -150,11 +189,13 @@ unsafe fn sdot_chunks(acc: int32x4_t, q: &[int8x16_t; 8], a: &[int8x16_t; 2]) ->
 }
 
 /// The shape of one call's work on whole groups.
-struct Job {
-    rb: usize,
-    rows: Range<usize>,
-    arb: usize,
-    n_tok: usize,
+pub(super) struct Job {
+    /// Bytes per plain row.
+    pub(super) rb: usize,
+    pub(super) rows: Range<usize>,
+    /// Bytes per activation row.
+    pub(super) arb: usize,
+    pub(super) n_tok: usize,
 }
 
 /// One repacked layout's products, split into what depends on the weights only
@@ -272,6 +313,60 @@ impl Tile for LaneTile {
     #[inline(always)]
     unsafe fn sums(q: &Self::W, a: &Self::A) -> int32x4_t {
         sdot_chunks(vdupq_n_s32(0), q, a)
+    }
+}
+
+/// Q5_0x4d: eight chunks of `8 s` (`s = q - 16`), a mask for the first four, a shift
+/// and an insert (`sli`) of the bit pairs for the others; eight `sdot` by element give
+/// `8 * sum(s a)`, exact, shifted back once per block and token.
+struct Q5DTile;
+
+/// `sli #6`: `src << 6 | dest & 0x3f` per byte (written out: LLVM would use two
+/// instructions).
+#[inline(always)]
+unsafe fn sli6(mut dest: uint8x16_t, src: uint8x16_t) -> uint8x16_t {
+    // SAFETY: baseline Advanced SIMD; reads and writes only the named registers.
+    core::arch::asm!("sli {d:v}.16b, {s:v}.16b, #6", d = inout(vreg) dest, s = in(vreg) src,
+        options(pure, nomem, nostack, preserves_flags));
+    dest
+}
+
+impl Tile for Q5DTile {
+    type G = BlockQ5_0x4d;
+    type W = [int8x16_t; 8];
+    type A = [int8x16_t; 2];
+    #[inline(always)]
+    unsafe fn weights(b: &BlockQ5_0x4d) -> Self::W {
+        let x: [uint8x16_t; 4] = core::array::from_fn(|k| load16(&b.x[k]));
+        let e = load16(&b.e);
+        let pairs = [
+            e,
+            vshrq_n_u8::<2>(e),
+            vshrq_n_u8::<4>(e),
+            vshrq_n_u8::<6>(e),
+        ];
+        let top = vdupq_n_u8(0xf8);
+        core::array::from_fn(|c| {
+            let k = c % 4;
+            vreinterpretq_s8_u8(if c < 4 {
+                vandq_u8(x[k], top)
+            } else {
+                sli6(vshlq_n_u8::<3>(x[k]), pairs[k])
+            })
+        })
+    }
+    #[inline(always)]
+    fn scales(b: &BlockQ5_0x4d) -> &[[u8; 2]; 4] {
+        &b.d
+    }
+    #[inline(always)]
+    unsafe fn act(y: &BlockQ8_0) -> Self::A {
+        act_q(y)
+    }
+    #[inline(always)]
+    unsafe fn sums(q: &Self::W, a: &Self::A) -> int32x4_t {
+        // Exact: |8 * sum| <= 8 * 32 * 16 * 128.
+        vshrq_n_s32::<3>(sdot_chunks(vdupq_n_s32(0), q, a))
     }
 }
 
@@ -393,61 +488,86 @@ impl Q5Sums for Mull {
     }
 }
 
-/// Rows `job.rows` (inside whole groups present in `w`) of a repacked tensor: pairs of
-/// groups (the activation work shared by eight rows) x tiles of tokens.
+/// Rows `job.rows` (inside whole groups present in `w`, group-blocks of type `G`) of a
+/// repacked tensor: `GG` groups at a time (the activation work shared by their rows) x
+/// tiles of `TT` tokens (`tile(groups, t)`), the last tokens one by one (`tile1`). At the
+/// end of the range the last group stands in for the missing ones (computed again, not
+/// written): one tile shape fewer in the binary for a few groups' work per call.
 #[inline(always)]
-unsafe fn body<K: Tile>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) {
+pub(super) unsafe fn walk<G: Pod, const GG: usize, const TT: usize>(
+    job: &Job,
+    w: &[u8],
+    out: &mut [f32],
+    mut tile: impl FnMut([*const G; GG], usize) -> [[[f32; TT]; 4]; GG],
+    mut tile1: impl FnMut([*const G; GG], usize) -> [[[f32; 1]; 4]; GG],
+) {
     let (rb, n_tok) = (job.rb, job.n_tok);
-    let nb = 4 * rb / core::mem::size_of::<K::G>();
-    let act = |t: usize| acts.as_ptr().add(t * job.arb) as *const BlockQ8_0;
+    let nb = 4 * rb / core::mem::size_of::<G>();
     let rows = &job.rows;
-    let mut put = |g: usize, r: usize, t: usize, v: f32| {
+    let put = |out: &mut [f32], g: usize, r: usize, t: usize, v: f32| {
         let r = 4 * g + r;
         if rows.contains(&r) {
             out[(r - rows.start) * n_tok + t] = v;
         }
     };
-    let group = |g: usize| -> Option<*const K::G> {
-        let gw = cast::<K::G>(w.get(g * 4 * rb..(g + 1) * 4 * rb)?)?;
+    let group = |g: usize| -> Option<*const G> {
+        let gw = cast::<G>(w.get(g * 4 * rb..(g + 1) * 4 * rb)?)?;
         (gw.len() == nb).then_some(gw.as_ptr())
     };
-    macro_rules! run {
-        ($g:expr, $pair:expr, $ptrs:expr) => {{
-            let groups = if $pair { 2 } else { 1 };
-            let mut t = 0;
-            while t + T <= n_tok {
-                let res = tile::<K, 2, T>($ptrs, core::array::from_fn(|j| act(t + j)), nb);
-                for (i, gr) in res.iter().take(groups).enumerate() {
-                    for (r, rr) in gr.iter().enumerate() {
-                        for (j, v) in rr.iter().enumerate() {
-                            put($g + i, r, t + j, *v);
-                        }
-                    }
-                }
-                t += T;
-            }
-            while t < n_tok {
-                let res = tile::<K, 2, 1>($ptrs, [act(t)], nb);
-                for (i, gr) in res.iter().take(groups).enumerate() {
-                    for (r, rr) in gr.iter().enumerate() {
-                        put($g + i, r, t, rr[0]);
-                    }
-                }
-                t += 1;
-            }
-        }};
-    }
-    // An odd last group is computed twice (its second result is not written): one tile
-    // shape fewer in the binary for one group's work per call.
     let (mut g, end) = (rows.start / 4, rows.end.div_ceil(4));
     while g < end {
-        let (Some(p0), Some(p1)) = (group(g), group((g + 1).min(end - 1))) else {
-            return;
-        };
-        let pair = g + 1 < end;
-        run!(g, pair, [p0, p1]);
-        g += 2;
+        let mut ptrs = [core::ptr::null::<G>(); GG];
+        for (i, p) in ptrs.iter_mut().enumerate() {
+            let Some(q) = group((g + i).min(end - 1)) else {
+                return;
+            };
+            *p = q;
+        }
+        let groups = (end - g).min(GG);
+        let mut t = 0;
+        while t + TT <= n_tok {
+            let res = tile(ptrs, t);
+            for (i, gr) in res.iter().take(groups).enumerate() {
+                for (r, rr) in gr.iter().enumerate() {
+                    for (j, v) in rr.iter().enumerate() {
+                        put(out, g + i, r, t + j, *v);
+                    }
+                }
+            }
+            t += TT;
+        }
+        while t < n_tok {
+            let res = tile1(ptrs, t);
+            for (i, gr) in res.iter().take(groups).enumerate() {
+                let r0 = 4 * (g + i);
+                if n_tok == 1 && r0 >= rows.start && r0 + 4 <= rows.end {
+                    // One token, a whole group: its four rows are adjacent in `out`.
+                    let o = r0 - rows.start;
+                    out[o..o + 4].copy_from_slice(&gr.map(|rr| rr[0]));
+                    continue;
+                }
+                for (r, rr) in gr.iter().enumerate() {
+                    put(out, g + i, r, t, rr[0]);
+                }
+            }
+            t += 1;
+        }
+        g += GG;
     }
+}
+
+/// Rows `job.rows` of a repacked tensor with tile `K`, `GG` groups at a time.
+#[inline(always)]
+unsafe fn body<K: Tile, const GG: usize>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) {
+    let nb = 4 * job.rb / core::mem::size_of::<K::G>();
+    let act = |t: usize| acts.as_ptr().add(t * job.arb) as *const BlockQ8_0;
+    walk::<K::G, GG, T>(
+        job,
+        w,
+        out,
+        |g, t| tile::<K, GG, T>(g, core::array::from_fn(|j| act(t + j)), nb),
+        |g, t| tile::<K, GG, 1>(g, [act(t)], nb),
+    )
 }
 
 /// Entry points, one per feature set (so that `sdot` is only compiled into the dotprod
@@ -456,12 +576,22 @@ mod jobs {
     use super::*;
 
     #[target_feature(enable = "neon")]
-    pub(super) unsafe fn base<K: Tile>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) {
-        body::<K>(job, w, acts, out)
+    pub(super) unsafe fn base<K: Tile, const GG: usize>(
+        job: &Job,
+        w: &[u8],
+        acts: &[u8],
+        out: &mut [f32],
+    ) {
+        body::<K, GG>(job, w, acts, out)
     }
 
     #[target_feature(enable = "neon,dotprod")]
-    pub(super) unsafe fn dot<K: Tile>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) {
-        body::<K>(job, w, acts, out)
+    pub(super) unsafe fn dot<K: Tile, const GG: usize>(
+        job: &Job,
+        w: &[u8],
+        acts: &[u8],
+        out: &mut [f32],
+    ) {
+        body::<K, GG>(job, w, acts, out)
     }
 }

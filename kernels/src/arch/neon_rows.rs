@@ -81,15 +81,6 @@ impl Dot for Sdot {
     }
 }
 
-/// Eight f32 lanes (lanes 0..4, 4..8) reduced by the x86 tree of
-/// [`crate::quant::q8_0::hsum8`]: `v = lo + hi`, then `(v0 + v2) + (v1 + v3)`.
-#[inline(always)]
-unsafe fn hsum8(lo: float32x4_t, hi: float32x4_t) -> f32 {
-    let v = vaddq_f32(lo, hi);
-    (vgetq_lane_f32::<0>(v) + vgetq_lane_f32::<2>(v))
-        + (vgetq_lane_f32::<1>(v) + vgetq_lane_f32::<3>(v))
-}
-
 /// The totals of four rows' block sums, row `r` in lane `r` (three `addp`).
 #[inline(always)]
 pub(super) unsafe fn rows4(s: [int32x4_t; 4]) -> int32x4_t {
@@ -481,7 +472,6 @@ unsafe fn kquant_tile<B: KRow, D: Dot, const TT: usize>(
 ) -> [f32; TT] {
     let zero = vdupq_n_f32(0.0);
     let mut acc = [(zero, zero); TT];
-    let mut mins = [0f32; TT];
     for k in 0..nb {
         // SAFETY: k < nb <= w.len() and <= a[t].len().
         let x = w.get_unchecked(k);
@@ -509,13 +499,13 @@ unsafe fn kquant_tile<B: KRow, D: Dot, const TT: usize>(
                 )*};
             }
             group!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
-            isum.0 = vsubq_s32(isum.0, vsetq_lane_s32::<0>(offset, vdupq_n_s32(0)));
-            acc[t].0 = vfmaq_n_f32(acc[t].0, vcvtq_f32_s32(isum.0), d);
-            acc[t].1 = vfmaq_n_f32(acc[t].1, vcvtq_f32_s32(isum.1), d);
-            mins[t] += dmin * mins_i as f32;
+            // Block sum order (`q8_k::kquant_dot_blocksum`), as the repacked kernels.
+            let i = vaddvq_s32(vaddq_s32(isum.0, isum.1)).wrapping_sub(offset);
+            acc[t].0 = vfmaq_n_f32(acc[t].0, vdupq_n_f32(i as f32), d);
+            acc[t].1 = vfmaq_n_f32(acc[t].1, vdupq_n_f32(mins_i as f32), dmin);
         }
     }
-    core::array::from_fn(|t| hsum8(acc[t].0, acc[t].1) - mins[t])
+    core::array::from_fn(|t| vgetq_lane_f32::<0>(acc[t].0) - vgetq_lane_f32::<0>(acc[t].1))
 }
 
 /// The tiled loop over a [`Job`] for one K-quant format.

@@ -12,6 +12,7 @@
 #![allow(unsafe_code)]
 
 use super::neon_iq2 as iq2;
+use super::neon_kq_pack as kp;
 use super::neon_legacy::{self as lg, base, dot};
 use super::neon_min as mn;
 use super::neon_q1_lut::Neon as Q1Lut;
@@ -136,6 +137,8 @@ pub(super) static NEON: KernelTable = KernelTable {
         Kernels::packed(T::TQ2_0, Layout::Tq2_0x4, tern::tq2_0x4_base),
         Kernels::packed(T::Q2_0, Layout::Q2_0x4, tern::q2_0x4_base),
         Kernels::packed(T::TQ1_0, Layout::Tq1_0x4, tern::tq1_0x4_base),
+        Kernels::packed(T::Q4_K, Layout::Q4Kx4, kp::q4_kx4_base),
+        Kernels::packed(T::Q6_K, Layout::Q6Kx4, kp::q6_kx4_base),
     ],
 };
 
@@ -162,7 +165,11 @@ pub(super) static NEON_DOT: KernelTable = KernelTable {
         // Preferred first: `sdot` by element needs no reduction.
         Kernels::packed(T::Q8_0, Layout::Q8_0x4s, rp::q8_0x4s_dot),
         Kernels::packed(T::Q8_0, Layout::Q8_0x4, rp::q8_0x4_dot),
+        // Preferred first: no fifth-bit merge, no `- 16` term.
+        Kernels::packed(T::Q5_0, Layout::Q5_0x4d, rp::q5_0x4d_dot),
         Kernels::packed(T::Q5_0, Layout::Q5_0x4s, rp::q5_0x4s_dot),
+        Kernels::packed(T::Q4_K, Layout::Q4Kx4, kp::q4_kx4_dot),
+        Kernels::packed(T::Q6_K, Layout::Q6Kx4, kp::q6_kx4_dot),
         // The lookup-table kernel needs no `sdot` (and counts fewer instructions).
         Kernels::packed(T::Q1_0, Layout::Q1_0x16, q1_lut::matmul::<Q1Lut>),
         Kernels::packed(T::Q2_K, Layout::Q2Kx8, q2k_pack::dot),

@@ -80,7 +80,13 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 /// Scalar reference dot product of one weight row with one Q8_K activation row, in the
 /// arithmetic every pinch K-quant path shares ([`q8_k::kquant_dot`]).
 pub fn vec_dot(w: &[u8], act: &[u8]) -> f32 {
-    q8_k::kquant_dot(
+    vec_dot_in(crate::quant::q8_0::Order::Lanes8, w, act)
+}
+
+/// [`vec_dot`] in `order` ([`q8_k::kquant_dot_in`]).
+pub fn vec_dot_in(order: crate::quant::q8_0::Order, w: &[u8], act: &[u8]) -> f32 {
+    q8_k::kquant_dot_in(
+        order,
         blocks(w)
             .iter()
             .zip(q8_k::act_blocks(act))

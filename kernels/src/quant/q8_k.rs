@@ -181,6 +181,50 @@ pub fn kquant_dot<'a>(blocks: impl Iterator<Item = (KTerms, [u8; QK], &'a BlockQ
     crate::quant::q8_0::hsum8(acc) - mins
 }
 
+/// The K-quant order of the aarch64 NEON kernels (plain and repacked): per block the
+/// exact (wrapping) integer `I = sum_i scales[i / 16] u[i] q8[i] - offset`, then
+/// `acc = fma(d, I, acc)` and `accm = fma(dmin, mins, accm)`, the result `acc - accm`.
+/// The four-row lanes of the repacked layouts hold one row each, not one of
+/// [`kquant_dot`]'s eight lanes; the sums differ from that order by float rounding only.
+/// `blocks` yields what [`kquant_dot`] takes.
+pub fn kquant_dot_blocksum<'a>(
+    blocks: impl Iterator<Item = (KTerms, [u8; QK], &'a BlockQ8K)>,
+) -> f32 {
+    let (mut acc, mut accm) = (0f32, 0f32);
+    for (t, u, y) in blocks {
+        let mut i = 0i32;
+        for (j, &uj) in u.iter().enumerate() {
+            let p = (uj as i32 * y.q(j)).wrapping_mul(t.scales[j / 16] as i32);
+            i = i.wrapping_add(p);
+        }
+        i = i.wrapping_sub(t.offset);
+        acc = libm::fmaf(t.d, i as f32, acc);
+        accm = libm::fmaf(t.dmin, t.mins as f32, accm);
+    }
+    acc - accm
+}
+
+/// [`kquant_dot`] (`Order::Lanes8`) or [`kquant_dot_blocksum`] (`Order::BlockSum`).
+pub fn kquant_dot_in<'a>(
+    order: crate::quant::q8_0::Order,
+    blocks: impl Iterator<Item = (KTerms, [u8; QK], &'a BlockQ8K)>,
+) -> f32 {
+    match order {
+        crate::quant::q8_0::Order::Lanes8 => kquant_dot(blocks),
+        crate::quant::q8_0::Order::BlockSum => kquant_dot_blocksum(blocks),
+    }
+}
+
+/// The K-quant order the fastest kernels for `feat` compute: `BlockSum` on aarch64 NEON,
+/// llama.cpp's x86 eight lanes elsewhere (x86, the scalar path, armv7 NEON).
+pub fn order_of(feat: &crate::CpuFeatures) -> crate::quant::q8_0::Order {
+    if cfg!(target_arch = "aarch64") && feat.neon() {
+        crate::quant::q8_0::Order::BlockSum
+    } else {
+        crate::quant::q8_0::Order::Lanes8
+    }
+}
+
 /// What one K-quant super-block contributes to a dot product apart from its quants, in
 /// the form every SIMD kernel uses: with `u` the block's quants as *unsigned* bytes
 /// (0..64; Q3_K and Q6_K shifted up by 4 and 32),
