@@ -38,17 +38,32 @@ const PENDING_ARCHS: &[&str] = &[];
 /// activations and their dot products became llama.cpp's x86 arithmetic).
 const FAST_INEXACT: &[GgmlType] = &[GgmlType::F16];
 
-/// (seed, quant) runs known to fail, each a bug named in the report: shown as KNOWN
-/// FAIL in the table; one that passes fails the test, so the entry gets removed.
-/// Seed 0 Q4_K_M (llama e256 L2 h2/1x128 ff576; Q4_K, Q5_0 ffn_down of 576, Q6_K
-/// embedding): the fast path differs beyond 1e-4 at 14 of 26 positions, batched and one
-/// token at a time (max 0.11, within the bound, no top-1 flip).
-/// Seed 6 F16 (qwen35 e384, every F16 row a multiple of 64): 25 of 25 positions beyond
-/// 1e-4 one token at a time (max 5.8e-3): the F16 dot product's summation order is not
-/// llama.cpp's for these rows either. Seed 7 IQ4_NL (lfm2 e512): 28 of 29 positions
-/// (max 0.12, within the bound, no top-1 flip): IQ4_NL's fast path does not sum as
-/// llama.cpp's does.
-const KNOWN_FAILURES: &[(&str, &str)] = &[("0", "Q4_K_M"), ("6", "F16"), ("7", "IQ4_NL")];
+/// (seed, quant) runs known to differ beyond 1e-4 at more than a few positions while
+/// staying inside the quantization bound with no top-1 flip: shown as KNOWN FAIL in the
+/// table. An entry excuses only that rule (a run beyond the bound or with a flipped top-1
+/// still fails), and one that passes fails the test, so the entry gets removed. Taken
+/// from a fresh generation (numpy 2.4.6 from the oracle's cache, llama-cpp-python 0.3.36;
+/// the seeds' shapes differ from the earlier cache the first list was made from):
+/// - 3 Q5_0 / Q6_K (gemma3 e256 L3, ffn 448: Q5_0 / Q8_0 fallbacks), batched only: 5 and 9
+///   of 32 positions, max 0.11 / 0.17; llama.cpp's own batched and one-token logits of
+///   these files differ by the same 0.11 / 0.17 (its batched path sums otherwise), and
+///   pinch one token at a time matches llama.cpp's within 3e-6.
+/// - 15 Q5_K_M (lfm2 e256), batched only: 19 of 26, max 0.14; one token at a time 2.9e-6.
+/// - 6 F16 (qwen35 e512) and 19 F16 (gemma3 e256, rows a multiple of 64): up to all
+///   positions, max 6e-3: the F16 dot product's summation order is not llama.cpp's.
+/// - 17 Q5_1 (qwen2 e256 h8/1x32): 7 of 25, max 0.35 (bound 0.46), batched and one token.
+/// - 18 Q4_K_M (qwen3 e448: Q5_0 fallbacks for rows of 448): 19 of 30, max 0.11.
+/// - 23 Q2_K (lfm2 e256 L4): 10 of 31, max 0.16 (bound 0.85).
+const KNOWN_FAILURES: &[(&str, &str)] = &[
+    ("3", "Q5_0"),
+    ("3", "Q6_K"),
+    ("6", "F16"),
+    ("15", "Q5_K_M"),
+    ("17", "Q5_1"),
+    ("18", "Q4_K_M"),
+    ("19", "F16"),
+    ("23", "Q2_K"),
+];
 
 /// The [`FAST_INEXACT`] types among the file's tensors (F16 only with a row length
 /// that is not a multiple of 64).
@@ -222,6 +237,8 @@ fn random_shapes_match_llama_cpp() {
             let chaotic = qvd > 1.0 && !inexact.is_empty();
             let mut why = Vec::new();
             let mut spread = Vec::new();
+            // beyond the bound or a flipped top-1: never excused by KNOWN_FAILURES
+            let mut hard_any = false;
             for (math, batch, kind) in [
                 (Math::Reference, tokens.len(), "batched"),
                 (Math::Reference, 1, "seq"),
@@ -259,6 +276,7 @@ fn random_shapes_match_llama_cpp() {
                 if !exact && !few {
                     spread.push(format!("{kind} {}/{}", c.over, tokens.len()));
                 }
+                hard_any |= hard;
                 if hard || (!exact && !few && inexact.is_empty() && !fresh) {
                     why.push(format!(
                         "{math:?} {kind}: max diff {:.3e} (tolerance {:.1e}), {} positions > 1e-4, {} top-1 flips",
@@ -269,7 +287,7 @@ fn random_shapes_match_llama_cpp() {
                     ));
                 }
             }
-            let known = KNOWN_FAILURES.contains(&(seed.as_str(), q.as_str()));
+            let known = KNOWN_FAILURES.contains(&(seed.as_str(), q.as_str())) && !hard_any;
             let note = match (spread.is_empty(), inexact.is_empty()) {
                 (true, _) => String::new(),
                 (false, false) => format!(" (inexact {inexact:?}: {})", spread.join(", ")),
