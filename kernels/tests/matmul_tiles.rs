@@ -6,7 +6,7 @@
 //! the extremes (quants -128 and 127, bsums that do not match the quants).
 mod common;
 use common::{feature_sets, Rng};
-use pinch_kernels::matvec::{matmul_rows, quantize_activation, vec_dot_reference};
+use pinch_kernels::matvec::{matmul_rows, vec_dot_reference};
 use pinch_kernels::GgmlType;
 
 /// Random blocks with plausible f16 scales where each format keeps them.
@@ -38,14 +38,8 @@ fn weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
 /// Activations as the engine makes them (`quantize_activation` of f32 rows).
 fn acts(rng: &mut Rng, ty: GgmlType, n_tok: usize, cols: usize) -> (Vec<u8>, usize) {
     let fmt = ty.act_format().unwrap();
-    let arb = fmt.row_bytes(cols).unwrap();
-    let mut a = vec![0u8; arb * n_tok];
-    for t in 0..n_tok {
-        let scale = [0.1f32, 1.0, 30.0][t % 3];
-        let x: Vec<f32> = (0..cols).map(|_| rng.f32() * scale).collect();
-        quantize_activation(fmt, &x, &mut a[t * arb..(t + 1) * arb]).unwrap();
-    }
-    (a, arb)
+    let a = common::random_acts(rng, fmt, n_tok, cols, &[0.1, 1.0, 30.0]);
+    (a, fmt.row_bytes(cols).unwrap())
 }
 
 fn check(ty: GgmlType, w: &[u8], rows: usize, a: &[u8], arb: usize, what: &str) {

@@ -48,14 +48,8 @@ fn weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
 
 fn acts(rng: &mut Rng, ty: GgmlType, n_tok: usize, cols: usize) -> (Vec<u8>, usize) {
     let fmt = ty.act_format().unwrap();
-    let arb = fmt.row_bytes(cols).unwrap();
-    let mut a = vec![0u8; arb * n_tok];
-    for t in 0..n_tok {
-        let scale = [0.1f32, 1.0, 30.0][t % 3];
-        let x: Vec<f32> = (0..cols).map(|_| rng.f32() * scale).collect();
-        quantize_activation(fmt, &x, &mut a[t * arb..(t + 1) * arb]).unwrap();
-    }
-    (a, arb)
+    let a = common::random_acts(rng, fmt, n_tok, cols, &[0.1, 1.0, 30.0]);
+    (a, fmt.row_bytes(cols).unwrap())
 }
 
 /// Every (row, token) of `matmul_rows` (and `matvec_rows` per token) equals the scalar

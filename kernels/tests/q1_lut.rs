@@ -27,20 +27,11 @@ fn weights(rng: &mut Rng, rows: usize, cols: usize) -> Vec<u8> {
 }
 
 fn acts(rng: &mut Rng, n_tok: usize, cols: usize, scale: f32) -> Vec<u8> {
-    let arb = cols / 32 * 34;
-    let mut a = vec![0u8; n_tok * arb];
-    for t in 0..n_tok {
-        let x: Vec<f32> = (0..cols).map(|_| rng.f32() * scale).collect();
-        quantize_activation(ActFormat::Q8_0, &x, &mut a[t * arb..(t + 1) * arb]).unwrap();
-    }
-    a
+    common::random_acts(rng, ActFormat::Q8_0, n_tok, cols, &[scale])
 }
 
 fn repacked(w: &[u8], rb: usize) -> Vec<u8> {
-    let mut r = w.to_vec();
-    let mut scratch = vec![0u8; Layout::Q1_0x16.scratch_bytes(rb)];
-    repack::repack_in_place(Layout::Q1_0x16, TY, &mut r, rb, &mut scratch).unwrap();
-    r
+    common::repacked_as(Layout::Q1_0x16, TY, w, rb)
 }
 
 /// `matmul_rows` over the repacked `wr` for `range` equals the plain reference.

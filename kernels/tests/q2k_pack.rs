@@ -32,20 +32,11 @@ fn weights(rng: &mut Rng, rows: usize, cols: usize) -> Vec<u8> {
 }
 
 fn acts(rng: &mut Rng, n_tok: usize, cols: usize, scale: f32) -> Vec<u8> {
-    let arb = cols / 256 * 292;
-    let mut a = vec![0u8; n_tok * arb];
-    for t in 0..n_tok {
-        let x: Vec<f32> = (0..cols).map(|_| rng.f32() * scale).collect();
-        quantize_activation(ActFormat::Q8_K, &x, &mut a[t * arb..(t + 1) * arb]).unwrap();
-    }
-    a
+    common::random_acts(rng, ActFormat::Q8_K, n_tok, cols, &[scale])
 }
 
 fn repacked(w: &[u8], rb: usize) -> Vec<u8> {
-    let mut r = w.to_vec();
-    let mut scratch = vec![0u8; L.scratch_bytes(rb)];
-    repack::repack_in_place(L, TY, &mut r, rb, &mut scratch).unwrap();
-    r
+    common::repacked_as(L, TY, w, rb)
 }
 
 /// `matmul_rows` over the repacked `wr` for `range` equals the layout's scalar reference.
@@ -113,15 +104,7 @@ fn repacked_q2_k_on_extreme_activations_equals_its_scalar_reference_bits() {
     }
     let wr = repacked(&w, rb);
     for pattern in 0..4 {
-        let x: Vec<f32> = (0..cols)
-            .map(|j| match pattern {
-                0 => 1.0,
-                1 => -1.0,
-                2 => [1.0, -1.0][j % 2],
-                _ if j < 256 => 0.0,
-                _ => -(j as f32),
-            })
-            .collect();
+        let x = common::extreme_values(pattern, cols);
         let mut a = vec![0u8; cols / 256 * 292];
         quantize_activation(ActFormat::Q8_K, &x, &mut a).unwrap();
         check(&wr, rb, &a, 1, 0..rows);

@@ -40,12 +40,7 @@ const LAYOUTS: [(Layout, GgmlType); 4] = [
     (Layout::Q5_0x4d, GgmlType::Q5_0),
 ];
 
-fn repacked_as(layout: Layout, ty: GgmlType, w: &[u8], rb: usize) -> Vec<u8> {
-    let mut r = w.to_vec();
-    let mut scratch = vec![0u8; layout.scratch_bytes(rb)];
-    repack::repack_in_place(layout, ty, &mut r, rb, &mut scratch).unwrap();
-    r
-}
+use common::repacked_as;
 
 /// The SIMD kernels exist where `Layout::preferred` says so, and run (no scalar loop).
 #[test]
@@ -107,20 +102,11 @@ fn preferred_layouts_have_simd_kernels_that_run() {
 }
 
 fn acts(rng: &mut Rng, n_tok: usize, cols: usize) -> Vec<u8> {
-    let arb = cols / 32 * 34;
-    let mut a = vec![0u8; n_tok * arb];
-    for t in 0..n_tok {
-        let x: Vec<f32> = (0..cols).map(|_| rng.f32() * 3.0).collect();
-        quantize_activation(ActFormat::Q8_0, &x, &mut a[t * arb..(t + 1) * arb]).unwrap();
-    }
-    a
+    common::random_acts(rng, ActFormat::Q8_0, n_tok, cols, &[3.0])
 }
 
 fn repacked(w: &[u8], rb: usize) -> Vec<u8> {
-    let mut r = w.to_vec();
-    let mut scratch = vec![0u8; Layout::Q8_0x4.scratch_bytes(rb)];
-    repack::repack_in_place(Layout::Q8_0x4, GgmlType::Q8_0, &mut r, rb, &mut scratch).unwrap();
-    r
+    repacked_as(Layout::Q8_0x4, GgmlType::Q8_0, w, rb)
 }
 
 #[test]

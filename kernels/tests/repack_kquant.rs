@@ -8,7 +8,7 @@
 //! of the plain (llama.cpp x86) order.
 mod common;
 use common::{feature_sets, Rng};
-use pinch_kernels::matvec::{quantize_activation, vec_dot_reference};
+use pinch_kernels::matvec::vec_dot_reference;
 use pinch_kernels::quant::q8_0::Order;
 use pinch_kernels::repack::{self, Layout};
 use pinch_kernels::{ActFormat, CpuFeatures, GgmlType};
@@ -44,21 +44,10 @@ fn weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
 }
 
 fn acts(rng: &mut Rng, n_tok: usize, cols: usize) -> Vec<u8> {
-    let arb = ActFormat::Q8_K.row_bytes(cols).unwrap();
-    let mut a = vec![0u8; n_tok * arb];
-    for t in 0..n_tok {
-        let x: Vec<f32> = (0..cols).map(|_| rng.f32() * 3.0).collect();
-        quantize_activation(ActFormat::Q8_K, &x, &mut a[t * arb..(t + 1) * arb]).unwrap();
-    }
-    a
+    common::random_acts(rng, ActFormat::Q8_K, n_tok, cols, &[3.0])
 }
 
-fn repacked(layout: Layout, ty: GgmlType, w: &[u8], rb: usize) -> Vec<u8> {
-    let mut r = w.to_vec();
-    let mut scratch = vec![0u8; layout.scratch_bytes(rb)];
-    repack::repack_in_place(layout, ty, &mut r, rb, &mut scratch).unwrap();
-    r
-}
+use common::repacked_as as repacked;
 
 #[test]
 fn repack_is_lossless_and_rows_read_back() {

@@ -66,10 +66,7 @@ fn acts(rng: &mut Rng, ty: GgmlType, n_tok: usize, cols: usize) -> Vec<u8> {
 }
 
 fn repacked(ty: GgmlType, l: Layout, w: &[u8], rb: usize) -> Vec<u8> {
-    let mut r = w.to_vec();
-    let mut scratch = vec![0u8; l.scratch_bytes(rb)];
-    repack::repack_in_place(l, ty, &mut r, rb, &mut scratch).unwrap();
-    r
+    common::repacked_as(l, ty, w, rb)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -151,15 +148,7 @@ fn repacked_ternary_on_extremes_equals_plain_scalar_bits() {
         }
         let wr = repacked(ty, l, &w, rb);
         for pattern in 0..4 {
-            let x: Vec<f32> = (0..cols)
-                .map(|j| match pattern {
-                    0 => 1.0,
-                    1 => -1.0,
-                    2 => [1.0, -1.0][j % 2],
-                    _ if j < 256 => 0.0,
-                    _ => -(j as f32),
-                })
-                .collect();
+            let x = common::extreme_values(pattern, cols);
             check(ty, l, &w, &wr, rb, &acts_of(ty, &x), 1, 0..rows);
         }
     }

@@ -30,3 +30,50 @@ pub const ARM32_NEON_TYPES: [pinch_kernels::GgmlType; 5] = [
     pinch_kernels::GgmlType::Q1_0,
     pinch_kernels::GgmlType::Q4_K,
 ];
+
+/// `n_tok` activation rows of `cols` random values in `fmt`, token `t` scaled by
+/// `scales[t % scales.len()]`, row after row.
+pub fn random_acts(
+    rng: &mut Rng,
+    fmt: pinch_kernels::ActFormat,
+    n_tok: usize,
+    cols: usize,
+    scales: &[f32],
+) -> Vec<u8> {
+    let arb = fmt.row_bytes(cols).unwrap();
+    let mut a = vec![0u8; n_tok * arb];
+    for t in 0..n_tok {
+        let scale = scales[t % scales.len()];
+        let x: Vec<f32> = (0..cols).map(|_| rng.f32() * scale).collect();
+        pinch_kernels::matvec::quantize_activation(fmt, &x, &mut a[t * arb..(t + 1) * arb])
+            .unwrap();
+    }
+    a
+}
+
+/// A copy of the plain rows `w` (`rb` bytes each) of type `ty` repacked to `layout`.
+pub fn repacked_as(
+    layout: pinch_kernels::repack::Layout,
+    ty: pinch_kernels::GgmlType,
+    w: &[u8],
+    rb: usize,
+) -> Vec<u8> {
+    let mut r = w.to_vec();
+    let mut scratch = vec![0u8; layout.scratch_bytes(rb)];
+    pinch_kernels::repack::repack_in_place(layout, ty, &mut r, rb, &mut scratch).unwrap();
+    r
+}
+
+/// Activation values that reach the kernels' extremes: all +1, all -1, alternating, and
+/// a first block of zeros before values growing to `-cols` (`pattern` 0..4).
+pub fn extreme_values(pattern: usize, cols: usize) -> Vec<f32> {
+    (0..cols)
+        .map(|j| match pattern {
+            0 => 1.0,
+            1 => -1.0,
+            2 => [1.0, -1.0][j % 2],
+            _ if j < 256 => 0.0,
+            _ => -(j as f32),
+        })
+        .collect()
+}
