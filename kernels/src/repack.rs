@@ -678,7 +678,7 @@ pub fn dot_row_scalar(
         return sum;
     }
     if layout == Layout::Q2Kx8 {
-        return q2_kx8_dot_scalar(w, row_bytes, n_rows, r, act);
+        return q2_kx8_dot_scalar(order, w, row_bytes, n_rows, r, act);
     }
     let a = q8_0::act_blocks(act);
     with_group!(layout, G => {
@@ -694,9 +694,17 @@ pub fn dot_row_scalar(
 /// [`dot_row_scalar`] for [`Layout::Q2Kx8`]: rows in whole groups in the block-sum
 /// arithmetic of its kernels, the plain tail rows in the plain one (as the kernels, which
 /// hand them to the plain row kernel).
-fn q2_kx8_dot_scalar(w: &[u8], row_bytes: usize, n_rows: usize, r: usize, act: &[u8]) -> f32 {
+fn q2_kx8_dot_scalar(
+    order: Order,
+    w: &[u8],
+    row_bytes: usize,
+    n_rows: usize,
+    r: usize,
+    act: &[u8],
+) -> f32 {
     if r >= n_rows / 8 * 8 {
-        return q2_k::vec_dot(&w[r * row_bytes..(r + 1) * row_bytes], act);
+        // the plain tail rows: the plain kernel's order for the CPU (`order`)
+        return q2_k::vec_dot_in(order, &w[r * row_bytes..(r + 1) * row_bytes], act);
     }
     let nb = row_bytes / q2_k::BLOCK_BYTES;
     let blocks = (0..nb).map(|b| row_block::<BlockQ2Kx8>(w, row_bytes, n_rows, r, b));

@@ -11,6 +11,7 @@ mod common;
 use common::{feature_sets, Rng};
 use pinch_kernels::matvec::{quantize_activation, vec_dot_scalar};
 use pinch_kernels::quant::q8_0::Order;
+use pinch_kernels::quant::q8_k::order_of;
 use pinch_kernels::repack::{self, Layout};
 use pinch_kernels::{ActFormat, GgmlType};
 
@@ -48,7 +49,7 @@ fn check(wr: &[u8], rb: usize, a: &[u8], n_tok: usize, range: std::ops::Range<us
         for (i, r) in range.clone().enumerate() {
             for t in 0..n_tok {
                 let act = &a[t * arb..(t + 1) * arb];
-                let e = repack::dot_row_scalar(L, Order::Lanes8, wr, rb, r, act);
+                let e = repack::dot_row_scalar(L, order_of(&feat), wr, rb, r, act);
                 let g = out[i * n_tok + t];
                 assert_eq!(
                     g.to_bits(),
