@@ -703,8 +703,15 @@ fn q2_kx8_dot_scalar(
     act: &[u8],
 ) -> f32 {
     if r >= n_rows / 8 * 8 {
-        // the plain tail rows: the plain kernel's order for the CPU (`order`)
-        return q2_k::vec_dot_in(order, &w[r * row_bytes..(r + 1) * row_bytes], act);
+        // The plain tail rows, in the plain K-quant kernels' order: block sums where
+        // `order` says so on aarch64 (`q8_k::order_of`), llama.cpp's eight lanes elsewhere
+        // (armv7 NEON sums Q8_0 blocks whole but K-quants in eight lanes).
+        let kq = if cfg!(target_arch = "aarch64") {
+            order
+        } else {
+            Order::Lanes8
+        };
+        return q2_k::vec_dot_in(kq, &w[r * row_bytes..(r + 1) * row_bytes], act);
     }
     let nb = row_bytes / q2_k::BLOCK_BYTES;
     let blocks = (0..nb).map(|b| row_block::<BlockQ2Kx8>(w, row_bytes, n_rows, r, b));
