@@ -10,7 +10,8 @@
 //!
 //! Tolerances are golden_tiny.rs's: the f32 oracle (`Math::Reference`) within 1e-4 of
 //! llama.cpp on the dequantized weights (gemma3: 2e-3 up to 3 layers, growing as the
-//! cube of the depth beyond: 4.7e-3 at 4) and the same top-1 where
+//! cube of the depth beyond: 4.7e-3 at 4; never below 1.5 x llama.cpp's own
+//! batched-vs-one-token distance on that file) and the same top-1 where
 //! llama.cpp's margin exceeds twice that (below, a flip is within the tolerance); the
 //! fast path (`Math::Fast`) on the quantized file within 1.5 x max(llama.cpp's own
 //! quantized-vs-dequantized distance, 0.05), at most 1/8 of the positions (3 of 24)
@@ -229,6 +230,14 @@ fn random_shapes_match_llama_cpp() {
                 .map_or(0.0, |v| v.parse().unwrap());
             let bound = qvd.max(0.05) * 1.5;
             let inexact = inexact_types(&bytes);
+            // llama.cpp's own batched and one-token logits of the oracle's reference can
+            // differ by more than the oracle tolerance (seed 625331, gemma3 L2 Q2_K
+            // dequantized: 2.9e-3 against 2e-3): pinch cannot be within less than that of
+            // both, so the oracle is held to 1.5 x llama.cpp's own spread where it is larger.
+            let llama_spread: f32 = meta
+                .get(&format!("{dequant}.batched_vs_seq"))
+                .map_or(0.0, |v| v.parse().unwrap());
+            let oracle_tol = oracle_tol.max(1.5 * llama_spread);
             // A model whose own quantized and dequantized logits differ by more than 1
             // (logits have std 2-4) amplifies every rounding difference: there a type
             // known not to sum as llama.cpp does can leave any bound (seed 892709,
