@@ -38,6 +38,9 @@ pub struct Opts<'s> {
     /// 0 = the command's default (2048; ppl: 512).
     pub n_ctx: usize,
     pub n_batch: usize,
+    /// `-b` was given (ppl then passes `n_batch` tokens at a time instead of a whole
+    /// window: with `--state-f16` the state is rounded after every pass, as in generation).
+    pub n_batch_given: bool,
     pub sampler: SamplerParams,
     pub budget: Option<u64>,
     pub json: bool,
@@ -198,7 +201,7 @@ flags (llama.cpp names):
   -n, --n-predict N       tokens to generate (default 128)
   -t, --threads N         worker threads (default: all cores; bench: comma list)
   -c, --ctx-size N        context length (default 2048, ppl 512; capped to the model's)
-  -b, --batch-size N      prompt tokens per weight pass (default 64)
+  -b, --batch-size N      prompt tokens per weight pass (default 64; ppl: the whole window)
   --temp X --top-k N --top-p X --min-p X --repeat-penalty X --repeat-last-n N --seed N
                           (llama.cpp's defaults; chat and serve: --repeat-penalty 1.15
                           --repeat-last-n 256, which keeps long answers from looping)
@@ -380,6 +383,7 @@ impl<'s> Opts<'s> {
             threads: 0,
             n_ctx: 0,
             n_batch: 64,
+            n_batch_given: false,
             sampler: default_sampler(command),
             budget: None,
             json: false,
@@ -518,7 +522,10 @@ impl<'s> Opts<'s> {
                     o.bench_t = l;
                 }
                 "-c" | "--ctx-size" => o.n_ctx = num!(),
-                "-b" | "--batch-size" | "-ub" | "--ubatch-size" => o.n_batch = num!(),
+                "-b" | "--batch-size" | "-ub" | "--ubatch-size" => {
+                    o.n_batch = num!();
+                    o.n_batch_given = true;
+                }
                 "--temp" => o.sampler.temp = num!(),
                 "--top-k" => o.sampler.top_k = num!(),
                 "--top-p" => o.sampler.top_p = num!(),
@@ -872,6 +879,14 @@ mod tests {
         .unwrap();
         assert_eq!(o.tune, Some("p.tune"));
         assert_eq!((o.threads, o.n_batch), (3, 16));
+    }
+
+    #[test]
+    fn ppl_knows_whether_the_batch_was_given() {
+        let o = Opts::parse(&["ppl", "-m", "m.gguf", "-f", "t.txt"]).unwrap();
+        assert!(!o.n_batch_given);
+        let o = Opts::parse(&["ppl", "-m", "m.gguf", "-f", "t.txt", "-b", "1"]).unwrap();
+        assert!(o.n_batch_given && o.n_batch == 1);
     }
 
     #[test]

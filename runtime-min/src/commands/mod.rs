@@ -265,7 +265,9 @@ fn with_model<P: Platform>(
     let tok_bytes = (arena.used() - before) as u64;
     let mut sopts = session_options(p, o, &cfg);
     if o.command == Command::Ppl {
-        sopts.n_batch = sopts.n_ctx;
+        if !o.n_batch_given {
+            sopts.n_batch = sopts.n_ctx;
+        }
         sopts.head_group = 16;
     }
     let requested = head_select::requested_ids(p, o, &tok, &mut arena)?;
