@@ -4,9 +4,10 @@
 //! bytes pairs with activation word `k`), with `sdot` by element (dotprod) and without.
 //!
 //! Per row the kernels compute the reference's exact integer sums `sum(level * a)` as
-//! `sum(code * a) - sum(a)` (`code = level + 1` in 0..4, `sum(a)` once per activation
-//! block for all rows), then its float steps lane by lane, so the result is the plain
-//! reference's ([`crate::quant::tq2_0::vec_dot`], [`crate::quant::q2_0::vec_dot`]) bit for
+//! `sum(code * a) - sum(a)` (`code = level + 1` in 0..4, `-sum(a)` once per activation
+//! block for all rows, where the `sdot` accumulators start), then its float steps lane by
+//! lane (Q2_0's `sumi += d_a * isum` fused: the product is exact), so the result is the
+//! plain reference's ([`crate::quant::tq2_0::vec_dot`], [`crate::quant::q2_0::vec_dot`]) bit for
 //! bit:
 //! - dotprod: the fields are taken with one mask each and not shifted (`code`, `4 code`,
 //!   `16 code`, and the top field with one shift), four `sdot` by element go into three
@@ -28,7 +29,7 @@ use super::neon_legacy::{h2f, h2f4};
 use super::neon_repack::sdot_lane;
 use super::table::{KernelTable, PackedJob};
 use crate::blocks::{cast, Pod};
-use crate::quant::q8_0::{self, BlockQ8_0};
+use crate::quant::q8_0;
 use crate::quant::q8_k;
 use crate::quant::{q2_0, tq1_0, tq2_0};
 use crate::repack::{BlockQ2_0x4, BlockTq1_0x4, BlockTq2_0x4};
@@ -41,13 +42,14 @@ trait Sums {
     /// Integer accumulators of four rows.
     type Acc: Copy;
     unsafe fn act(a: int8x16_t) -> Self::A;
-    unsafe fn zero() -> Self::Acc;
+    /// `-sum(a)` of an activation block, as [`Sums::start`] and [`Sums::finish`] take it.
+    type Neg: Copy;
+    unsafe fn neg(s: i32) -> Self::Neg;
+    /// Accumulators for one activation block with `-sum(a)` `n`.
+    unsafe fn start(n: &Self::Neg) -> Self::Acc;
     unsafe fn group(acc: &mut Self::Acc, v: uint8x16_t, a: &Self::A);
-    /// The four rows' `sum(code * a)` (lanes 0..4).
-    unsafe fn total(acc: Self::Acc) -> int32x4_t;
-    /// As [`Sums::group`], every field shifted down (more instructions per group, fewer
-    /// accumulators to merge: for short activation blocks).
-    unsafe fn group_shifted(acc: &mut Self::Acc, v: uint8x16_t, a: &Self::A);
+    /// The four rows' `sum(code * a) - sum(a)` = `sum(level * a)` (lanes 0..4).
+    unsafe fn finish(acc: Self::Acc, n: &Self::Neg) -> int32x4_t;
     /// Activation word `L` of a vector, prepared for [`Sums::lane`].
     type P: Copy;
     unsafe fn prep<const L: i32>(a: int8x16_t) -> Self::P;
@@ -64,9 +66,15 @@ impl Sums for Sdot {
     unsafe fn act(a: int8x16_t) -> int8x16_t {
         a
     }
+    /// `-sum(a)` in every lane: `A` starts there.
+    type Neg = int32x4_t;
     #[inline(always)]
-    unsafe fn zero() -> Self::Acc {
-        [vdupq_n_s32(0); 3]
+    unsafe fn neg(s: i32) -> int32x4_t {
+        vdupq_n_s32(s)
+    }
+    #[inline(always)]
+    unsafe fn start(n: &int32x4_t) -> Self::Acc {
+        [*n, vdupq_n_s32(0), vdupq_n_s32(0)]
     }
     #[inline(always)]
     unsafe fn group(acc: &mut Self::Acc, v: uint8x16_t, a: &int8x16_t) {
@@ -77,15 +85,7 @@ impl Sums for Sdot {
         acc[0] = sdot_lane::<3>(acc[0], vreinterpretq_s8_u8(vshrq_n_u8::<6>(v)), *a);
     }
     #[inline(always)]
-    unsafe fn group_shifted(acc: &mut Self::Acc, v: uint8x16_t, a: &int8x16_t) {
-        let f = fields(v);
-        acc[0] = sdot_lane::<0>(acc[0], f[0], *a);
-        acc[0] = sdot_lane::<1>(acc[0], f[1], *a);
-        acc[0] = sdot_lane::<2>(acc[0], f[2], *a);
-        acc[0] = sdot_lane::<3>(acc[0], f[3], *a);
-    }
-    #[inline(always)]
-    unsafe fn total(acc: Self::Acc) -> int32x4_t {
+    unsafe fn finish(acc: Self::Acc, _: &int32x4_t) -> int32x4_t {
         vsraq_n_s32::<4>(vsraq_n_s32::<2>(acc[0], acc[1]), acc[2])
     }
     type P = int8x16_t;
@@ -116,8 +116,14 @@ impl Sums for Mull {
         ]
         .map(|v| vreinterpretq_s8_s32(v))
     }
+    /// `-sum(a)` in every lane, added to the reduced rows.
+    type Neg = int32x4_t;
     #[inline(always)]
-    unsafe fn zero() -> Self::Acc {
+    unsafe fn neg(s: i32) -> int32x4_t {
+        vdupq_n_s32(s)
+    }
+    #[inline(always)]
+    unsafe fn start(_: &int32x4_t) -> Self::Acc {
         [vdupq_n_s16(0); 2]
     }
     #[inline(always)]
@@ -129,12 +135,8 @@ impl Sums for Mull {
         }
     }
     #[inline(always)]
-    unsafe fn group_shifted(acc: &mut Self::Acc, v: uint8x16_t, b: &Self::A) {
-        Self::group(acc, v, b)
-    }
-    #[inline(always)]
-    unsafe fn total(acc: Self::Acc) -> int32x4_t {
-        vpaddq_s32(vpaddlq_s16(acc[0]), vpaddlq_s16(acc[1]))
+    unsafe fn finish(acc: Self::Acc, n: &int32x4_t) -> int32x4_t {
+        vaddq_s32(vpaddq_s32(vpaddlq_s16(acc[0]), vpaddlq_s16(acc[1])), *n)
     }
     /// Word `L` in every lane.
     type P = int8x16_t;
@@ -162,10 +164,14 @@ pub(super) unsafe fn fields(v: uint8x16_t) -> [int8x16_t; 4] {
     .map(|f| vreinterpretq_s8_u8(f))
 }
 
-/// `sum(a)` of activation vectors, accumulated pairwise in i16.
+/// `-sum(a)` of int8 quants (whole 16-byte vectors), pairwise in i16.
 #[inline(always)]
-unsafe fn add_act(s: int16x8_t, a: int8x16_t) -> int16x8_t {
-    vpadalq_s8(s, a)
+unsafe fn neg_sum(qs: &[u8]) -> i32 {
+    let mut s = vdupq_n_s16(0);
+    for v in qs.chunks_exact(16) {
+        s = vpadalq_s8(s, vld1q_s8(v.as_ptr() as *const i8));
+    }
+    -vaddlvq_s16(s)
 }
 
 /// A repacked ternary format: its group-block, plain type and the float steps.
@@ -187,48 +193,64 @@ unsafe fn scales4(d: &[[u8; 2]; 4]) -> float32x4_t {
     h2f4(vld1_u16(d.as_ptr() as *const u16))
 }
 
+/// The Q8_K formats' block loop ([`Tq2`], [`Tq1`]): per block, `body` adds the `N` row
+/// groups' `sum(code * a)` to accumulators started at `-sum(a)`; then
+/// `sum += sumi * (d_a * d_w)` (multiply, then add), as the references.
+#[inline(always)]
+unsafe fn q8k_blocks<G, S: Sums, const N: usize>(
+    g: [&[G]; N],
+    act: &[u8],
+    scales: impl Fn(&G) -> &[[u8; 2]; 4],
+    mut body: impl FnMut(&q8_k::BlockQ8K, [&G; N], &mut [S::Acc; N]),
+) -> [float32x4_t; N] {
+    let a = q8_k::act_blocks(act);
+    let mut sum = [vdupq_n_f32(0.0); N];
+    let nb = g.iter().map(|x| x.len()).min().unwrap_or(0);
+    for (b, y) in a.iter().enumerate().take(nb) {
+        let x: [&G; N] = core::array::from_fn(|k| &g[k][b]);
+        let n = S::neg(neg_sum(&y.qs));
+        let mut acc = [S::start(&n); N];
+        body(y, x, &mut acc);
+        let da = y.scale();
+        for k in 0..N {
+            let d = vmulq_n_f32(scales4(scales(x[k])), da);
+            sum[k] = vaddq_f32(sum[k], vmulq_f32(vcvtq_f32_s32(S::finish(acc[k], &n)), d));
+        }
+    }
+    sum
+}
+
 struct Tq2;
 impl Fmt for Tq2 {
     type G = BlockTq2_0x4;
     const TY: GgmlType = GgmlType::TQ2_0;
     const BLOCK: usize = tq2_0::BLOCK_BYTES;
     const ACT: usize = q8_k::BLOCK_BYTES;
-    /// Per block: `sum += sumi * (d_a * d_w)` (multiply, then add), as the reference.
     #[inline(always)]
     unsafe fn rows<S: Sums, const N: usize>(
         g: [&[BlockTq2_0x4]; N],
         act: &[u8],
     ) -> [float32x4_t; N] {
-        let a = q8_k::act_blocks(act);
-        let mut sum = [vdupq_n_f32(0.0); N];
-        let nb = g.iter().map(|x| x.len()).min().unwrap_or(0);
-        for (b, y) in a.iter().enumerate().take(nb) {
-            let x: [&BlockTq2_0x4; N] = core::array::from_fn(|k| &g[k][b]);
-            let mut acc = [S::zero(); N];
-            let mut sa = vdupq_n_s16(0);
-            let mut step = |i: usize| {
-                let av = vld1q_s8(y.qs[16 * i..].as_ptr() as *const i8);
-                sa = add_act(sa, av);
-                let ap = S::act(av);
-                for k in 0..N {
-                    S::group(&mut acc[k], vld1q_u8(x[k].qs[i].as_ptr()), &ap);
+        q8k_blocks::<_, S, N>(
+            g,
+            act,
+            |x| &x.d,
+            |y, x, acc| {
+                let mut step = |i: usize| {
+                    let ap = S::act(vld1q_s8(y.qs[16 * i..].as_ptr() as *const i8));
+                    for k in 0..N {
+                        S::group(&mut acc[k], vld1q_u8(x[k].qs[i].as_ptr()), &ap);
+                    }
+                };
+                // Four groups per trip: the loop counter costs less than with one.
+                for i in (0..16).step_by(4) {
+                    step(i);
+                    step(i + 1);
+                    step(i + 2);
+                    step(i + 3);
                 }
-            };
-            for i in 0..4 {
-                step(4 * i);
-                step(4 * i + 1);
-                step(4 * i + 2);
-                step(4 * i + 3);
-            }
-            let sa = vdupq_n_s32(vaddlvq_s16(sa));
-            let da = y.scale();
-            for k in 0..N {
-                let isum = vsubq_s32(S::total(acc[k]), sa);
-                let d = vmulq_n_f32(scales4(&x[k].d), da);
-                sum[k] = vaddq_f32(sum[k], vmulq_f32(vcvtq_f32_s32(isum), d));
-            }
-        }
-        sum
+            },
+        )
     }
 }
 
@@ -238,8 +260,10 @@ impl Fmt for Q20 {
     const TY: GgmlType = GgmlType::Q2_0;
     const BLOCK: usize = q2_0::BLOCK_BYTES;
     const ACT: usize = 2 * q8_0::BLOCK_BYTES;
-    /// Per Q8_0 block `sumi += d_a * isum`, per Q2_0 block `sum += d_w * sumi` (each a
-    /// multiply, then an add), as the reference.
+    /// Per Q8_0 block `sumi += d_a * isum` (fused: `|isum| <= 2 * 128 * 32 = 2^13` and an
+    /// f16 scale has at most 11 significant bits, so the product is exact in f32 and
+    /// both ways round once), per Q2_0 block `sum += d_w * sumi` (multiply, then add), as
+    /// the reference.
     #[inline(always)]
     unsafe fn rows<S: Sums, const N: usize>(
         g: [&[BlockQ2_0x4]; N],
@@ -252,22 +276,18 @@ impl Fmt for Q20 {
             let x: [&BlockQ2_0x4; N] = core::array::from_fn(|k| &g[k][b]);
             let mut sumi = [vdupq_n_f32(0.0); N];
             for (s, y) in ys.iter().enumerate() {
-                let y: &BlockQ8_0 = y;
-                let mut acc = [S::zero(); N];
-                let mut sa = vdupq_n_s16(0);
+                let n = S::neg(neg_sum(&y.qs));
+                let mut acc = [S::start(&n); N];
                 for i in 0..2 {
-                    let av = vld1q_s8(y.qs[16 * i..].as_ptr() as *const i8);
-                    sa = add_act(sa, av);
-                    let ap = S::act(av);
+                    let ap = S::act(vld1q_s8(y.qs[16 * i..].as_ptr() as *const i8));
                     for k in 0..N {
-                        S::group_shifted(&mut acc[k], vld1q_u8(x[k].qs[2 * s + i].as_ptr()), &ap);
+                        S::group(&mut acc[k], vld1q_u8(x[k].qs[2 * s + i].as_ptr()), &ap);
                     }
                 }
-                let sa = vdupq_n_s32(vaddlvq_s16(sa));
                 let da = h2f(y.d);
                 for k in 0..N {
-                    let isum = vsubq_s32(S::total(acc[k]), sa);
-                    sumi[k] = vaddq_f32(sumi[k], vmulq_n_f32(vcvtq_f32_s32(isum), da));
+                    let isum = vcvtq_f32_s32(S::finish(acc[k], &n));
+                    sumi[k] = vfmaq_n_f32(sumi[k], isum, da);
                 }
             }
             for k in 0..N {
@@ -337,48 +357,35 @@ impl Fmt for Tq1 {
     const TY: GgmlType = GgmlType::TQ1_0;
     const BLOCK: usize = tq1_0::BLOCK_BYTES;
     const ACT: usize = q8_k::BLOCK_BYTES;
-    /// Per block: `sum += sumi * (d_w * d_a)` (multiply, then add), as the reference.
     #[inline(always)]
     unsafe fn rows<S: Sums, const N: usize>(
         g: [&[BlockTq1_0x4]; N],
         act: &[u8],
     ) -> [float32x4_t; N] {
-        let a = q8_k::act_blocks(act);
-        let mut sum = [vdupq_n_f32(0.0); N];
-        let nb = g.iter().map(|x| x.len()).min().unwrap_or(0);
-        for (b, y) in a.iter().enumerate().take(nb) {
-            let x: [&BlockTq1_0x4; N] = core::array::from_fn(|k| &g[k][b]);
-            let av = |i: usize| vld1q_s8(y.qs[16 * i..].as_ptr() as *const i8);
-            let mut acc = [S::zero(); N];
-            let mut sa = vdupq_n_s16(0);
-            for i in 0..16 {
-                sa = add_act(sa, av(i));
-            }
-            // `qa` chunk 4h + L: digit n is weights 32n + 16h + 4L.., word L of vector 2n + h.
-            for h in 0..2 {
-                let ah = [av(h), av(2 + h), av(4 + h), av(6 + h), av(8 + h)];
-                digits::<S, 0, 5, N>(&mut acc, x.map(|x| &x.qa[4 * h]), ah);
-                digits::<S, 1, 5, N>(&mut acc, x.map(|x| &x.qa[4 * h + 1]), ah);
-                digits::<S, 2, 5, N>(&mut acc, x.map(|x| &x.qa[4 * h + 2]), ah);
-                digits::<S, 3, 5, N>(&mut acc, x.map(|x| &x.qa[4 * h + 3]), ah);
-            }
-            // `qb` chunk L: digit n is weights 160 + 16n + 4L.., word L of vector 10 + n.
-            let ab = [av(10), av(11), av(12), av(13), av(14)];
-            digits::<S, 0, 5, N>(&mut acc, x.map(|x| &x.qb[0]), ab);
-            digits::<S, 1, 5, N>(&mut acc, x.map(|x| &x.qb[1]), ab);
-            digits::<S, 2, 5, N>(&mut acc, x.map(|x| &x.qb[2]), ab);
-            digits::<S, 3, 5, N>(&mut acc, x.map(|x| &x.qb[3]), ab);
-            // `qh`: digit n is weights 240 + 4n.., word n of vector 15.
-            qh_digits::<S, N>(&mut acc, x.map(|x| &x.qh), av(15));
-            let sa = vdupq_n_s32(vaddlvq_s16(sa));
-            let da = y.scale();
-            for k in 0..N {
-                let isum = vsubq_s32(S::total(acc[k]), sa);
-                let d = vmulq_n_f32(scales4(&x[k].d), da);
-                sum[k] = vaddq_f32(sum[k], vmulq_f32(vcvtq_f32_s32(isum), d));
-            }
-        }
-        sum
+        q8k_blocks::<_, S, N>(
+            g,
+            act,
+            |x| &x.d,
+            |y, x, acc| {
+                let av = |i: usize| vld1q_s8(y.qs[16 * i..].as_ptr() as *const i8);
+                // `qa` chunk 4h + L: digit n is weights 32n + 16h + 4L.., word L of vector 2n + h.
+                for h in 0..2 {
+                    let ah = [av(h), av(2 + h), av(4 + h), av(6 + h), av(8 + h)];
+                    digits::<S, 0, 5, N>(acc, x.map(|x| &x.qa[4 * h]), ah);
+                    digits::<S, 1, 5, N>(acc, x.map(|x| &x.qa[4 * h + 1]), ah);
+                    digits::<S, 2, 5, N>(acc, x.map(|x| &x.qa[4 * h + 2]), ah);
+                    digits::<S, 3, 5, N>(acc, x.map(|x| &x.qa[4 * h + 3]), ah);
+                }
+                // `qb` chunk L: digit n is weights 160 + 16n + 4L.., word L of vector 10 + n.
+                let ab = [av(10), av(11), av(12), av(13), av(14)];
+                digits::<S, 0, 5, N>(acc, x.map(|x| &x.qb[0]), ab);
+                digits::<S, 1, 5, N>(acc, x.map(|x| &x.qb[1]), ab);
+                digits::<S, 2, 5, N>(acc, x.map(|x| &x.qb[2]), ab);
+                digits::<S, 3, 5, N>(acc, x.map(|x| &x.qb[3]), ab);
+                // `qh`: digit n is weights 240 + 4n.., word n of vector 15.
+                qh_digits::<S, N>(acc, x.map(|x| &x.qh), av(15));
+            },
+        )
     }
 }
 
