@@ -212,7 +212,7 @@ def main():
     print("\nrows for the table in data/legacy/README.md:")
     print("\n".join(lines))
 
-if __name__ == "__main__" and "--kquant" not in sys.argv:  # --kquant: see the K-quant section
+if __name__ == "__main__" and not {"--kquant", "--iq4xs"} & set(sys.argv):  # see the sections below
     main()
 
 
@@ -294,3 +294,44 @@ def main_kquant(argv):
 
 if __name__ == "__main__" and "--kquant" in sys.argv:
     main_kquant([a for a in sys.argv[1:] if a != "--kquant"])
+
+
+# ================================================================= IQ4_XS
+# Added with kernels/src/quant/iq4_xs.rs. No fixture holds IQ4_XS, so llama.cpp itself
+# (llama-cpp-python 0.3.36 = commit 0c1e570, `llama_model_quantize`, ftype 30 =
+# LLAMA_FTYPE_MOSTLY_IQ4_XS) quantizes tiny-llama-F32.gguf, then dequantizes that file
+# back to F32 (allow_requantize, ftype 0: ggml's `dequantize_row_iq4_xs`). The .f32 values
+# are llama.cpp's; gguf-py's numpy port is checked to agree bit for bit. Run
+# `python3 tools/gen_dequant_vectors.py --iq4xs [FIXTURES] [OUT_ROOT]` with
+# llama-cpp-python on PYTHONPATH to (re)write kernels/tests/data/kquant/IQ4_XS.* only.
+GEOMETRY[23] = (256, 136)
+
+
+def iq4_xs_vectors(fixtures, out_dir, rows=16, tensor="blk.0.attn_k.weight"):
+    import tempfile  # noqa: PLC0415
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import gen_random  # noqa: PLC0415  (llama.cpp's quantizer, AMX kept off)
+    src = os.path.join(fixtures, "tiny-llama-F32.gguf")
+    with tempfile.TemporaryDirectory() as tmp:
+        q, d = os.path.join(tmp, "IQ4_XS.gguf"), os.path.join(tmp, "IQ4_XS.dequant.gguf")
+        assert gen_random.quantize(src, q, 30), "llama.cpp refused IQ4_XS"
+        assert gen_random.quantize(q, d, 0, requantize=True), "llama.cpp cannot dequantize"
+        ty, raw, n = first_rows(q, tensor, rows)
+        assert ty == 23, f"{tensor} is type {ty}, not IQ4_XS"
+        fty, fraw, fn = first_rows(d, tensor, rows)
+        assert fty == 0 and fn == n
+    vals = fraw.view("<f4")
+    port = dequantize(raw, gguf.GGMLQuantizationType(23)).astype(np.float32).reshape(-1)
+    assert np.array_equal(port.view(np.uint32), vals.view(np.uint32)), "gguf-py disagrees"
+    raw.tofile(os.path.join(out_dir, "IQ4_XS.bin"))
+    vals.astype("<f4").tofile(os.path.join(out_dir, "IQ4_XS.f32"))
+    err = sanity_vs_f32(fixtures, vals, tensor, rows)
+    print(f"| IQ4_XS | tiny-llama-F32.gguf quantized by llama.cpp | {tensor} | first {rows} rows | {raw.size} | {err:.3f} |")
+
+
+if __name__ == "__main__" and "--iq4xs" in sys.argv:
+    args = [a for a in sys.argv[1:] if a != "--iq4xs"]
+    fixtures = args[0] if args else "/work/shared/fixtures"
+    root = args[1] if len(args) > 1 else os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "kernels", "tests", "data")
+    iq4_xs_vectors(fixtures, os.path.join(root, "kquant"))

@@ -69,8 +69,9 @@ QUANTS = {
 # of QUANTS so the other seeds draw what they drew before): Q1_0 (Bonsai's 1-bit
 # format) on qwen3, Bonsai's architecture.
 EXTRA_QUANTS = {"qwen3": ["Q1_0"]}
-# Every type's llama.cpp ftype id (`--quants` may name any of them for any seed).
-FTYPES = {**QUANTS, "Q1_0": 40}
+# Every type's llama.cpp ftype id (`--quants` may name any of them for any seed). IQ4_XS
+# is pinned by xtask/src/randshape.rs on seeds of its own (`IQ4_SEEDS`), never drawn.
+FTYPES = {**QUANTS, "Q1_0": 40, "IQ4_XS": 30}
 
 
 # --------------------------------------------------------------------------

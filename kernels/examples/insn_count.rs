@@ -45,6 +45,8 @@ fn main() {
             | GgmlType::Q1_0
             | GgmlType::Q2_0
             | GgmlType::IQ2_XXS
+            | GgmlType::IQ4_NL
+            | GgmlType::IQ4_XS
     ) {
         for b in w.chunks_mut(bb) {
             b[..2].copy_from_slice(&[0x00, 0x20]);

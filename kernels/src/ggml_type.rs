@@ -201,7 +201,7 @@ impl GgmlType {
             GgmlType::IQ4_NL => (q::iq4_nl::QK, q::iq4_nl::BLOCK_BYTES),
             GgmlType::IQ3_S => (256, 110),
             GgmlType::IQ2_S => (256, 82),
-            GgmlType::IQ4_XS => (256, 136),
+            GgmlType::IQ4_XS => (q::iq4_xs::QK, q::iq4_xs::BLOCK_BYTES),
             GgmlType::I8 => (1, 1),
             GgmlType::I16 => (1, 2),
             GgmlType::I32 => (1, 4),
@@ -246,7 +246,8 @@ impl GgmlType {
             | GgmlType::Q6_K
             | GgmlType::TQ1_0
             | GgmlType::TQ2_0
-            | GgmlType::IQ2_XXS => Some(ActFormat::Q8_K),
+            | GgmlType::IQ2_XXS
+            | GgmlType::IQ4_XS => Some(ActFormat::Q8_K),
             _ => None,
         }
     }

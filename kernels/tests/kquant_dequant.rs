@@ -6,7 +6,7 @@
 //! of llama.cpp's `dequantize_row_*`; for Q8_K, which gguf-py cannot quantize, a numpy port
 //! of `quantize_row_q8_K_ref`). See `data/kquant/README.md` for provenance.
 use pinch_kernels::matvec;
-use pinch_kernels::quant::{q2_k, q3_k, q4_k, q5_k, q6_k, q8_k};
+use pinch_kernels::quant::{iq4_xs, q2_k, q3_k, q4_k, q5_k, q6_k, q8_k};
 use pinch_kernels::GgmlType;
 
 fn f32s(bytes: &[u8]) -> Vec<f32> {
@@ -72,6 +72,13 @@ dequant_test!(
     "Q3_K",
     q3_k,
     GgmlType::Q3_K
+);
+// IQ4_XS: blocks llama.cpp quantized and dequantized itself (see data/kquant/README.md).
+dequant_test!(
+    iq4_xs_dequantizes_like_llama_cpp,
+    "IQ4_XS",
+    iq4_xs,
+    GgmlType::IQ4_XS
 );
 dequant_test!(
     q4_k_dequantizes_like_llama_cpp,

@@ -157,6 +157,10 @@ fn tq2_0_vec_dot_is_dot_of_dequantized() {
 fn iq2_xxs_vec_dot_is_dot_of_dequantized() {
     check(GgmlType::IQ2_XXS, &[1, 2, 3]);
 }
+#[test]
+fn iq4_xs_vec_dot_is_dot_of_dequantized() {
+    check(GgmlType::IQ4_XS, &[1, 2, 3]);
+}
 
 #[test]
 fn float_rows_vec_dot_is_dot_of_values() {

@@ -21,6 +21,13 @@ use std::process::Command;
 /// architecture from `seed % 8`).
 const FIXED: std::ops::Range<u64> = 0..24;
 
+/// Seeds generated once more with every weight pinned to IQ4_XS (`--quants IQ4_XS`, into
+/// `$HOME/.cache/pinch/randshape-iq4xs/`, regenerated each run: ~10 s): IQ4_XS is not in
+/// gen_random.py's drawn list, whose change would alter every cached seed. These six
+/// shapes have rows of 256 (llama.cpp falls back to IQ4_NL for the others) and hold
+/// 1-18 IQ4_XS tensors each (llama, qwen3, gemma3, bailingmoe2, qwen35, lfm2).
+const IQ4_SEEDS: [u64; 6] = [0, 2, 3, 5, 6, 7];
+
 /// `pinch ppl` and llama.cpp's PPL must agree this closely (relative); both compute in
 /// f32 from the same weights (measured: 2.5e-8 on tiny-qwen3-F32).
 const PPL_TOL: f64 = 1e-5;
@@ -73,11 +80,40 @@ pub fn check(seeds: &[u64], new: u64) -> Result<Counts> {
         "randshape: fixed seeds {}..{}, new seeds {fresh:?} (reproduce one: cargo xtask randshape --seed N)",
         FIXED.start, FIXED.end
     );
+    let mut counts = shapes(&site, &cache, seeds.as_slice(), &fresh, &[])?;
+    counts.add(iq4_xs_check(&site)?);
+    ppl_check(&site, &cache, &seeds)?;
+    counts.passed += 1;
+    if seeds.len() > fresh.len() {
+        // a passing run does not keep its fresh seeds (a failing one stopped above)
+        for s in &fresh {
+            let _ = std::fs::remove_dir_all(cache.join(s.to_string()));
+        }
+    }
+    Ok(counts)
+}
+
+/// [`IQ4_SEEDS`] with IQ4_XS weights through `tests/tests/random_shapes.rs`.
+fn iq4_xs_check(site: &str) -> Result<Counts> {
+    let cache = pinch_cache().join("randshape-iq4xs");
+    shapes(site, &cache, &IQ4_SEEDS, &[], &["--quants", "IQ4_XS"])
+}
+
+/// `tools/gen_random.py CACHE SEEDS GEN_ARGS`, then `tests/tests/random_shapes.rs` on
+/// those seeds (`fresh`: the ones new to this run).
+fn shapes(
+    site: &str,
+    cache: &Path,
+    seeds: &[u64],
+    fresh: &[u64],
+    gen_args: &[&str],
+) -> Result<Counts> {
     let list: Vec<String> = seeds.iter().map(u64::to_string).collect();
-    run(python(&site)
+    run(python(site)
         .arg(root().join("tools/gen_random.py"))
-        .arg(&cache)
-        .args(&list))?;
+        .arg(cache)
+        .args(&list)
+        .args(gen_args))?;
     let mut test = cargo([
         "test",
         "-p",
@@ -89,19 +125,10 @@ pub fn check(seeds: &[u64], new: u64) -> Result<Counts> {
         "--nocapture",
     ]);
     let fresh_list: Vec<String> = fresh.iter().map(u64::to_string).collect();
-    test.env("PINCH_RANDSHAPE_DIR", &cache)
+    test.env("PINCH_RANDSHAPE_DIR", cache)
         .env("PINCH_RANDSHAPE_SEEDS", list.join(","))
         .env("PINCH_RANDSHAPE_FRESH", fresh_list.join(","));
-    let mut counts = run_tests(&mut test)?;
-    ppl_check(&site, &cache, &seeds)?;
-    counts.passed += 1;
-    if seeds.len() > fresh.len() {
-        // a passing run does not keep its fresh seeds (a failing one stopped above)
-        for s in &fresh {
-            let _ = std::fs::remove_dir_all(cache.join(s.to_string()));
-        }
-    }
-    Ok(counts)
+    run_tests(&mut test)
 }
 
 /// `$HOME/.cache/pinch` (or the repo's `.cache` without HOME).

@@ -30,6 +30,8 @@ pub mod neon_attn;
 #[cfg(target_arch = "aarch64")]
 mod neon_iq2;
 #[cfg(target_arch = "aarch64")]
+mod neon_iq4;
+#[cfg(target_arch = "aarch64")]
 mod neon_kq_pack;
 #[cfg(target_arch = "aarch64")]
 mod neon_kquant;
@@ -59,6 +61,8 @@ pub mod x86_f16;
 mod x86_gemm;
 #[cfg(target_arch = "x86_64")]
 mod x86_gemm_lanes;
+#[cfg(target_arch = "x86_64")]
+mod x86_iq4;
 #[cfg(target_arch = "x86_64")]
 mod x86_kquant;
 #[cfg(target_arch = "x86_64")]

@@ -12,6 +12,7 @@
 #![allow(unsafe_code)]
 
 use super::neon_iq2 as iq2;
+use super::neon_iq4 as iq4;
 use super::neon_kq_pack as kp;
 use super::neon_legacy::{self as lg, base, dot};
 use super::neon_min as mn;
@@ -24,6 +25,7 @@ use super::q1_lut;
 use super::table::{block_dot, float_dot, kquant_dot, KernelTable, Kernels};
 use super::{neon_kquant as kq, Job};
 use crate::quant::iq2_xxs::BlockIq2Xxs;
+use crate::quant::iq4_xs::BlockIq4Xs;
 use crate::quant::q1_0::BlockQ1_0;
 use crate::quant::q2_0::BlockQ2_0;
 use crate::quant::q4_0::BlockQ4_0;
@@ -71,6 +73,8 @@ float_dot!(f16_dot, lg::f16_row, 2);
 
 kquant_dot!(iq2_xxs_base, BlockIq2Xxs, iq2::base);
 kquant_dot!(iq2_xxs_dot, BlockIq2Xxs, iq2::dot);
+kquant_dot!(iq4_xs_base, BlockIq4Xs, iq4::base);
+kquant_dot!(iq4_xs_dot, BlockIq4Xs, iq4::dot);
 kquant_dot!(q2_k_base, BlockQ2K, kq::dot_neon);
 kquant_dot!(q3_k_base, BlockQ3K, kq::dot_neon);
 kquant_dot!(q4_k_base, BlockQ4K, kq::dot_neon);
@@ -130,6 +134,7 @@ pub(super) static NEON: KernelTable = KernelTable {
         Kernels::plain(T::Q5_K, Some(q5_k_base), Some(q5_k_rows_base)),
         Kernels::plain(T::Q6_K, Some(q6_k_base), Some(q6_k_rows_base)),
         Kernels::plain(T::IQ2_XXS, Some(iq2_xxs_base), None),
+        Kernels::plain(T::IQ4_XS, Some(iq4_xs_base), None),
         Kernels::packed(T::Q8_0, Layout::Q8_0x4, rp::q8_0x4_base),
         Kernels::packed(T::Q5_0, Layout::Q5_0x4s, rp::q5_0x4s_base),
         Kernels::packed(T::Q1_0, Layout::Q1_0x16, q1_lut::matmul::<Q1Lut>),
@@ -162,6 +167,7 @@ pub(super) static NEON_DOT: KernelTable = KernelTable {
         Kernels::plain(T::Q5_K, Some(q5_k_dot), Some(q5_k_rows_dot)),
         Kernels::plain(T::Q6_K, Some(q6_k_dot), Some(q6_k_rows_dot)),
         Kernels::plain(T::IQ2_XXS, Some(iq2_xxs_dot), None),
+        Kernels::plain(T::IQ4_XS, Some(iq4_xs_dot), None),
         // Preferred first: `sdot` by element needs no reduction.
         Kernels::packed(T::Q8_0, Layout::Q8_0x4s, rp::q8_0x4s_dot),
         Kernels::packed(T::Q8_0, Layout::Q8_0x4, rp::q8_0x4_dot),

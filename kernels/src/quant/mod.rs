@@ -23,6 +23,7 @@ use crate::{ActFormat, GgmlType};
 pub mod float;
 pub mod iq2_xxs;
 pub mod iq4_nl;
+pub mod iq4_xs;
 pub mod q1_0;
 pub mod q2_0;
 pub mod q2_k;
@@ -157,6 +158,7 @@ quant_formats! {
         Q8_0 => q8_0::BlockQ8_0, Q8_0, q8_0::BlockQ8_0;
         IQ4_NL => iq4_nl::BlockIq4Nl, Q8_0, q8_0::BlockQ8_0;
         IQ2_XXS => iq2_xxs::BlockIq2Xxs, Q8_K, q8_k::BlockQ8K;
+        IQ4_XS => iq4_xs::BlockIq4Xs, Q8_K, q8_k::BlockQ8K;
         Q1_0 => q1_0::BlockQ1_0, Q8_0, q8_0::BlockQ8_0;
         Q2_0 => q2_0::BlockQ2_0, Q8_0, q8_0::BlockQ8_0;
         TQ1_0 => tq1_0::BlockTq1_0, Q8_K, q8_k::BlockQ8K;
