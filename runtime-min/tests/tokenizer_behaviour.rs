@@ -387,6 +387,8 @@ fn source<'a>(tokens: &'a [u8], count: u64, model: &'a str) -> VocabSource<'a> {
         add_bos: None,
         add_eos: None,
         add_space_prefix: None,
+        remove_extra_whitespaces: None,
+        charsmap: None,
     }
 }
 
