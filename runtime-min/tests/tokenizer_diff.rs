@@ -318,3 +318,24 @@ fn code_points_past_u10ffff_encode_where_llama_cpp_aborts() {
         }
     }
 }
+
+/// The unigram scratch bound holds where normalization grows text most: XLM-R's
+/// charsmap turns U+FDFA (3 bytes) into 33, and spaces around it become `▁`.
+#[test]
+fn unigram_scratch_bound_holds_for_the_longest_replacement() {
+    let p = sdist_models().join("ggml-vocab-nomic-bert-moe.gguf");
+    let bytes = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    let g = Gguf::parse(&bytes, bytes.len() as u64).unwrap();
+    let mut region = vec![0u8; 96 << 20];
+    let t = Tokenizer::from_gguf(&g, &mut Arena::new(&mut region)).unwrap();
+    for text in [
+        "\u{FDFA}".repeat(300),
+        "\u{FDFA} ".repeat(200),
+        " \u{FDFA}".repeat(200),
+        "\u{FDFA}a\u{FDFA} \u{3000}\u{FDFA}".repeat(50),
+    ] {
+        let ids = encode(&t, text.as_bytes(), true);
+        eprintln!("{} bytes -> {} tokens", text.len(), ids.len());
+        assert!(ids.len() > text.len() / 3, "{}", ids.len());
+    }
+}
