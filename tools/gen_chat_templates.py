@@ -161,7 +161,7 @@ def apply_named(llama_cpp, tmpl, conv, add_ass):
     return buf.raw[:n].decode()
 
 
-def render_jinja(fmt_cls, text, conv, add_ass, bos, eos):
+def render_jinja(fmt_cls, text, conv, add_ass, bos, eos, tools=None):
     try:
         fmt = fmt_cls(template=text, eos_token=eos, bos_token=bos, add_generation_prompt=add_ass)
     except Exception as e:  # the template does not parse
@@ -175,7 +175,7 @@ def render_jinja(fmt_cls, text, conv, add_ass, bos, eos):
         return fmt._environment.render(
             messages=conv, eos_token=eos, bos_token=bos, raise_exception=raise_exception,
             add_generation_prompt=add_ass, functions=None, function_call=None,
-            tools=None, tool_choice=None)
+            tools=tools, tool_choice=None)
     except Exception as e:
         return {"error": type(e).__name__}
 

@@ -44,6 +44,11 @@ import llama_cpp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCABS = os.path.join(ROOT, "tests", "data", "vocab")
+# Vocab files too large to copy into the repo: read from llama.cpp's `models/` in the
+# llama-cpp-python sdist (what `cargo xtask test` downloads into ~/.cache/pinch/sdist).
+SDIST_MODELS = os.path.expanduser(
+    "~/.cache/pinch/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp/models")
+SDIST_VOCABS = ["ggml-vocab-nomic-bert-moe.gguf"]  # the only UGM (t5) vocab llama.cpp ships
 OUT = os.path.join(VOCABS, "diff")
 SEED = 20261201
 N_RANDOM = 100
@@ -201,7 +206,15 @@ def dec_field(text, want):
     return "=" if text == want else fnv(text)
 
 
-def write_vocab(path, out_path, shared, whole_vocab, header=None, base_ids=None):
+def test_inputs():
+    """llama.cpp's test-tokenizer-0 inputs (the .inp file all vocabs here share)."""
+    raw = open(os.path.join(VOCABS, "ggml-vocab-llama-spm.gguf.inp"), "rb").read()
+    sep = b"\n__ggml_vocab_test__\n"
+    parts = raw.split(sep)
+    return parts[:-1] if parts and parts[-1] == b"" else parts
+
+
+def write_vocab(path, out_path, shared, whole_vocab, header=None, base_ids=None, more=()):
     """Writes one vocab's file; returns its ids00 by string index."""
     m = llama_cpp.Llama(path, vocab_only=True, verbose=False)
     vocab = llama_cpp.llama_model_get_vocab(m.model)
@@ -214,6 +227,7 @@ def write_vocab(path, out_path, shared, whole_vocab, header=None, base_ids=None)
             if txt:
                 specials.append(txt)
     extra = vocab_strings(specials, os.path.basename(out_path)) if whole_vocab else []
+    extra += list(more)
     ids = lambda x: " ".join(map(str, x))
     bos = llama_cpp.llama_vocab_bos(vocab)
     n_enc = n_skip = 0
@@ -267,6 +281,11 @@ def main():
         stem = os.path.basename(path)[: -len(".gguf")]
         write_vocab(path, os.path.join(out, f"model-{stem}.tsv"), shared, True,
                     header=f"file\t{os.path.abspath(path)}")
+    for name in SDIST_VOCABS:
+        # llama.cpp ships no .inp/.out for these: its test inputs go in as extra strings.
+        write_vocab(os.path.join(SDIST_MODELS, name),
+                    os.path.join(out, name.replace(".gguf", ".tsv")), shared, True,
+                    header=f"sdist\t{name}", more=test_inputs())
     base = os.path.join(VOCABS, "ggml-vocab-llama-bpe.gguf")
     base_ids = None
     for path in sorted(glob.glob(os.path.join(VOCABS, "ggml-vocab-*.gguf"))):

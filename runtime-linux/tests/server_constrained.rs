@@ -162,3 +162,35 @@ fn a_required_tool_call_comes_back_as_tool_calls() {
         assert_eq!(st, 400, "{bad}: {v}");
     }
 }
+
+/// A Jinja chat template that reads `tools` gets the request's tools
+/// (`/apply-template`, the prompt without generating): Qwen 2.5's template writes them
+/// once, in its own words, and pinch adds no tool text of its own.
+#[test]
+fn a_template_that_reads_tools_writes_them_itself() {
+    let tpl = repo().join("tests/data/templates/Qwen-Qwen2.5-7B-Instruct.jinja");
+    // The template's tool text is ~600 tokens in the fixture's byte-level vocabulary.
+    let model = raised_context(2048);
+    let t = tpl.to_str().unwrap();
+    let s = Server::start_model(&model, &["-c", "2048", "--chat-template-file", t]);
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "Weather in Zürich", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+    let body = json!({"messages": [{"role": "user", "content": "Hi"}], "tools": tools});
+    let (code, v) = s.post_json("/apply-template", &body);
+    assert_eq!(code, 200, "{v}");
+    let p = v["prompt"].as_str().unwrap();
+    // Keys in the order of the request body (serde_json writes them sorted).
+    let want_tool = "<tools>\n{\"function\": {\"description\": \"Weather in Zürich\", \
+        \"name\": \"get_weather\", \"parameters\": {\"properties\": {\"city\": {\"type\": \
+        \"string\"}}, \"required\": [\"city\"], \"type\": \"object\"}}, \"type\": \"function\"}\n</tools>";
+    assert!(p.starts_with("<|im_start|>system\nYou are Qwen"), "{p}");
+    assert!(p.contains(want_tool), "{p}");
+    assert_eq!(p.matches("# Tools").count(), 1, "{p}");
+    // tool_choice "none": the template sees no tools.
+    let mut none = body.clone();
+    none["tool_choice"] = json!("none");
+    let (code, v) = s.post_json("/apply-template", &none);
+    assert_eq!(code, 200, "{v}");
+    assert!(!v["prompt"].as_str().unwrap().contains("# Tools"), "{v}");
+}

@@ -9,6 +9,7 @@ fn render(t: &str, msgs: &[ChatMessage<'_>], buf: &mut [u8]) -> Result<usize, Ji
         add_generation_prompt: true,
         bos_token: "<s>",
         eos_token: "</s>",
+        tools: None,
     };
     jinja::render(t, &vars, buf)
 }

@@ -387,6 +387,8 @@ fn source<'a>(tokens: &'a [u8], count: u64, model: &'a str) -> VocabSource<'a> {
         add_bos: None,
         add_eos: None,
         add_space_prefix: None,
+        remove_extra_whitespaces: None,
+        charsmap: None,
     }
 }
 
@@ -509,4 +511,110 @@ fn tiny_spm_vocab_merges_by_score_and_falls_back_to_unk_without_byte_tokens() {
     assert_eq!(encode(&t, b"bca", false, false), vec![5, 1]);
     // 'z' has no token and there are no byte tokens: <unk>.
     assert_eq!(encode(&t, b"z a", false, false), vec![0, 6, 1]);
+}
+
+/// A unigram (t5) vocab without a charsmap: the best-scoring split wins over the greedy
+/// one, characters no token covers become one `<unk>` per run, and the default special
+/// ids and flags are llama.cpp's (EOS 1, UNK 2, no BOS, EOS added).
+#[test]
+fn unigram_picks_the_best_split_and_merges_unknown_runs() {
+    let toks = gguf_strings(&["<pad>", "</s>", "<unk>", "▁ab", "▁a", "bc", "c", "▁", "x"]);
+    let scores: Vec<u8> = [0.0f32, 0.0, 0.0, -1.0, -2.0, -2.0, -5.0, -3.0, -4.0]
+        .iter()
+        .flat_map(|s| s.to_le_bytes())
+        .collect();
+    let types: Vec<u8> = [3i32, 3, 2, 1, 1, 1, 1, 1, 1]
+        .iter()
+        .flat_map(|t| t.to_le_bytes())
+        .collect();
+    let mut s = source(&toks, 9, "t5");
+    s.scores = Some(ArrayView {
+        elem: ValueType::F32,
+        len: 9,
+        bytes: &scores,
+    });
+    s.types = Some(ArrayView {
+        elem: ValueType::I32,
+        len: 9,
+        bytes: &types,
+    });
+    s.add_space_prefix = Some(true);
+    let mut region = vec![0u8; 1 << 20];
+    let t = Tokenizer::from_source(&s, &mut Arena::new(&mut region)).unwrap();
+    assert_eq!(t.kind(), VocabKind::Ugm);
+    assert_eq!((t.bos(), t.eos(), t.unk()), (None, Some(1), Some(2)));
+    assert!(t.adds_eos() && !t.adds_bos());
+    let enc = |text: &str, special: bool| {
+        let mut scratch = vec![0u8; t.scratch_bytes(text.len())];
+        let mut out = vec![0u32; 64];
+        let n = t
+            .encode(text, special, false, &mut scratch, &mut out)
+            .unwrap();
+        out[..n].to_vec()
+    };
+    // "▁abc": ▁a + bc (-4) beats ▁ab + c (-6).
+    assert_eq!(enc("abc", false), [4, 5]);
+    // "▁x€€yx": the unknown run €, €, y is one <unk>.
+    assert_eq!(enc("x€€yx", false), [7, 8, 2, 8]);
+    assert_eq!(enc("abc", true), [4, 5, 1]);
+    let mut out = [0u8; 16];
+    let n = t.detokenize(&[4, 5], false, false, &mut out);
+    assert_eq!(&out[..n], b"abc");
+}
+
+#[test]
+fn unigram_charsmap_errors_name_the_key() {
+    let toks = gguf_strings(&["<pad>", "</s>", "<unk>", "a"]);
+    let mut region = vec![0u8; 1 << 20];
+    // Too short for its size header, a size past the end, and a wrong element type.
+    for (elem, bytes) in [
+        (ValueType::U8, &[1u8, 0][..]),
+        (ValueType::U8, &[8, 0, 0, 0, 1, 2, 3, 4][..]),
+        (ValueType::I32, &[0, 0, 0, 0, 0, 0, 0, 0][..]),
+    ] {
+        let mut s = source(&toks, 4, "t5");
+        s.charsmap = Some(ArrayView {
+            elem,
+            len: bytes.len() as u64,
+            bytes,
+        });
+        let r = Tokenizer::from_source(&s, &mut Arena::new(&mut region));
+        let want = match elem {
+            ValueType::U8 => matches!(
+                r,
+                Err(TokenizerError::Malformed {
+                    key: "tokenizer.ggml.precompiled_charsmap",
+                    ..
+                })
+            ),
+            _ => matches!(
+                r,
+                Err(TokenizerError::WrongType {
+                    key: "tokenizer.ggml.precompiled_charsmap"
+                })
+            ),
+        };
+        assert!(want, "{:?}", r.err());
+    }
+    // An XCDA whose root points outside it: encoding reports the charsmap, no panic.
+    let bad = [4u8, 0, 0, 0, 0xff, 0xff, 0xff, 0x7f, b'x', 0];
+    let mut s = source(&toks, 4, "t5");
+    s.charsmap = Some(ArrayView {
+        elem: ValueType::U8,
+        len: bad.len() as u64,
+        bytes: &bad,
+    });
+    let t = Tokenizer::from_source(&s, &mut Arena::new(&mut region)).unwrap();
+    let mut scratch = vec![0u8; t.scratch_bytes(3)];
+    let r = t.encode("abc", false, false, &mut scratch, &mut [0u32; 16]);
+    assert!(
+        matches!(
+            r,
+            Err(TokenizerError::Malformed {
+                key: "tokenizer.ggml.precompiled_charsmap",
+                ..
+            })
+        ),
+        "{r:?}"
+    );
 }

@@ -23,6 +23,19 @@ fn diff_dir() -> PathBuf {
         .unwrap_or_else(|| vocab_dir().join("diff"))
 }
 
+/// llama.cpp's `models/` in the llama-cpp-python 0.3.36 sdist, for the vocab files too
+/// large to copy here (`sdist` lines: the UGM vocab). `cargo xtask test` downloads it
+/// into `$HOME/.cache/pinch/sdist` before this test runs; `$PINCH_LLAMA_CPP_MODELS`
+/// points elsewhere.
+fn sdist_models() -> PathBuf {
+    std::env::var_os("PINCH_LLAMA_CPP_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME is set"))
+                .join(".cache/pinch/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp/models")
+        })
+}
+
 fn hex(s: &str) -> Vec<u8> {
     (0..s.len() / 2)
         .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
@@ -123,7 +136,7 @@ fn replay(
     for line in text.lines() {
         let f: Vec<&str> = line.split('\t').collect();
         match f[0] {
-            "base" | "file" => {}
+            "base" | "file" | "sdist" => {}
             "s" => strings.push(hex(f[1])),
             "x" => tally.raised += 1,
             "e" => {
@@ -228,6 +241,16 @@ fn pinch_tokenizes_and_detokenizes_as_llama_cpp() {
         {
             Some(h) if h[0] == "base" => with_pre(&std::fs::read(dir.join(h[1])).unwrap(), h[2]),
             Some(h) if h[0] == "file" => std::fs::read(h[1]).unwrap(),
+            Some(h) if h[0] == "sdist" => {
+                let p = sdist_models().join(h[1]);
+                std::fs::read(&p).unwrap_or_else(|e| {
+                    panic!(
+                        "{}: {e} (llama.cpp's vocab file; `cargo xtask tokenizer-diff` \
+                         downloads the sdist holding it)",
+                        p.display()
+                    )
+                })
+            }
             _ => std::fs::read(dir.join(file.replace(".tsv", ".gguf"))).unwrap(),
         };
         let (t, own) = replay(&gguf, file, &shared, &base_ids);
@@ -293,5 +316,26 @@ fn code_points_past_u10ffff_encode_where_llama_cpp_aborts() {
                 assert_eq!(got, encode(&t, "ab\u{FFFD}cd".as_bytes(), false), "{name}");
             }
         }
+    }
+}
+
+/// The unigram scratch bound holds where normalization grows text most: XLM-R's
+/// charsmap turns U+FDFA (3 bytes) into 33, and spaces around it become `▁`.
+#[test]
+fn unigram_scratch_bound_holds_for_the_longest_replacement() {
+    let p = sdist_models().join("ggml-vocab-nomic-bert-moe.gguf");
+    let bytes = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    let g = Gguf::parse(&bytes, bytes.len() as u64).unwrap();
+    let mut region = vec![0u8; 96 << 20];
+    let t = Tokenizer::from_gguf(&g, &mut Arena::new(&mut region)).unwrap();
+    for text in [
+        "\u{FDFA}".repeat(300),
+        "\u{FDFA} ".repeat(200),
+        " \u{FDFA}".repeat(200),
+        "\u{FDFA}a\u{FDFA} \u{3000}\u{FDFA}".repeat(50),
+    ] {
+        let ids = encode(&t, text.as_bytes(), true);
+        eprintln!("{} bytes -> {} tokens", text.len(), ids.len());
+        assert!(ids.len() > text.len() / 3, "{}", ids.len());
     }
 }

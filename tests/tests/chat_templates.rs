@@ -158,6 +158,7 @@ fn jinja_templates_render_as_jinja2() {
                 add_generation_prompt: add,
                 bos_token: e["bos_token"].as_str().unwrap(),
                 eos_token: e["eos_token"].as_str().unwrap(),
+                tools: None,
             };
             jinja::render(&text, &vars, &mut buf)
                 .map(|n| String::from_utf8(buf[..n].to_vec()).unwrap())
@@ -203,6 +204,7 @@ fn raise_exception_is_a_typed_error() {
         add_generation_prompt: true,
         bos_token: "",
         eos_token: "",
+        tools: None,
     };
     let t = "{% if messages[0].role == 'system' %}{{ raise_exception('no system') }}{% endif %}";
     let mut buf = [0u8; 256];

@@ -192,6 +192,9 @@ fn fetch_model() -> Result<Outcome> {
 }
 
 fn test_host() -> Result<Outcome> {
+    // runtime-min/tests/tokenizer_diff.rs reads the UGM vocab (6.8 MB, not in the repo)
+    // from llama.cpp's models/ in the llama-cpp-python sdist.
+    crate::tokenizer_diff::vocab_dir()?;
     run_tests(&mut cargo(["test", "--workspace"])).map(Outcome::Tested)
 }
 

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 /// llama.cpp's `models/` folder from the llama-cpp-python sdist, downloading it when missing.
-fn vocab_dir() -> Result<PathBuf> {
+pub(crate) fn vocab_dir() -> Result<PathBuf> {
     let home = std::env::var_os("HOME").ok_or("HOME is not set")?;
     let sdist = PathBuf::from(home).join(".cache/pinch/sdist");
     let models = sdist.join("llama_cpp_python-0.3.36/vendor/llama.cpp/models");

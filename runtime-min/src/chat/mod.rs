@@ -183,6 +183,7 @@ fn jinja_works(text: &str, bos: &str, eos: &str) -> bool {
             add_generation_prompt: true,
             bos_token: bos,
             eos_token: eos,
+            tools: None,
         };
         jinja::render(text, &vars, &mut buf).is_ok()
     })
@@ -274,6 +275,26 @@ impl<'t> Template<'t> {
         add_generation_prompt: bool,
         out: &mut [u8],
     ) -> Result<usize, ChatError> {
+        self.render_with_tools(messages, add_generation_prompt, None, out)
+    }
+
+    /// Whether the template writes the request's tools itself (a Jinja template that
+    /// reads `tools`); for the others the caller describes the tools in a message.
+    pub fn takes_tools(&self) -> bool {
+        matches!(self.kind, Kind::Jinja(t) if t.contains("tools"))
+    }
+
+    /// [`Self::render`] with the request's `tools` (their JSON text, a list of
+    /// `{"type": "function", "function": {...}}`) bound to the Jinja variable `tools`;
+    /// built-in formats ignore them (see [`Self::takes_tools`]). The parsed tools take
+    /// room in `out` beside the prompt (about their JSON size).
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage<'_>],
+        add_generation_prompt: bool,
+        tools: Option<&str>,
+        out: &mut [u8],
+    ) -> Result<usize, ChatError> {
         match self.kind {
             Kind::Jinja(text) => {
                 let vars = jinja::Vars {
@@ -281,6 +302,7 @@ impl<'t> Template<'t> {
                     add_generation_prompt,
                     bos_token: self.bos_token,
                     eos_token: self.eos_token,
+                    tools,
                 };
                 Ok(jinja::render(text, &vars, out)?)
             }

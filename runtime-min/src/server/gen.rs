@@ -272,9 +272,12 @@ fn prepare<P: Platform>(
                 };
                 let _ = msgs.push(ChatMessage::new(role, content));
             }
-            // Tools: their signatures and the call format in the system message (a new
-            // one first when there is none).
-            if let (Some(list), true) = (req.tools, req.tool_choice != ToolChoice::None) {
+            // Tools: a Jinja template that reads `tools` writes them itself; for the
+            // others, their signatures and the call format go in the system message (a
+            // new one first when there is none).
+            let tools_on = req.tool_choice != ToolChoice::None;
+            let own_tools = tools_on && setup.template.takes_tools();
+            if let (Some(list), true) = (req.tools, tools_on && !own_tools) {
                 let region: &mut [u8] = core::mem::take(&mut strs);
                 let mut w = SliceWriter {
                     buf: region,
@@ -324,7 +327,15 @@ fn prepare<P: Platform>(
                 false => (&msgs[..], ""),
             };
             let gen_prompt = req.p.add_generation_prompt || prefill;
-            let ok = match setup.template.render(turns, gen_prompt, &mut w.buf[..]) {
+            let tools_json = req
+                .tools
+                .filter(|_| own_tools)
+                .and_then(|v| core::str::from_utf8(v.0).ok());
+            let rendered =
+                setup
+                    .template
+                    .render_with_tools(turns, gen_prompt, tools_json, &mut w.buf[..]);
+            let ok = match rendered {
                 Ok(n) => {
                     w.len = n;
                     true

@@ -1,13 +1,16 @@
 //! Tokenizers: text to token ids and back, as llama.cpp does it (`src/llama-vocab.cpp`,
 //! `src/unicode.cpp` at commit 0c1e570).
 //!
-//! Two vocabulary families, chosen by `tokenizer.ggml.model`:
+//! Three vocabulary families, chosen by `tokenizer.ggml.model`:
 //! - `llama`: SentencePiece. Spaces become `▁`, an optional space is prepended
 //!   (`add_space_prefix`), pairs are merged by token score ([`spm`]), and characters
 //!   missing from the vocab fall back to `<0xXX>` byte tokens.
 //! - `gpt2`: byte-level BPE. The text is split into words by a pre-tokenizer
 //!   ([`pretok`], `tokenizer.ggml.pre`), every byte maps to a printable character, and
 //!   pairs are merged by rank ([`bpe`]).
+//! - `t5`: SentencePiece unigram (UGM). The text is normalized by the vocab's
+//!   precompiled charsmap, spaces become `▁`, and the best-scoring segmentation is found
+//!   by Viterbi search ([`ugm`]); characters missing from the vocab become `<unk>`.
 //!
 //! Before either, special tokens are cut out of the text: user-defined tokens always,
 //! control tokens only when `parse_special` is set; longer tokens win.
@@ -26,6 +29,7 @@ mod rx;
 mod spm;
 mod stream;
 mod table;
+mod ugm;
 mod unicode;
 mod unicode_tables;
 
@@ -73,7 +77,7 @@ pub enum TokenizerError {
     },
     /// An array's bytes end before element `index` does.
     Malformed { key: &'static str, index: u64 },
-    /// `tokenizer.ggml.model` is not `llama` or `gpt2`.
+    /// `tokenizer.ggml.model` is not `llama`, `gpt2` or `t5`.
     UnsupportedModel { name: Name },
     /// `tokenizer.ggml.pre` names a pre-tokenizer this crate does not implement.
     UnsupportedPreTokenizer { name: Name },
@@ -109,7 +113,7 @@ impl core::fmt::Display for TokenizerError {
             E::UnsupportedModel { name } => write!(
                 f,
                 "tokenizer: tokenizer.ggml.model is '{name}', which pinch does not support \
-                 (supported: llama = SentencePiece, gpt2 = byte-level BPE)"
+                 (supported: llama = SentencePiece, gpt2 = byte-level BPE, t5 = unigram)"
             ),
             E::UnsupportedPreTokenizer { name } => {
                 write!(
@@ -196,6 +200,8 @@ pub enum VocabKind {
     Spm,
     /// `gpt2`: byte-level BPE.
     Bpe,
+    /// `t5`: SentencePiece unigram (UGM).
+    Ugm,
 }
 
 /// The tokenizer metadata of a GGUF file, independent of the reader.
@@ -227,6 +233,10 @@ pub struct VocabSource<'a> {
     pub add_bos: Option<bool>,
     pub add_eos: Option<bool>,
     pub add_space_prefix: Option<bool>,
+    /// `tokenizer.ggml.remove_extra_whitespaces` (UGM)
+    pub remove_extra_whitespaces: Option<bool>,
+    /// `tokenizer.ggml.precompiled_charsmap` (UGM; u8 or i8 array)
+    pub charsmap: Option<ArrayView<'a>>,
 }
 
 /// A loaded tokenizer; all tables live in the arena.
@@ -262,6 +272,8 @@ pub struct Tokenizer<'a> {
     eom: Option<u32>,
     unk: Option<u32>,
     eog: heapless::Vec<u32, 32>,
+    /// Unigram tables (UGM vocabs only).
+    ugm: Option<ugm::Ugm<'a>>,
     /// Pruned LM head: a bit per id; ids whose bit is clear are never produced (see
     /// [`Tokenizer::set_allowed`]).
     allowed: Option<&'a [u64]>,
@@ -503,6 +515,8 @@ impl<'a> VocabSource<'a> {
             add_bos: g.get_bool("tokenizer.ggml.add_bos_token"),
             add_eos: g.get_bool("tokenizer.ggml.add_eos_token"),
             add_space_prefix: g.get_bool("tokenizer.ggml.add_space_prefix"),
+            remove_extra_whitespaces: g.get_bool("tokenizer.ggml.remove_extra_whitespaces"),
+            charsmap: arr("tokenizer.ggml.precompiled_charsmap")?,
         })
     }
 }
@@ -522,10 +536,13 @@ impl<'a> Tokenizer<'a> {
         let kind = match src.model {
             "llama" => VocabKind::Spm,
             "gpt2" => VocabKind::Bpe,
+            "t5" => VocabKind::Ugm,
             m => return Err(TokenizerError::UnsupportedModel { name: Name::new(m) }),
         };
         let info = match (kind, src.pre) {
-            (VocabKind::Spm, _) | (VocabKind::Bpe, None) => PreTokenizer::from_name("default"),
+            (VocabKind::Spm | VocabKind::Ugm, _) | (VocabKind::Bpe, None) => {
+                PreTokenizer::from_name("default")
+            }
             (VocabKind::Bpe, Some(p)) => PreTokenizer::from_name(p),
         }
         .ok_or(TokenizerError::UnsupportedPreTokenizer {
@@ -611,6 +628,7 @@ impl<'a> Tokenizer<'a> {
             VocabKind::Spm => (in_range(1), in_range(2), in_range(0)),
             VocabKind::Bpe if info.no_default_bos => (None, in_range(11), None),
             VocabKind::Bpe => (in_range(11), in_range(11), None),
+            VocabKind::Ugm => (None, in_range(1), in_range(2)),
         };
         let pick = |cur: Option<u32>, meta: Option<u32>| meta.and_then(in_range).or(cur);
         bos = pick(bos, src.bos);
@@ -618,13 +636,14 @@ impl<'a> Tokenizer<'a> {
         unk = pick(unk, src.unk);
         let mut eot = src.eot.and_then(in_range);
         let mut eom = src.eom.and_then(in_range);
-        let (mut add_bos, add_space_prefix) = match kind {
-            VocabKind::Spm => (true, true),
-            VocabKind::Bpe => (info.add_bos, false),
+        let (mut add_bos, add_eos, add_space_prefix) = match kind {
+            VocabKind::Spm => (true, false, true),
+            VocabKind::Bpe => (info.add_bos, false, false),
+            VocabKind::Ugm => (false, true, false),
         };
         let add_space_prefix = src.add_space_prefix.unwrap_or(add_space_prefix);
         add_bos = src.add_bos.unwrap_or(add_bos);
-        let add_eos = src.add_eos.unwrap_or(false);
+        let add_eos = src.add_eos.unwrap_or(add_eos);
 
         // Tokens llama.cpp recognises by their text (and forces to control type).
         let force_control = |attrs: &mut [u8], id: u32| attrs[id as usize] |= attr::CONTROL;
@@ -744,7 +763,7 @@ impl<'a> Tokenizer<'a> {
         let mut byte_tok = [NONE; 256];
         for (b, slot) in byte_tok.iter_mut().enumerate() {
             *slot = match kind {
-                VocabKind::Spm => {
+                VocabKind::Spm | VocabKind::Ugm => {
                     const HEX: &[u8; 16] = b"0123456789ABCDEF";
                     let name = [b'<', b'0', b'x', HEX[b >> 4], HEX[b & 15], b'>'];
                     lookup
@@ -810,7 +829,7 @@ impl<'a> Tokenizer<'a> {
                     key: "tokenizer.ggml.merges",
                 })
             }
-            (VocabKind::Spm, _) => MergeTable::empty(),
+            (VocabKind::Spm | VocabKind::Ugm, _) => MergeTable::empty(),
         };
 
         // Decoded bytes of every token (llama.cpp's token_to_piece with special = true).
@@ -832,8 +851,27 @@ impl<'a> Tokenizer<'a> {
             decode_piece(kind, attrs[id], key_of(id as u32), &mut pieces[s..e]);
         }
 
+        let ugm = match kind {
+            VocabKind::Ugm => {
+                let charsmap = match &src.charsmap {
+                    Some(c) if matches!(c.elem, ValueType::U8 | ValueType::I8) => Some(c.bytes),
+                    Some(_) => {
+                        return Err(TokenizerError::WrongType {
+                            key: "tokenizer.ggml.precompiled_charsmap",
+                        })
+                    }
+                    None => None,
+                };
+                let merge = src.remove_extra_whitespaces.unwrap_or(false);
+                let len_of = |id: u32| spans[2 * id as usize + 1] as usize;
+                Some(ugm::Ugm::new(charsmap, scores, attrs, len_of, merge)?)
+            }
+            _ => None,
+        };
+
         Ok(Tokenizer {
             kind,
+            ugm,
             pre,
             n_vocab: n as u32,
             texts,
@@ -868,7 +906,7 @@ impl<'a> Tokenizer<'a> {
     pub fn n_vocab(&self) -> u32 {
         self.n_vocab
     }
-    /// SentencePiece or byte-level BPE.
+    /// SentencePiece, byte-level BPE or unigram.
     pub fn kind(&self) -> VocabKind {
         self.kind
     }
@@ -1033,6 +1071,7 @@ impl<'a> Tokenizer<'a> {
             // code points + flags + word (3 bytes a code point at most) + byte-encoded
             // word + symbols and heap for the longest possible word
             VocabKind::Bpe => 4 * m + m + 3 * m + 6 * m + 16 * 3 * m + 48 * 3 * m,
+            VocabKind::Ugm => self.ugm.map_or(0, |u| u.scratch_bytes(m)),
         };
         m + work + 64
     }
@@ -1233,6 +1272,10 @@ impl<'a> Tokenizer<'a> {
                 };
                 bpe::tokenize(self, frag, &mut w, out)
             }
+            VocabKind::Ugm => match &self.ugm {
+                Some(u) => ugm::tokenize(self, u, frag, rest, out),
+                None => Ok(()),
+            },
         }
     }
 }
@@ -1252,7 +1295,7 @@ fn decode_piece(kind: VocabKind, a: u8, text: &[u8], out: &mut [u8]) -> usize {
         text.iter().for_each(|&b| put(b));
     } else if a & attr::NORMAL != 0 {
         match kind {
-            VocabKind::Spm => {
+            VocabKind::Spm | VocabKind::Ugm => {
                 let mut i = 0;
                 while i < text.len() {
                     if text[i..].starts_with("▁".as_bytes()) {

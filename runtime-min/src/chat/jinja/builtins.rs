@@ -61,7 +61,8 @@ impl<'a> Vm<'a, '_> {
             "add_generation_prompt" => Value::Bool(v.add_generation_prompt),
             "bos_token" => Value::Str(Str::Src(v.bos_token)),
             "eos_token" => Value::Str(Str::Src(v.eos_token)),
-            "tools" | "functions" | "function_call" | "tool_choice" => Value::None,
+            "tools" => self.tools,
+            "functions" | "function_call" | "tool_choice" => Value::None,
             "loop" if !self.loops.is_empty() => Value::Loop(self.loops.len() as u16 - 1),
             _ => match self.macros.iter().position(|m| m.name == name) {
                 Some(i) => Value::Macro(i as u16),
@@ -103,6 +104,7 @@ impl<'a> Vm<'a, '_> {
                 })
                 .and_then(|k| self.slab.get(k + 1).copied())
                 .unwrap_or(Value::Undefined),
+            Value::JsonObj(at) => self.json_get(at, name),
             Value::Namespace(ns) => self
                 .attrs
                 .iter()
@@ -196,6 +198,12 @@ impl<'a> Vm<'a, '_> {
                 .unwrap_or(Value::Undefined),
             Base::Range => Value::Int(j),
             Base::DictItems(at) => Value::Pair(at + 2 * j as u32),
+            Base::JsonRun(at) => self.json_value(self.json_skip(at as usize, j as usize)),
+            Base::JsonItems(at) => self.json_pair(at, j as u32),
+            Base::JsonKeys(at) => match self.json_pair(at, j as u32) {
+                Value::Seq(pair) => self.elem(&pair, 0),
+                v => v,
+            },
             Base::Split(st, sep) => {
                 let t = self.buf.text(st);
                 let sep = sep.map(|p| self.buf.text(p));
@@ -215,6 +223,11 @@ impl<'a> Vm<'a, '_> {
             Value::Str(s) => !self.buf.bytes(s).is_empty(),
             Value::Seq(s) => s.len > 0,
             Value::Dict { len, .. } => len > 0,
+            Value::JsonObj(at) => self.json_count(at) > 0,
+            Value::JsonNum(at) => {
+                let t = self.buf.text(self.json_num_text(at));
+                t.bytes().any(|c| matches!(c, b'1'..=b'9'))
+            }
             Value::Pair(_)
             | Value::Message(_)
             | Value::Part(..)
@@ -275,6 +288,10 @@ impl<'a> Vm<'a, '_> {
                     })
             }
             (Value::Loop(x), Value::Loop(y)) => x == y,
+            (Value::JsonObj(x), Value::JsonObj(y)) => x == y,
+            (Value::JsonNum(x), Value::JsonNum(y)) => {
+                self.buf.bytes(self.json_num_text(x)) == self.buf.bytes(self.json_num_text(y))
+            }
             _ => match (self.as_int(a), self.as_int(b)) {
                 (Some(x), Some(y)) => x == y,
                 _ => false,
@@ -291,12 +308,14 @@ impl<'a> Vm<'a, '_> {
             },
             Value::Seq(s) => (0..s.len).any(|i| self.equal(self.elem(&s, i), needle)),
             Value::Dict { .. } => !self.dict_get(hay, needle).is_undefined(),
-            Value::Message(_) | Value::Part(..) | Value::Namespace(_) | Value::Loop(_) => {
-                match needle {
-                    Value::Str(k) => !self.attr(hay, self.buf.text(k)).is_undefined(),
-                    _ => false,
-                }
-            }
+            Value::Message(_)
+            | Value::Part(..)
+            | Value::Namespace(_)
+            | Value::Loop(_)
+            | Value::JsonObj(_) => match needle {
+                Value::Str(k) => !self.attr(hay, self.buf.text(k)).is_undefined(),
+                _ => false,
+            },
             Value::Undefined => false,
             _ => return Err(self.type_err("'in' on a value that is not a container")),
         })
@@ -389,14 +408,48 @@ impl<'a> Vm<'a, '_> {
         }
     }
 
-    /// `json.dumps(v, ensure_ascii=False)` to the output.
-    fn write_json(&mut self, v: Value<'a>) -> R<()> {
-        self.write_form(v, Form::Json)
-    }
-
     /// `v` as Python's `repr` or as JSON: the same shapes, different punctuation.
     fn write_form(&mut self, v: Value<'a>, form: Form) -> R<()> {
+        self.write_form_in(v, form, None, 0)
+    }
+
+    /// Between a container's items (`i > 0`), or at its start (`i == 0`, `open`) or end
+    /// (`close`): `, ` or, with json.dumps' `indent`, a newline and the item's indent.
+    fn sep(&mut self, ind: Option<u32>, depth: u32, first: bool, close: bool) -> R<()> {
+        match ind {
+            None if first || close => Ok(()),
+            None => self.buf.put(b", "),
+            Some(n) => {
+                if !first && !close {
+                    self.buf.put(b",")?;
+                }
+                self.buf.put(b"\n")?;
+                let d = if close { depth } else { depth + 1 };
+                for _ in 0..n * d {
+                    self.buf.put(b" ")?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// [`Self::write_form`] with json.dumps' `indent` (`ind`) at nesting `depth`.
+    fn write_form_in(&mut self, v: Value<'a>, form: Form, ind: Option<u32>, depth: u32) -> R<()> {
         self.step()?;
+        self.enter()?;
+        let r = self.write_form_inner(v, form, ind, depth);
+        self.leave();
+        r
+    }
+
+    fn write_form_inner(
+        &mut self,
+        v: Value<'a>,
+        form: Form,
+        ind: Option<u32>,
+        depth: u32,
+    ) -> R<()> {
+        let d1 = depth + 1;
         let json = form == Form::Json;
         let pick = |r: &'static [u8], j: &'static [u8]| if json { j } else { r };
         match v {
@@ -412,14 +465,34 @@ impl<'a> Vm<'a, '_> {
             Value::Seq(s) => {
                 self.buf.put(b"[")?;
                 for i in 0..s.len {
-                    if i > 0 {
-                        self.buf.put(b", ")?;
-                    }
+                    self.sep(ind, depth, i == 0, false)?;
                     let e = self.elem(&s, i);
-                    self.write_form(e, form)?;
+                    self.write_form_in(e, form, ind, d1)?;
+                }
+                if s.len > 0 {
+                    self.sep(ind, depth, false, true)?;
                 }
                 self.buf.put(b"]")
             }
+            Value::JsonObj(at) => {
+                self.buf.put(b"{")?;
+                let n = self.json_count(at);
+                for i in 0..n {
+                    self.sep(ind, depth, i == 0, false)?;
+                    let Value::Seq(pair) = self.json_pair(at, i) else {
+                        return Err(self.type_err("broken JSON pair"));
+                    };
+                    let (k, e) = (self.elem(&pair, 0), self.elem(&pair, 1));
+                    self.write_form_in(k, form, ind, d1)?;
+                    self.buf.put(b": ")?;
+                    self.write_form_in(e, form, ind, d1)?;
+                }
+                if n > 0 {
+                    self.sep(ind, depth, false, true)?;
+                }
+                self.buf.put(b"}")
+            }
+            Value::JsonNum(at) => self.buf.put_str(self.json_num_text(at)),
             Value::Message(_) | Value::Part(..) => {
                 let keys: [&str; 2] = if matches!(v, Value::Message(_)) {
                     ["role", "content"]
@@ -428,22 +501,19 @@ impl<'a> Vm<'a, '_> {
                 };
                 self.buf.put(b"{")?;
                 for (i, k) in keys.iter().enumerate() {
-                    if i > 0 {
-                        self.buf.put(b", ")?;
-                    }
+                    self.sep(ind, depth, i == 0, false)?;
                     self.write_form(Value::Str(Str::Src(k)), form)?;
                     self.buf.put(b": ")?;
                     let e = self.attr(v, k);
-                    self.write_form(e, form)?;
+                    self.write_form_in(e, form, ind, d1)?;
                 }
+                self.sep(ind, depth, false, true)?;
                 self.buf.put(b"}")
             }
             Value::Dict { at, len } => {
                 self.buf.put(b"{")?;
                 for i in 0..len {
-                    if i > 0 {
-                        self.buf.put(b", ")?;
-                    }
+                    self.sep(ind, depth, i == 0, false)?;
                     let k = at as usize + 2 * i as usize;
                     let (kv, vv) = (self.slab[k], self.slab[k + 1]);
                     // JSON keys are strings: json.dumps quotes numbers and null.
@@ -464,7 +534,10 @@ impl<'a> Vm<'a, '_> {
                         self.buf.put(b"\"")?;
                     }
                     self.buf.put(b": ")?;
-                    self.write_form(vv, form)?;
+                    self.write_form_in(vv, form, ind, d1)?;
+                }
+                if len > 0 {
+                    self.sep(ind, depth, false, true)?;
                 }
                 self.buf.put(b"}")
             }
@@ -521,6 +594,17 @@ impl<'a> Vm<'a, '_> {
                     && ((c as u32) < 0x20 || (0x7F..=0xA0).contains(&(c as u32))) =>
                 {
                     hex_escape(&mut tmp, b'x', c as u32, 2)
+                }
+                // tojson(ensure_ascii=True): \uXXXX, astral characters as a surrogate pair.
+                c if form == Form::Json && self.json_ascii && !c.is_ascii() => {
+                    let mut units = [0u16; 2];
+                    let units = c.encode_utf16(&mut units);
+                    if let [hi, _] = units {
+                        let hi = *hi;
+                        self.buf.put(hex_escape(&mut tmp, b'u', u32::from(hi), 4))?;
+                    }
+                    let lo = u32::from(*units.last().unwrap_or(&0));
+                    hex_escape(&mut tmp, b'u', lo, 4)
                 }
                 c => c.encode_utf8(&mut tmp).as_bytes(),
             };
@@ -738,6 +822,7 @@ impl<'a> Vm<'a, '_> {
             Value::Undefined => Ok(Seq::new(Base::Slab, 0)),
             Value::Str(_) => Err(self.unsupported("iterating over a string")),
             Value::Dict { .. } => Err(self.unsupported("iterating over a dict (use .items())")),
+            Value::JsonObj(at) => Ok(Seq::new(Base::JsonKeys(at), self.json_count(at) as usize)),
             Value::Pair(at) => Ok(Seq {
                 base: Base::Slab,
                 start: i64::from(at),
@@ -765,18 +850,26 @@ impl<'a> Vm<'a, '_> {
                 Value::Seq(s) => i64::from(s.len),
                 Value::Message(_) | Value::Part(..) | Value::Pair(_) => 2,
                 Value::Dict { len, .. } => i64::from(len),
+                Value::JsonObj(at) => i64::from(self.json_count(at)),
                 Value::Undefined => 0,
                 _ => return Err(self.type_err("length of a value that has none")),
             }),
             "tojson" => {
-                if a.get(0, "indent")
-                    .is_some_and(|i| !matches!(i, Value::None))
-                    && matches!(v, Value::Seq(_) | Value::Message(_) | Value::Part(..))
-                {
-                    return Err(self.unsupported("tojson(indent=...) of a container"));
-                }
+                let ind = match a.get(0, "indent") {
+                    None | Some(Value::None) => None,
+                    Some(i) => match self.as_int(i) {
+                        Some(n @ 0..=16) => Some(n as u32),
+                        _ => return Err(self.unsupported("tojson(indent=...) not 0-16")),
+                    },
+                };
+                let ascii = a
+                    .get(usize::MAX, "ensure_ascii")
+                    .is_some_and(|x| self.truthy(x));
                 let mark = self.buf.len;
-                self.write_json(v)?;
+                self.json_ascii = ascii;
+                let r = self.write_form_in(v, Form::Json, ind, 0);
+                self.json_ascii = false;
+                r?;
                 Value::Str(self.buf.capture(mark))
             }
             "upper" | "lower" | "capitalize" | "title" => {
@@ -897,6 +990,17 @@ impl<'a> Vm<'a, '_> {
                     Ok(ok == want)
                 })?
             }
+            "items" | "dictsort" if matches!(v, Value::JsonObj(_)) => {
+                let Value::JsonObj(at) = v else {
+                    return Err(self.type_err("items of a value that is not a dict"));
+                };
+                let items = Value::Seq(self.json_items(at));
+                if name == "items" {
+                    items
+                } else {
+                    self.sorted(items, Some(0), false)?
+                }
+            }
             "items" | "dictsort" => {
                 let Value::Dict { at, len } = v else {
                     return Err(self.type_err("items of a value that is not a dict"));
@@ -954,7 +1058,8 @@ impl<'a> Vm<'a, '_> {
             "undefined" => v.is_undefined(),
             "none" => matches!(v, Value::None),
             "string" => v.is_str(),
-            "number" | "integer" => matches!(v, Value::Int(_)),
+            "number" => matches!(v, Value::Int(_) | Value::JsonNum(_)),
+            "integer" => matches!(v, Value::Int(_)),
             "boolean" => matches!(v, Value::Bool(_)),
             "true" => matches!(v, Value::Bool(true)),
             "false" => matches!(v, Value::Bool(false)),

@@ -25,7 +25,8 @@
 //! character), the filters, tests and methods of [`builtins`], `namespace()`, `range()`,
 //! `raise_exception()`. Variables: `messages` (each with `role` and `content`, a string
 //! or a list of `{type: text, text}` parts), `add_generation_prompt`, `bos_token`,
-//! `eos_token`; `tools`, `functions`, `function_call`, `tool_choice` are `none`.
+//! `eos_token`, `tools` (the request's JSON list of tool definitions, or `none`; see
+//! [`json`]); `functions`, `function_call`, `tool_choice` are `none`.
 //!
 //! Not supported (a typed error, never a wrong output): floats and `/` (read in a branch
 //! not taken), `{% raw %}`, `{% filter %}`, `{% call %}`, `include`/`import`/`extends`,
@@ -41,6 +42,7 @@
 //! running out is [`JinjaError::BufferFull`]. Nothing in a template or message can panic.
 pub mod builtins;
 pub mod expr;
+pub mod json;
 pub mod lexer;
 pub mod stmt;
 pub mod value;
@@ -110,6 +112,9 @@ pub struct Vars<'a> {
     pub add_generation_prompt: bool,
     pub bos_token: &'a str,
     pub eos_token: &'a str,
+    /// The JSON text of the request's `tools` (a list of `{"type": "function",
+    /// "function": {...}}`), parsed into the buffer when rendering starts.
+    pub tools: Option<&'a str>,
 }
 
 /// Render `template` into `out`; returns the output's length (`out[..n]`).
@@ -129,6 +134,9 @@ pub fn render(template: &str, vars: &Vars<'_>, out: &mut [u8]) -> Result<usize, 
         });
     }
     let mut vm = Vm::new(src, vars, out);
+    if let Some(t) = vars.tools {
+        vm.tools = vm.load_json(t)?;
+    }
     vm.run_template()?;
     Ok(vm.buf.len)
 }
@@ -165,6 +173,10 @@ pub struct Vm<'a, 'o> {
     /// Where the innermost scope's variables begin in `locals` (a loop body or macro
     /// has its own; `if` does not).
     pub scope: usize,
+    /// `tools` (loaded from [`Vars::tools`]).
+    pub tools: Value<'a>,
+    /// Inside `tojson(ensure_ascii=True)`.
+    pub json_ascii: bool,
 }
 
 impl<'a, 'o> Vm<'a, 'o> {
@@ -183,6 +195,8 @@ impl<'a, 'o> Vm<'a, 'o> {
             steps: 0,
             depth: 0,
             scope: 0,
+            tools: Value::None,
+            json_ascii: false,
         }
     }
 

@@ -30,6 +30,12 @@ pub enum Base<'a> {
     Split(Str<'a>, Option<Str<'a>>),
     /// The `(key, value)` pairs of a dict whose pairs start at slab index `.0`.
     DictItems(u32),
+    /// Consecutive JSON nodes from buffer offset `.0` (an array's elements, a pair).
+    JsonRun(u32),
+    /// The `(key, value)` pairs of the JSON object at buffer offset `.0`.
+    JsonItems(u32),
+    /// The keys of the JSON object at buffer offset `.0` (iterating over it).
+    JsonKeys(u32),
 }
 
 /// Elements `start, start + step, ...` (`len` of them) of a base.
@@ -141,6 +147,10 @@ pub enum Value<'a> {
     },
     /// A `(key, value)` pair of a dict, at slab index `.0`.
     Pair(u32),
+    /// A JSON object from outside the template (`tools`), at buffer offset `.0`.
+    JsonObj(u32),
+    /// A JSON number that is not an integer, at buffer offset `.0` (kept as its text).
+    JsonNum(u32),
 }
 
 impl Value<'_> {
@@ -158,6 +168,7 @@ impl Value<'_> {
                 | Value::Namespace(_)
                 | Value::Loop(_)
                 | Value::Dict { .. }
+                | Value::JsonObj(_)
         )
     }
 }
