@@ -115,15 +115,26 @@ fn bench(feat: &CpuFeatures, ty: GgmlType, rows: usize, cols: usize, n_tok: usiz
     );
 }
 
-#[test]
-#[ignore = "timing only: cargo test --release --test matvec_perf -- --ignored --nocapture"]
-fn gemma3_270m_shapes() {
+/// Times each of `cases` (type, rows, cols, tokens) that `PINCH_BENCH` selects (all
+/// when unset), on this CPU's features (`PINCH_NO_VNNI`: without AVX-512 VNNI).
+fn run_cases(cases: &[(GgmlType, usize, usize, usize)]) {
     let mut feat = detect();
     if std::env::var("PINCH_NO_VNNI").is_ok() {
         feat = feat.without(pinch_kernels::cpu::Feature::Avx512Vnni);
     }
     let filter = std::env::var("PINCH_BENCH").unwrap_or_default();
-    let cases: &[(GgmlType, usize, usize, usize)] = &[
+    for &(ty, rows, cols, n_tok) in cases {
+        let name = format!("{}x{}", ty.name(), n_tok);
+        if filter.is_empty() || filter.split(',').any(|f| name.contains(f)) {
+            bench(&feat, ty, rows, cols, n_tok);
+        }
+    }
+}
+
+#[test]
+#[ignore = "timing only: cargo test --release --test matvec_perf -- --ignored --nocapture"]
+fn gemma3_270m_shapes() {
+    run_cases(&[
         (GgmlType::Q8_0, 262144, 640, 1),
         (GgmlType::Q8_0, 256, 640, 1),
         (GgmlType::Q5_0, 2048, 640, 1),
@@ -134,13 +145,23 @@ fn gemma3_270m_shapes() {
         (GgmlType::Q5_0, 2048, 640, 64),
         (GgmlType::Q4_K, 640, 2048, 64),
         (GgmlType::Q6_K, 640, 2048, 64),
-    ];
-    for &(ty, rows, cols, n_tok) in cases {
-        let name = format!("{}x{}", ty.name(), n_tok);
-        if filter.is_empty() || filter.split(',').any(|f| name.contains(f)) {
-            bench(&feat, ty, rows, cols, n_tok);
-        }
-    }
+    ]);
+}
+
+/// Qwen3.5-0.8B's matrices (`cargo xtask bench --arch qwen35`): the tied Q6_K head, the
+/// DeltaNet qkv, the FFN (Q4_K gate/up, Q6_K down); `PINCH_BENCH` filters as above.
+#[test]
+#[ignore = "timing only: cargo test --release --test matvec_perf -- --ignored --nocapture"]
+fn qwen35_shapes() {
+    run_cases(&[
+        (GgmlType::Q6_K, 248320, 1024, 1),
+        (GgmlType::Q6_K, 6144, 1024, 1),
+        (GgmlType::Q4_K, 3584, 1024, 1),
+        (GgmlType::Q6_K, 1024, 3584, 1),
+        (GgmlType::Q6_K, 6144, 1024, 64),
+        (GgmlType::Q4_K, 3584, 1024, 64),
+        (GgmlType::Q6_K, 1024, 3584, 64),
+    ]);
 }
 
 /// For instruction counts under qemu (`-plugin libinsn.so`): runs each selected shape

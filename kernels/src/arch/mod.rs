@@ -66,6 +66,8 @@ mod x86_iq4;
 #[cfg(target_arch = "x86_64")]
 mod x86_kquant;
 #[cfg(target_arch = "x86_64")]
+mod x86_kquant512;
+#[cfg(target_arch = "x86_64")]
 mod x86_legacy;
 #[cfg(target_arch = "x86_64")]
 mod x86_min;

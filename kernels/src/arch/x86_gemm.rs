@@ -21,6 +21,7 @@
 use core::arch::x86_64::*;
 
 use super::x86_kquant::{self as kq, load32};
+use super::x86_kquant512::{self as k5, K512};
 use super::Job;
 use crate::blocks::{cast, Pod};
 use crate::quant::q8_k::BlockQ8K;
@@ -149,7 +150,7 @@ impl Gemm for q6_k::BlockQ6K {
 /// AVX2/FMA (and AVX-512 VNNI/VL when `VNNI`); every slice in `w` and `a` has at least
 /// `nb` blocks.
 #[inline(always)]
-unsafe fn tile<B: Gemm, const VNNI: bool, const RR: usize, const TT: usize>(
+unsafe fn tile<B: Gemm + K512, const VNNI: bool, const RR: usize, const TT: usize>(
     w: [&[B]; RR],
     a: [&[BlockQ8K]; TT],
     nb: usize,
@@ -179,9 +180,29 @@ unsafe fn tile<B: Gemm, const VNNI: bool, const RR: usize, const TT: usize>(
         ];
 
         // Exact integer lanes of every (row, token) pair.
-        let sw: [__m256i; RR] = core::array::from_fn(|r| x[r].scale_words());
         let mut isum = [[_mm256_setzero_si256(); TT]; RR];
-        for (c, ctrl) in CHUNK_SCALE.iter().enumerate() {
+        if VNNI {
+            // Two chunks per 64-byte vector (`x86_kquant512`); the halves are added after
+            // the block (the same exact lanes).
+            let src: [__m512i; RR] = core::array::from_fn(|r| x[r].scale_src());
+            let mut wide = [[_mm512_setzero_si512(); TT]; RR];
+            for k in 0..4 {
+                let u: [__m512i; RR] = core::array::from_fn(|r| x[r].pair(k));
+                let s: [__m512i; RR] = core::array::from_fn(|r| k5::step_scales::<B>(src[r], k));
+                for t in 0..TT {
+                    for r in 0..RR {
+                        wide[r][t] = k5::step(wide[r][t], u[r], s[r], y[t], k);
+                    }
+                }
+            }
+            for r in 0..RR {
+                for t in 0..TT {
+                    isum[r][t] = k5::fold(wide[r][t]);
+                }
+            }
+        }
+        let sw: [__m256i; RR] = core::array::from_fn(|r| x[r].scale_words());
+        for (c, ctrl) in CHUNK_SCALE.iter().enumerate().filter(|_| !VNNI) {
             let ctrl = _mm256_loadu_si256(ctrl.as_ptr() as *const __m256i);
             let u: [__m256i; RR] = core::array::from_fn(|r| x[r].chunk(c));
             let s: [__m256i; RR] = core::array::from_fn(|r| _mm256_shuffle_epi8(sw[r], ctrl));
@@ -189,11 +210,7 @@ unsafe fn tile<B: Gemm, const VNNI: bool, const RR: usize, const TT: usize>(
                 let q = load32(&y[t].qs[32 * c..]);
                 for r in 0..RR {
                     let p16 = _mm256_maddubs_epi16(u[r], q);
-                    isum[r][t] = if VNNI {
-                        _mm256_dpwssd_epi32(isum[r][t], p16, s[r])
-                    } else {
-                        _mm256_add_epi32(isum[r][t], _mm256_madd_epi16(p16, s[r]))
-                    };
+                    isum[r][t] = _mm256_add_epi32(isum[r][t], _mm256_madd_epi16(p16, s[r]));
                 }
             }
         }
@@ -251,18 +268,29 @@ unsafe fn tile<B: Gemm, const VNNI: bool, const RR: usize, const TT: usize>(
 
 /// AVX2 without VNNI: 16 vector registers hold a 2 x 4 tile's integer sums.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn job_avx2<B: Gemm>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) -> bool {
+pub(super) unsafe fn job_avx2<B: Gemm + K512>(
+    job: &Job,
+    w: &[u8],
+    acts: &[u8],
+    out: &mut [f32],
+) -> bool {
     body::<B, false, 2>(job, w, acts, out)
 }
 
-/// AVX-512 VNNI (`vpdpwssd` on 256-bit vectors): 32 registers hold a 4 x 4 tile's.
+/// AVX-512 VNNI: two chunks per 64-byte vector (`vpmaddubsw` + `vpdpwssd`, see
+/// [`super::x86_kquant512`]); 32 registers hold a 4 x 4 tile's sums.
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn job_vnni<B: Gemm>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) -> bool {
+pub(super) unsafe fn job_vnni<B: Gemm + K512>(
+    job: &Job,
+    w: &[u8],
+    acts: &[u8],
+    out: &mut [f32],
+) -> bool {
     body::<B, true, 4>(job, w, acts, out)
 }
 
 #[inline(always)]
-unsafe fn body<B: Gemm, const VNNI: bool, const R: usize>(
+unsafe fn body<B: Gemm + K512, const VNNI: bool, const R: usize>(
     job: &Job,
     w: &[u8],
     acts: &[u8],

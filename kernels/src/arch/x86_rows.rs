@@ -362,7 +362,7 @@ unsafe fn scale_vectors(scales: &[i16; 16]) -> [__m256i; 8] {
 
 /// Wrapping sum of eight i32 lanes.
 #[inline(always)]
-unsafe fn hsum_i32(v: __m256i) -> i32 {
+pub(super) unsafe fn hsum_i32(v: __m256i) -> i32 {
     let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));

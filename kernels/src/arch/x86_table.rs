@@ -15,6 +15,7 @@ use core::ops::Range;
 
 use super::table::{block_dot, float_dot, kquant_dot, KernelTable, Kernels};
 use super::x86_iq4 as iq4;
+use super::x86_kquant512 as k5;
 use super::x86_min as mn;
 use super::x86_q1_lut::Avx2 as Q1Lut;
 use super::{q1_lut, x86_repack, x86_rows as xr, Job};
@@ -63,6 +64,8 @@ kquant_dot!(q4_k_dot, BlockQ4K, kq::dot_avx2);
 kquant_dot!(q5_k_dot, BlockQ5K, kq::dot_avx2);
 kquant_dot!(q6_k_dot, BlockQ6K, kq::dot_avx2);
 kquant_dot!(iq4_xs_dot, BlockIq4Xs, iq4::dot_avx2);
+kquant_dot!(q4_k_dot_vnni, BlockQ4K, k5::dot_vnni);
+kquant_dot!(q6_k_dot_vnni, BlockQ6K, k5::dot_vnni);
 
 /// Row-range entries: `$name(job, w, acts, out)` runs the first kernel of the list that
 /// takes the job (`prompt` kernels only for two or more tokens).
@@ -116,12 +119,12 @@ rows_fn!(
 rows_fn!(
     q4_k_rows_vnni,
     prompt[gemm::job_vnni::<BlockQ4K>],
-    xr::kquant_job::<BlockQ4K>
+    k5::job_vnni::<BlockQ4K>
 );
 rows_fn!(
     q6_k_rows_vnni,
     prompt[gemm::job_vnni::<BlockQ6K>],
-    xr::kquant_job::<BlockQ6K>
+    k5::job_vnni::<BlockQ6K>
 );
 
 /// Q8_0x4 over AVX2 (`VNNI`: with `vpdpbusd`).
@@ -178,8 +181,8 @@ pub(super) static VNNI: KernelTable = KernelTable {
     entries: common![
         Kernels::plain(T::Q8_0, Some(q8_0_dot), Some(q8_0_rows_vnni)),
         Kernels::plain(T::Q5_0, Some(q5_0_dot), Some(q5_0_rows_vnni)),
-        Kernels::plain(T::Q4_K, Some(q4_k_dot), Some(q4_k_rows_vnni)),
-        Kernels::plain(T::Q6_K, Some(q6_k_dot), Some(q6_k_rows_vnni)),
+        Kernels::plain(T::Q4_K, Some(q4_k_dot_vnni), Some(q4_k_rows_vnni)),
+        Kernels::plain(T::Q6_K, Some(q6_k_dot_vnni), Some(q6_k_rows_vnni)),
         Kernels::packed(T::Q8_0, Layout::Q8_0x4, q8_0x4::<true>),
         Kernels::packed(T::Q1_0, Layout::Q1_0x16, q1_lut::matmul::<Q1Lut>),
     ],
