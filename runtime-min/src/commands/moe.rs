@@ -87,6 +87,9 @@ pub fn setup<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> 
     };
     x.set_policy(o.moe_policy);
     x.prefetch = moe.prefetch;
+    if let Some(n) = moe.readers {
+        x.readers = n.max(1);
+    }
     let routing = Routing {
         n_used: moe.experts,
         resident_bias: moe.bias,
