@@ -538,6 +538,18 @@ impl<'a> ExpertPager<'a> {
     /// Layer `il`'s batch of `tokens` tokens needs `want` (distinct, ascending): look
     /// them up and decide where each miss goes; [`Self::each`] then reads and computes.
     pub fn prepare(&mut self, il: usize, want: &[u16], tokens: usize) -> Result<(), ModelError> {
+        self.prepare_counted(il, want, None, tokens)
+    }
+
+    /// [`Self::prepare`] knowing how many of the batch's tokens picked each expert
+    /// (`uses[i]` for `want[i]`), which the pool counts as that many uses.
+    pub fn prepare_counted(
+        &mut self,
+        il: usize,
+        want: &[u16],
+        uses: Option<&[u16]>,
+        tokens: usize,
+    ) -> Result<(), ModelError> {
         self.abandon_pending();
         self.batch.clear();
         self.batch_layer = il;
@@ -548,7 +560,7 @@ impl<'a> ExpertPager<'a> {
         let mut acc = [Access::Hit(0); MAX_EXPERTS];
         let lp = &mut self.pages[pi];
         lp.pool
-            .access(want, &mut acc)
+            .access_counted(want, uses, &mut acc)
             .map_err(|err| PagerError::Pool { layer: il, err })?;
         for _ in 0..tokens {
             lp.pool.tick();
@@ -1248,8 +1260,14 @@ pub struct Paged<'x, 'a> {
 }
 
 impl Experts for Paged<'_, '_> {
-    fn prepare(&mut self, block: &MoeFfn<'_>, want: &[u16], n: usize) -> Result<(), ModelError> {
-        self.pager.prepare(block.il, want, n)
+    fn prepare(
+        &mut self,
+        block: &MoeFfn<'_>,
+        want: &[u16],
+        uses: &[u16],
+        n: usize,
+    ) -> Result<(), ModelError> {
+        self.pager.prepare_counted(block.il, want, Some(uses), n)
     }
     fn each(
         &mut self,
