@@ -8,9 +8,10 @@
 //! the transient slot just before it is computed. [`ExpertPager::each`] then reads the
 //! misses, each of an expert's three matrices (its rows of `ffn_{gate,up,down}_exps`)
 //! as one aligned direct read, and hands the block every expert: with an I/O thread
-//! the reads run there while the compute thread works through the experts already in
-//! memory and waits only for the one it needs next; without one, the reads are spread
-//! over the workers first. The bytes an expert is computed from are the file's bytes
+//! the reads run on up to [`ExpertPager::readers`] reader threads at once (an expert's
+//! three parts, then the next expert's, in the batch's order) while the compute thread
+//! works through the experts already in memory and waits only for the one it needs
+//! next; without one, the reads are spread over the workers first. The bytes an expert is computed from are the file's bytes
 //! whichever way they came, and the block adds the experts' outputs in a fixed order,
 //! so its output is the all-resident one bit for bit.
 //!
@@ -91,8 +92,8 @@ pub struct PagerStats {
     /// Prefetched experts, and those the layer then did not use.
     pub prefetched: u64,
     pub prefetch_wasted: u64,
-    /// Time the reads took (on the I/O thread, or on the compute thread when there is
-    /// none).
+    /// Wall time of the reads: per batch, from its start to the last part read (on the
+    /// reader threads, or the workers when there are none), plus the transient reads.
     pub read_ns: u64,
     /// Time the compute thread waited for expert reads (with an I/O thread: for the
     /// expert it needed next, and for the reads still under way when it was done).
