@@ -11,6 +11,10 @@
 //! - Workers: a persistent [`Pool`].
 //! - CPU features: detected at run time; `PINCH_CPU=scalar|neon|neon-nodot` can only
 //!   lower them (to test or compare the slower paths on a fast machine).
+//! - `PINCH_READ_DELAY_US=N` (for benchmarks only): every direct read first sleeps N
+//!   microseconds, as a flash device's per-request latency would delay it, so the
+//!   expert pager's reads can be measured on a machine whose storage is a host's page
+//!   cache; reads in flight at once each wait their own delay (a device with a queue).
 use crate::pool::Pool;
 use pinch_kernels::CpuFeatures;
 use pinch_runtime_min::platform::{Platform, PlatformError, Recv, Socket};
@@ -58,6 +62,8 @@ pub struct LinuxPlatform {
     pool: Pool,
     base: Instant,
     cpu: CpuFeatures,
+    /// `PINCH_READ_DELAY_US`: emulated latency per direct read.
+    read_delay: Option<std::time::Duration>,
 }
 
 impl LinuxPlatform {
@@ -83,10 +89,16 @@ impl LinuxPlatform {
             }),
             Err(_) => detected,
         };
+        let read_delay = std::env::var("PINCH_READ_DELAY_US")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .filter(|&us: &u64| us > 0)
+            .map(std::time::Duration::from_micros);
         Ok(LinuxPlatform {
             pool: Pool::new(workers)?,
             base: Instant::now(),
             cpu,
+            read_delay,
         })
     }
 }
@@ -226,6 +238,9 @@ impl Platform for LinuxPlatform {
         direct: bool,
     ) -> Result<usize, PlatformError> {
         if direct && file.direct_ok.load(Ordering::Relaxed) {
+            if let Some(t) = self.read_delay {
+                std::thread::sleep(t);
+            }
             if let Some(d) = &file.direct {
                 match file.read_direct(d, offset, buf) {
                     Ok(n) => return Ok(n),

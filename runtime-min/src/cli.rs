@@ -282,6 +282,7 @@ flags (llama.cpp names):
   --moe-bias X            add X to the router scores of experts already in memory
                           (fewer reads, inexact: prints the KL cost on a short text)
   --experts N             use N experts per token instead of the model's (inexact)
+  --moe-readers N         expert reads at once on I/O threads (default 4; 1: one by one)
   --repack-cache DIR      Q8_0 matrices are repacked at load (row-interleaved, the faster
                           kernel layout); keep them in DIR/<model>.pinch-repack: the first
                           run writes it, later runs read it; rebuilt when the model changes
@@ -303,6 +304,8 @@ pub struct MoeOpts<'s> {
     pub bias: f32,
     /// `--experts N`.
     pub experts: Option<usize>,
+    /// `--moe-readers N`.
+    pub readers: Option<usize>,
 }
 
 /// `pinch chat` and `pinch serve` penalize the last 256 tokens by 1.15 unless told
@@ -571,6 +574,7 @@ impl<'s> Opts<'s> {
                 "--moe-prefetch" => o.moe.prefetch = true,
                 "--moe-bias" => o.moe.bias = num!(),
                 "--experts" => o.moe.experts = Some(num!()),
+                "--moe-readers" => o.moe.readers = Some(num!()),
                 "--attn-skip" => o.attn_skip = Some(true),
                 "--profile" => o.profile = true,
                 "--ignore-eos" => o.ignore_eos = true,
@@ -804,6 +808,8 @@ mod tests {
             "4",
             "--policy",
             "lru",
+            "--moe-readers",
+            "2",
         ])
         .unwrap();
         let want = MoeOpts {
@@ -812,6 +818,7 @@ mod tests {
             prefetch: true,
             bias: 0.3,
             experts: Some(4),
+            readers: Some(2),
         };
         assert_eq!(o.moe, want);
         assert_eq!(o.moe_policy, crate::pager::Policy::Lru);

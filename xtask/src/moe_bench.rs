@@ -12,7 +12,10 @@
 //! on the all-resident run's trace over the same generated tokens (best fixed pool,
 //! LFU, LRU), a warm start
 //! (`--moe-warm`, the hot list written by a run on another prompt), and `--moe-bias`
-//! 0 / 0.03 / 0.3 with the KL divergence `pinch` measures against the exact run.
+//! 0 / 0.03 / 0.3 with the KL divergence `pinch` measures against the exact run. Last,
+//! at the smallest pool: `--moe-readers 1` against 4, on the storage as it is and with
+//! an emulated per-read latency (`PINCH_READ_DELAY_US`), and `--experts N` with its KL
+//! and top-1 agreement.
 use crate::bench::field;
 use crate::util::{root, run, Result};
 use std::path::{Path, PathBuf};
@@ -143,8 +146,55 @@ pub fn table(pinch: &Path) -> Result<()> {
             );
         }
     }
+    let (_, slots, budget) = rows[rows.len() - 1];
+    println!("\nParallel expert reads (`--moe-readers N`, LFU, prefetch off, {slots} of {n_expert}): the storage as it is, and with `PINCH_READ_DELAY_US={DELAY_US}` (each direct read first waits {DELAY_US} us, a flash device's per-request latency; reads in flight at once each wait their own):\n");
+    println!("| storage | readers | tok/s | read time / token | waiting for experts / token | text = resident |\n|---|---:|---:|---:|---:|---|");
+    for delay in [None, Some(DELAY_US)] {
+        for readers in ["1", "4"] {
+            let d = delay.map(|us| us.to_string());
+            let env: Vec<(&str, &str)> = d
+                .iter()
+                .map(|v| ("PINCH_READ_DELAY_US", v.as_str()))
+                .collect();
+            let r = pinch_run_env(
+                pinch,
+                &model,
+                Some(budget),
+                PROMPT,
+                &env,
+                &["--moe-readers", readers],
+            )?;
+            println!(
+                "| {} | {readers} | {:.2} | {:.0} ms | {:.0} ms | {} |",
+                delay.map_or("as is".to_string(), |us| format!("+{us} us / read")),
+                r.f("gen_tps"),
+                r.per_token("expert_read_ns") / 1e6,
+                r.per_token("expert_wait_ns") / 1e6,
+                if r.text == resident.text { "yes" } else { "NO" }
+            );
+        }
+    }
+    println!("\nFewer experts per token (`--experts N`, LFU, {slots} of {n_expert}); KL and top-1 agreement as `pinch` measures them on its cost text against the exact run:\n");
+    println!("| experts per token | tok/s | hit rate | read / token (OS) | KL(exact ‖ N) nats/token | top-1 agreement |\n|---:|---:|---:|---:|---:|---:|");
+    for n in ["8", "6", "4", "2"] {
+        let extra: &[&str] = if n == "8" { &[] } else { &["--experts", n] };
+        let r = pinch_run(pinch, &model, Some(budget), extra)?;
+        println!(
+            "| {n}{} | {:.2} | {:.1} % | {:.1} MiB | {} | {} |",
+            if n == "8" { " (the model's)" } else { "" },
+            r.f("gen_tps"),
+            100.0 * r.hit_rate(),
+            mib(r.per_token("os_read_bytes")),
+            r.kl.map_or("0 (exact)".into(), |kl| format!("{kl:.5}")),
+            r.top1.map_or("100 %".into(), |t| format!("{t:.1} %")),
+        );
+    }
     Ok(())
 }
+
+/// Emulated per-read latency for the parallel-reads table (the eMMC's 6 ms per random
+/// 1 MB read less its transfer time at 278 MB/s is about 2.4 ms).
+const DELAY_US: u64 = 2000;
 
 /// The scaled model, generated on first use.
 fn model() -> Result<PathBuf> {
@@ -165,6 +215,8 @@ struct Run {
     json: String,
     text: String,
     kl: Option<f64>,
+    /// The top-1 agreement with the exact run on the cost text, in %.
+    top1: Option<f64>,
     /// The pager's hit rate over the whole run (prompt and generation), in %.
     whole: f64,
 }
@@ -198,7 +250,20 @@ fn pinch_run_prompt(
     prompt: &str,
     extra: &[&str],
 ) -> Result<Run> {
+    pinch_run_env(pinch, model, budget, prompt, &[], extra)
+}
+
+/// [`pinch_run_prompt`] with environment variables `env` set.
+fn pinch_run_env(
+    pinch: &Path,
+    model: &Path,
+    budget: Option<u64>,
+    prompt: &str,
+    env: &[(&str, &str)],
+    extra: &[&str],
+) -> Result<Run> {
     let mut c = Command::new(pinch);
+    c.envs(env.iter().copied());
     c.args(["run", "-m"]).arg(model).args([
         "-p",
         prompt,
@@ -243,6 +308,10 @@ fn pinch_run_prompt(
         let v = l.split("KL(exact || this) = ").nth(1)?;
         v.split_whitespace().next()?.parse().ok()
     });
+    let top1 = stderr.lines().find_map(|l| {
+        let v = l.split("top-1 agreement ").nth(1)?;
+        v.split_whitespace().next()?.parse().ok()
+    });
     let whole = stderr
         .lines()
         .find_map(|l| {
@@ -254,6 +323,7 @@ fn pinch_run_prompt(
         json,
         text,
         kl,
+        top1,
         whole,
     })
 }

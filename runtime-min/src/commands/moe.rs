@@ -87,6 +87,9 @@ pub fn setup<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> 
     };
     x.set_policy(o.moe_policy);
     x.prefetch = moe.prefetch;
+    if let Some(n) = moe.readers {
+        x.readers = n.max(1);
+    }
     let routing = Routing {
         n_used: moe.experts,
         resident_bias: moe.bias,
@@ -161,9 +164,12 @@ fn measure_cost<P: Platform>(
     }
     ctx.sess.reset();
     let mut kl = 0.0f64;
+    let mut same_top = 0usize;
     for (i, id) in ids[..t].iter().enumerate() {
         ctx.sess.eval(p, &[*id], Logits::Last, &mut |_, l| {
-            kl += kl_from(&exact[i * nv..(i + 1) * nv], l);
+            let lp = &exact[i * nv..(i + 1) * nv];
+            kl += kl_from(lp, l);
+            same_top += (argmax(lp) == argmax(l)) as usize;
         })?;
     }
     let s2 = stats_of(ctx);
@@ -172,12 +178,13 @@ fn measure_cost<P: Platform>(
     sub(&mut b, &s1);
     let _ = writeln!(
         err,
-        "moe cost of --moe-bias {} --experts {}: KL(exact || this) = {:.5} nats per token over {t} tokens; hit rate {:.1} % -> {:.1} %, expert reads {} -> {}",
+        "moe cost of --moe-bias {} --experts {}: KL(exact || this) = {:.5} nats per token over {t} tokens, top-1 agreement {:.1} %; hit rate {:.1} % -> {:.1} %, expert reads {} -> {}",
         routing.resident_bias,
         routing
             .n_used
             .map_or(ctx.cfg.moe.map_or(0, |m| m.n_used), |k| k),
         (kl / t as f64).max(0.0),
+        100.0 * same_top as f64 / t as f64,
         100.0 * a.hit_rate(),
         100.0 * b.hit_rate(),
         a.reads,
@@ -198,6 +205,17 @@ fn sub(a: &mut PagerStats, b: &PagerStats) {
 }
 
 /// `out = log softmax(l)`.
+/// The index of the largest value (the first of equals).
+fn argmax(l: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in l.iter().enumerate() {
+        if v > l[best] {
+            best = i;
+        }
+    }
+    best
+}
+
 fn log_softmax(l: &[f32], out: &mut [f32]) {
     let m = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let s: f64 = l.iter().map(|&v| libm::exp((v - m) as f64)).sum();

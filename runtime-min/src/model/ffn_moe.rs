@@ -95,9 +95,15 @@ impl<P: Platform> Products for SessionProducts<'_, '_, '_, '_, P> {
 /// expert pager's slots (`crate::pager::paged`), which this trait keeps out of the block's
 /// arithmetic. Each method's default is the all-resident behaviour.
 pub trait Experts {
-    /// The batch of `n` tokens routes to `want` (distinct, ascending): make them
-    /// available.
-    fn prepare(&mut self, _block: &MoeFfn<'_>, _want: &[u16], _n: usize) -> Result<(), ModelError> {
+    /// The batch of `n` tokens routes to `want` (distinct, ascending), `uses[i]` of its
+    /// tokens to `want[i]`: make them available.
+    fn prepare(
+        &mut self,
+        _block: &MoeFfn<'_>,
+        _want: &[u16],
+        _uses: &[u16],
+        _n: usize,
+    ) -> Result<(), ModelError> {
         Ok(())
     }
     /// Run `f(e, expert e's matrices)` for every expert of the prepared batch `want`
@@ -347,7 +353,7 @@ impl<'a> MoeFfn<'a> {
         } else {
             self.bias
         };
-        let mut used = [false; crate::pager::MAX_EXPERTS];
+        let mut used = [0u16; crate::pager::MAX_EXPERTS];
         for t in 0..n {
             let ids = &mut s.ids[t * k..(t + 1) * k];
             moe_route::route(
@@ -358,18 +364,20 @@ impl<'a> MoeFfn<'a> {
                 &mut s.weights[t * k..(t + 1) * k],
             );
             for &id in ids.iter() {
-                used[id as usize] = true;
+                used[id as usize] = used[id as usize].saturating_add(1);
             }
             experts.record(self, t, ids);
         }
         // The batch's experts, each once (one read per expert per batch).
         let mut want = [0u16; crate::pager::MAX_EXPERTS];
+        let mut uses = [0u16; crate::pager::MAX_EXPERTS];
         let mut n_want = 0;
-        for (ex, _) in used[..ne].iter().enumerate().filter(|(_, &u)| u) {
+        for (ex, &u) in used[..ne].iter().enumerate().filter(|(_, &u)| u > 0) {
             want[n_want] = ex as u16;
+            uses[n_want] = u;
             n_want += 1;
         }
-        experts.prepare(self, &want[..n_want], n)?;
+        experts.prepare(self, &want[..n_want], &uses[..n_want], n)?;
         experts.prefetch(mm, self, &xn[..n * e], n)?;
         mm.lap(Op::ExpertWait);
         let MoeScratch {

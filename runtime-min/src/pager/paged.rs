@@ -8,9 +8,10 @@
 //! the transient slot just before it is computed. [`ExpertPager::each`] then reads the
 //! misses, each of an expert's three matrices (its rows of `ffn_{gate,up,down}_exps`)
 //! as one aligned direct read, and hands the block every expert: with an I/O thread
-//! the reads run there while the compute thread works through the experts already in
-//! memory and waits only for the one it needs next; without one, the reads are spread
-//! over the workers first. The bytes an expert is computed from are the file's bytes
+//! the reads run on up to [`ExpertPager::readers`] reader threads at once (an expert's
+//! three parts, then the next expert's, in the batch's order) while the compute thread
+//! works through the experts already in memory and waits only for the one it needs
+//! next; without one, the reads are spread over the workers first. The bytes an expert is computed from are the file's bytes
 //! whichever way they came, and the block adds the experts' outputs in a fixed order,
 //! so its output is the all-resident one bit for bit.
 //!
@@ -25,7 +26,7 @@
 //! slot's those of the expert `stage_holds` names, the transient slot's those of
 //! `transient_holds`'s expert, once the reads [`ExpertPager::each`] does are done; a
 //! read that fails or never runs is forgotten (the pool and the holders let go).
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 use super::pool::{Access, Policy, Pool, PoolError, PoolMem};
 use super::trace::TraceWriter;
@@ -91,8 +92,8 @@ pub struct PagerStats {
     /// Prefetched experts, and those the layer then did not use.
     pub prefetched: u64,
     pub prefetch_wasted: u64,
-    /// Time the reads took (on the I/O thread, or on the compute thread when there is
-    /// none).
+    /// Wall time of the reads: per batch, from its start to the last part read (on the
+    /// reader threads, or the workers when there are none), plus the transient reads.
     pub read_ns: u64,
     /// Time the compute thread waited for expert reads (with an I/O thread: for the
     /// expert it needed next, and for the reads still under way when it was done).
@@ -185,6 +186,10 @@ pub struct Routing {
     pub resident_bias: f32,
 }
 
+/// Reader threads a pager starts with: flash reads at several at once (eMMC command
+/// queues, UFS and NVMe) faster than one after another, and an expert is three reads.
+pub const READERS: usize = 4;
+
 /// Most staging slots a pager has.
 pub const MAX_STAGE: usize = 32;
 
@@ -250,6 +255,9 @@ pub struct ExpertPager<'a> {
     pub routing: Routing,
     /// Read ahead the next MoE layer's guessed experts.
     pub prefetch: bool,
+    /// Reader threads on a platform with an I/O thread (`--moe-readers N`; 1: the reads
+    /// one after another).
+    pub readers: usize,
     trace: Option<TraceWriter<'a>>,
     /// Tokens of the pass the trace is recording.
     trace_tokens: usize,
@@ -346,6 +354,7 @@ impl<'a> ExpertPager<'a> {
             verify: None,
             routing: Routing::default(),
             prefetch: false,
+            readers: READERS,
             trace: None,
             trace_tokens: 0,
             moe_order,
@@ -530,6 +539,18 @@ impl<'a> ExpertPager<'a> {
     /// Layer `il`'s batch of `tokens` tokens needs `want` (distinct, ascending): look
     /// them up and decide where each miss goes; [`Self::each`] then reads and computes.
     pub fn prepare(&mut self, il: usize, want: &[u16], tokens: usize) -> Result<(), ModelError> {
+        self.prepare_counted(il, want, None, tokens)
+    }
+
+    /// [`Self::prepare`] knowing how many of the batch's tokens picked each expert
+    /// (`uses[i]` for `want[i]`), which the pool counts as that many uses.
+    pub fn prepare_counted(
+        &mut self,
+        il: usize,
+        want: &[u16],
+        uses: Option<&[u16]>,
+        tokens: usize,
+    ) -> Result<(), ModelError> {
         self.abandon_pending();
         self.batch.clear();
         self.batch_layer = il;
@@ -540,7 +561,7 @@ impl<'a> ExpertPager<'a> {
         let mut acc = [Access::Hit(0); MAX_EXPERTS];
         let lp = &mut self.pages[pi];
         lp.pool
-            .access(want, &mut acc)
+            .access_counted(want, uses, &mut acc)
             .map_err(|err| PagerError::Pool { layer: il, err })?;
         for _ in 0..tokens {
             lp.pool.tick();
@@ -678,11 +699,16 @@ impl<'a> ExpertPager<'a> {
     /// `f(e, expert e)` for each expert of the batch. Returns `false` when the batch's
     /// layer is not paged (its stacks hold every expert; `f` was not called).
     ///
-    /// In batch order (ascending ids), the reads first, or, `any_order`, on a platform
-    /// with an I/O thread: the reads there, one after another (the batch's misses,
-    /// then the prefetch), while this thread computes the experts already in memory
-    /// and then each read expert as soon as it is in, waiting only for the one it
-    /// needs. The time waited is counted in `wait_ns`.
+    /// Each read is one part of an expert (its gate, up or down rows, one aligned
+    /// direct read), the batch's misses first, then the prefetch. On a platform with an
+    /// I/O thread, up to [`Self::readers`] reader threads take the reads in that order
+    /// (so an expert's three parts, and the next experts', are read at once), while this
+    /// thread computes: in batch order (ascending ids), or, `any_order`, the experts
+    /// already in memory first and then each read expert as soon as its three parts are
+    /// in; either way it waits only for the expert it needs next. Without an I/O
+    /// thread the reads are spread over the workers first. An expert the batch had no
+    /// slot for is read into the transient slot just before it is computed. The time
+    /// waited is counted in `wait_ns`, the reads' wall time in `read_ns`.
     pub fn each(
         &mut self,
         io: &Io<'_>,
@@ -697,6 +723,7 @@ impl<'a> ExpertPager<'a> {
         };
         let il = self.pages[pi].il;
         let pending = core::mem::take(&mut self.pending);
+        let readers = self.readers;
         let ExpertPager {
             pages,
             transient,
@@ -728,7 +755,11 @@ impl<'a> ExpertPager<'a> {
         let mut job_of = [u16::MAX; MAX_EXPERTS];
         for r in &pending {
             let mine = r.page as usize == pi;
-            let sb = if mine { cur_sb } else { next_at.2 };
+            let (sb, parts) = if mine {
+                (cur_sb, &cur_parts)
+            } else {
+                (next_at.2, &next_at.1)
+            };
             let buf = match r.to {
                 Loc::Slot(s) if mine => cur_slots.get_mut(s as usize).and_then(Option::take),
                 Loc::Slot(s) => next_slots.get_mut(s as usize).and_then(Option::take),
@@ -739,11 +770,10 @@ impl<'a> ExpertPager<'a> {
             if mine {
                 job_of[r.e as usize] = jobs.len() as u16;
             }
-            let _ = jobs.push(ReadJob::new(*r, &mut buf[..sb], !mine));
+            let _ = jobs.push(ReadJob::new(*r, split_mut(parts, &mut buf[..sb]), !mine));
         }
         // What the batch computes from, in the order it is computed.
         let mut order: heapless::Vec<(u16, Src<'_>), MAX_EXPERTS> = heapless::Vec::new();
-        let mut later: heapless::Vec<u16, MAX_EXPERTS> = heapless::Vec::new();
         for &(e, loc) in batch.iter() {
             let j = job_of[e as usize];
             let src = if j != u16::MAX {
@@ -753,7 +783,7 @@ impl<'a> ExpertPager<'a> {
                     Loc::Slot(s) => cur_slots.get_mut(s as usize).and_then(Option::take),
                     Loc::Stage(j) => stage_bufs.get_mut(j as usize).and_then(Option::take),
                     Loc::Transient => {
-                        let _ = later.push(e);
+                        let _ = order.push((e, Src::Transient));
                         continue;
                     }
                 };
@@ -761,17 +791,14 @@ impl<'a> ExpertPager<'a> {
                     layer: il,
                     expert: e,
                 })?;
-                Src::Ready(&buf[..cur_sb])
+                Src::Ready(split(&cur_parts, &buf[..cur_sb]))
             };
             let _ = order.push((e, src));
         }
-        let overlap = io.overlap.filter(|_| any_order && !jobs.is_empty());
-        let verifying = verify.is_some();
-        if overlap.is_some() {
-            // Ready experts first, each group in batch order.
-            let is_job = |x: &&(u16, Src<'_>)| matches!(x.1, Src::Job(_));
-            let ready = order.iter().filter(|x| !is_job(x));
-            order = ready.chain(order.iter().filter(is_job)).copied().collect();
+        if any_order {
+            // Ready experts first, then the reads, then the transient ones; each group
+            // in batch order.
+            order.sort_unstable_by_key(|&(e, ref s)| (s.rank(), e));
         }
         let parts_of = |j: &ReadJob| {
             if j.next {
@@ -780,11 +807,27 @@ impl<'a> ExpertPager<'a> {
                 (il, cur_parts)
             }
         };
+        let verifying = verify.is_some();
+        let verify = spin::Mutex::new(verify.as_deref_mut());
+        let items = 3 * jobs.len();
+        let taken = AtomicUsize::new(0);
+        let t_io = (io.now)();
+        let io_end = AtomicU64::new(t_io);
+        // One reader: the next part not taken yet, until none is left.
+        let reader = |_: usize| loop {
+            let i = taken.fetch_add(1, Ordering::Relaxed);
+            let Some(j) = jobs.get(i / 3) else { break };
+            let (l, parts) = parts_of(j);
+            j.run_part(io, l, &parts, i % 3, verifying.then_some(&verify));
+            io_end.fetch_max((io.now)(), Ordering::Relaxed);
+        };
         let mut waited = 0u64;
+        let mut transient_reads = PagerStats::default();
         let mut compute = |waited: &mut u64| -> Result<(), ModelError> {
             for (e, src) in order.iter_mut() {
-                let bytes: &[u8] = match src {
-                    Src::Ready(b) => b,
+                let e = *e;
+                let bytes: [&[u8]; 3] = match src {
+                    Src::Ready(b) => *b,
                     Src::Job(j) => {
                         let job = &jobs[*j as usize];
                         let t0 = (io.now)();
@@ -793,44 +836,73 @@ impl<'a> ExpertPager<'a> {
                         }
                         *waited += (io.now)().saturating_sub(t0);
                         job.result(il)?;
-                        let b = job.dst.lock().take().ok_or(PagerError::NotPrepared {
+                        let b = job.take().ok_or(PagerError::NotPrepared {
                             layer: il,
-                            expert: *e,
+                            expert: e,
                         })?;
                         *src = Src::Ready(b);
-                        match src {
-                            Src::Ready(b) => b,
-                            Src::Job(_) => unreachable!(),
+                        b
+                    }
+                    Src::Transient => {
+                        if *transient_holds != Some((il, e)) {
+                            *transient_holds = None;
+                            let t0 = (io.now)();
+                            let mut v = verify.lock();
+                            let n = read_expert(
+                                io.read,
+                                &cur_parts,
+                                il,
+                                e,
+                                transient,
+                                v.as_deref_mut(),
+                            )?;
+                            drop(v);
+                            let dt = (io.now)().saturating_sub(t0);
+                            transient_reads.reads += 1;
+                            transient_reads.bytes += n;
+                            transient_reads.read_ns += dt;
+                            transient_reads.wait_ns += dt;
+                            transient_reads.verified += verifying as u64;
+                            *transient_holds = Some((il, e));
                         }
+                        split(&cur_parts, &transient[..cur_sb])
                     }
                 };
-                f(*e, views(&cur_parts, bytes, *e))?;
+                f(e, views(&cur_parts, bytes, e))?;
             }
             Ok(())
         };
-        let result = match overlap {
+        // One reader when verifying (the comparison buffer is one).
+        let n_readers = if verifying {
+            1
+        } else {
+            readers.clamp(1, items.max(1))
+        };
+        let result = match io.overlap.filter(|_| items > 0) {
             Some(overlap) => {
-                let mut verify = verify.as_deref_mut();
-                let mut reader = || {
-                    for j in jobs.iter() {
-                        let (l, parts) = parts_of(j);
-                        j.run(io, l, &parts, verify.as_deref_mut());
-                    }
-                };
                 let mut r = Ok(());
                 let mut done_at = 0;
                 let mut work = || {
                     r = compute(&mut waited);
                     done_at = (io.now)();
                 };
-                overlap(&mut reader, &mut work);
+                let mut readers = || spread(overlap, n_readers, &reader);
+                overlap(&mut readers, &mut work);
                 waited += (io.now)().saturating_sub(done_at);
                 r
             }
             None => {
-                let t0 = (io.now)();
-                read_all(io, &jobs, &parts_of, verify.as_deref_mut());
-                waited += (io.now)().saturating_sub(t0);
+                let n = if verifying {
+                    1
+                } else {
+                    io.workers.clamp(1, items.max(1))
+                };
+                if n > 1 {
+                    (io.parallel)(n, &reader);
+                } else {
+                    reader(0);
+                }
+                waited += (io.now)().saturating_sub(t_io);
                 compute(&mut waited)
             }
         };
@@ -844,7 +916,6 @@ impl<'a> ExpertPager<'a> {
             };
             stats.reads += 1;
             stats.bytes += j.bytes.load(Ordering::Relaxed);
-            stats.read_ns += j.ns.load(Ordering::Relaxed);
             let outcome = j.result(parts_of(j).0);
             stats.verified += (verifying && outcome.is_ok()) as u64;
             if let Err(e) = outcome {
@@ -856,26 +927,15 @@ impl<'a> ExpertPager<'a> {
                 }
             }
         }
+        // The reads' wall time, from the start to the last part in (the prefetch's
+        // included: they share the readers).
+        cur.stats.read_ns += io_end.load(Ordering::Relaxed).saturating_sub(t_io);
         cur.stats.wait_ns += waited;
+        cur.stats.add(&transient_reads);
         if let Some(e) = failed {
             return Err(e);
         }
         result?;
-        for e in later {
-            if *transient_holds != Some((il, e)) {
-                *transient_holds = None;
-                let t0 = (io.now)();
-                let n = read_expert(io.read, &cur_parts, il, e, transient, verify.as_deref_mut())?;
-                let dt = (io.now)().saturating_sub(t0);
-                cur.stats.reads += 1;
-                cur.stats.bytes += n;
-                cur.stats.read_ns += dt;
-                cur.stats.wait_ns += dt;
-                cur.stats.verified += verifying as u64;
-                *transient_holds = Some((il, e));
-            }
-            f(e, views(&cur_parts, &transient[..cur_sb], e))?;
-        }
         Ok(paged)
     }
 
@@ -923,11 +983,25 @@ fn two_pages<'p, 'a>(
     }
 }
 
-/// An expert's bytes for the compute: in memory, or the read job bringing them.
+/// An expert's bytes for the compute: in memory (its three parts), the read job
+/// bringing them, or the transient slot, read when the expert is computed.
 #[derive(Clone, Copy)]
 enum Src<'d> {
-    Ready(&'d [u8]),
+    Ready([&'d [u8]; 3]),
     Job(u16),
+    Transient,
+}
+
+impl Src<'_> {
+    /// The order `any_order` computes in: what is in memory, what is being read, what
+    /// is read last.
+    fn rank(&self) -> u8 {
+        match self {
+            Src::Ready(_) => 0,
+            Src::Job(_) => 1,
+            Src::Transient => 2,
+        }
+    }
 }
 
 const PENDING: u8 = 0;
@@ -935,64 +1009,98 @@ const DONE: u8 = 1;
 const FAILED: u8 = 2;
 const MISMATCH: u8 = 3;
 
-/// One expert read: its slot's bytes (lent to the reader, then to the compute), and
-/// how it went.
+/// The comparison buffer of `--verify-stream`, shared by the readers.
+type VerifyBuf<'v> = spin::Mutex<Option<&'v mut [u8]>>;
+
+/// One expert read: its three parts' bytes in the slot (each lent to the reader that
+/// reads it, then to the compute), and how it went.
 struct ReadJob<'d> {
     what: Pending,
     /// For the next layer (a prefetch), not the batch's.
     next: bool,
-    dst: spin::Mutex<Option<&'d mut [u8]>>,
-    state: core::sync::atomic::AtomicU8,
-    /// The failing offset (`FAILED`, `MISMATCH`).
-    at: core::sync::atomic::AtomicU64,
-    bytes: core::sync::atomic::AtomicU64,
-    ns: core::sync::atomic::AtomicU64,
+    dst: [spin::Mutex<Option<&'d mut [u8]>>; 3],
+    /// Parts not read yet; the last reader to finish one publishes `state`.
+    left: AtomicU8,
+    /// The first failure (`FAILED`, `MISMATCH`; 0: none) and its offset.
+    fail: AtomicU8,
+    at: AtomicU64,
+    state: AtomicU8,
+    bytes: AtomicU64,
 }
 
 impl<'d> ReadJob<'d> {
-    fn new(what: Pending, dst: &'d mut [u8], next: bool) -> ReadJob<'d> {
+    fn new(what: Pending, dst: [&'d mut [u8]; 3], next: bool) -> ReadJob<'d> {
         ReadJob {
             what,
             next,
-            dst: spin::Mutex::new(Some(dst)),
-            state: core::sync::atomic::AtomicU8::new(PENDING),
-            at: core::sync::atomic::AtomicU64::new(0),
-            bytes: core::sync::atomic::AtomicU64::new(0),
-            ns: core::sync::atomic::AtomicU64::new(0),
+            dst: dst.map(|d| spin::Mutex::new(Some(d))),
+            left: AtomicU8::new(3),
+            fail: AtomicU8::new(0),
+            at: AtomicU64::new(0),
+            state: AtomicU8::new(PENDING),
+            bytes: AtomicU64::new(0),
         }
     }
 
-    /// Read the expert's three parts, one aligned read each, then publish the outcome.
-    fn run(&self, io: &Io<'_>, il: usize, parts: &[Part; 3], verify: Option<&mut [u8]>) {
-        let t0 = (io.now)();
-        let mut slot = self.dst.lock();
-        let state = match slot.as_deref_mut() {
-            Some(buf) => match read_expert(io.read, parts, il, self.what.e, buf, verify) {
-                Ok(n) => {
-                    self.bytes.store(n, Ordering::Relaxed);
-                    DONE
-                }
-                Err(ModelError::StreamMismatch { offset }) => {
-                    self.at.store(offset, Ordering::Relaxed);
-                    MISMATCH
-                }
-                Err(ModelError::Pager(PagerError::Read { offset, .. })) => {
-                    self.at.store(offset, Ordering::Relaxed);
-                    FAILED
-                }
-                Err(_) => FAILED,
-            },
-            None => FAILED,
+    /// Read part `k` (one aligned read); the last part in publishes the outcome.
+    fn run_part(
+        &self,
+        io: &Io<'_>,
+        il: usize,
+        parts: &[Part; 3],
+        k: usize,
+        verify: Option<&VerifyBuf<'_>>,
+    ) {
+        let e = self.what.e;
+        let mut dst = self.dst[k].lock();
+        let outcome = match (dst.as_deref_mut(), verify) {
+            (Some(buf), Some(v)) => {
+                read_part(io.read, &parts[k], il, e, buf, v.lock().as_deref_mut())
+            }
+            (Some(buf), None) => read_part(io.read, &parts[k], il, e, buf, None),
+            (None, _) => Err(ModelError::Pager(PagerError::NotPrepared {
+                layer: il,
+                expert: e,
+            })),
         };
-        drop(slot);
-        self.ns
-            .store((io.now)().saturating_sub(t0), Ordering::Relaxed);
-        self.state.store(state, Ordering::Release);
+        drop(dst);
+        let failed = match outcome {
+            Ok(n) => {
+                self.bytes.fetch_add(n, Ordering::Relaxed);
+                None
+            }
+            Err(ModelError::StreamMismatch { offset }) => Some((MISMATCH, offset)),
+            Err(ModelError::Pager(PagerError::Read { offset, .. })) => Some((FAILED, offset)),
+            Err(_) => Some((FAILED, parts[k].exact(e).offset)),
+        };
+        if let Some((code, offset)) = failed {
+            if self
+                .fail
+                .compare_exchange(0, code, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                self.at.store(offset, Ordering::Release);
+            }
+        }
+        if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let state = match self.fail.load(Ordering::Acquire) {
+                0 => DONE,
+                f => f,
+            };
+            self.state.store(state, Ordering::Release);
+        }
+    }
+
+    /// The three parts' bytes, once read (`None` if taken already).
+    fn take(&self) -> Option<[&'d [u8]; 3]> {
+        let [a, b, c] = &self.dst;
+        let (a, b, c) = (a.lock().take()?, b.lock().take()?, c.lock().take()?);
+        Some([a, b, c])
     }
 
     /// The read's outcome as the error it was (`il`: its layer).
     fn result(&self, il: usize) -> Result<(), ModelError> {
-        let offset = self.at.load(Ordering::Relaxed);
+        let offset = self.at.load(Ordering::Acquire);
         match self.state.load(Ordering::Acquire) {
             DONE => Ok(()),
             MISMATCH => Err(ModelError::StreamMismatch { offset }),
@@ -1005,34 +1113,17 @@ impl<'d> ReadJob<'d> {
     }
 }
 
-/// Every job read now, spread over the platform's workers (one after another when
-/// verifying: the comparison buffer is one).
-fn read_all(
-    io: &Io<'_>,
-    jobs: &[ReadJob<'_>],
-    parts_of: &(dyn Fn(&ReadJob) -> (usize, [Part; 3]) + Sync),
-    verify: Option<&mut [u8]>,
-) {
-    if let Some(v) = verify {
-        for j in jobs {
-            let (l, parts) = parts_of(j);
-            j.run(io, l, &parts, Some(&mut *v));
-        }
+/// Run `reader(i)` for `i` in `0..n`, each on an I/O thread of its own, through the
+/// platform's `overlap` nested: each level runs one reader on its own thread and
+/// hands the rest to a new one (called on an I/O thread, so the compute thread is
+/// never one of them).
+fn spread(overlap: &OverlapFn<'_>, n: usize, reader: &(dyn Fn(usize) + Sync)) {
+    if n <= 1 {
+        reader(0);
         return;
     }
-    let next = AtomicUsize::new(0);
-    let work = |_: usize| loop {
-        let i = next.fetch_add(1, Ordering::Relaxed);
-        let Some(j) = jobs.get(i) else { break };
-        let (l, parts) = parts_of(j);
-        j.run(io, l, &parts, None);
-    };
-    let n = io.workers.clamp(1, jobs.len().max(1));
-    if n > 1 {
-        (io.parallel)(n, &work);
-    } else {
-        work(0);
-    }
+    let mut rest = || spread(overlap, n - 1, reader);
+    overlap(&mut rest, &mut || reader(n - 1));
 }
 
 /// `parallel(n, f)`: run `f(i)` for `i in 0..n` on the platform's workers.
@@ -1077,24 +1168,37 @@ pub fn with_io<P: crate::platform::Platform, R>(
     })
 }
 
-/// Expert `e`'s part `p` viewed in a slot's bytes.
-fn view<'b>(p: &Part, slot: &'b [u8], e: u16) -> Tensor<'b> {
+/// A slot's bytes cut into its three parts' (gate, up, down).
+fn split<'b>(parts: &[Part; 3], slot: &'b [u8]) -> [&'b [u8]; 3] {
+    let (a, rest) = slot.split_at(parts[1].at);
+    let (b, c) = rest.split_at(parts[2].at - parts[1].at);
+    [a, b, c]
+}
+
+/// [`split`] for writing.
+fn split_mut<'b>(parts: &[Part; 3], slot: &'b mut [u8]) -> [&'b mut [u8]; 3] {
+    let (a, rest) = slot.split_at_mut(parts[1].at);
+    let (b, c) = rest.split_at_mut(parts[2].at - parts[1].at);
+    [a, b, c]
+}
+
+/// Expert `e`'s part `p` viewed in the part's bytes of a slot.
+fn view<'b>(p: &Part, part: &'b [u8], e: u16) -> Tensor<'b> {
     let exact = p.exact(e);
     let lead = (exact.offset - exact.aligned().offset) as usize;
-    let at = p.at + lead;
     Tensor {
         ty: p.ty,
         cols: p.cols,
         rows: p.rows,
-        data: &slot[at..at + p.bytes as usize],
+        data: &part[lead..lead + p.bytes as usize],
         layout: pinch_kernels::repack::Layout::Plain,
         file: exact,
     }
 }
 
-/// Expert `e`'s three matrices in a slot's bytes.
-fn views<'b>(parts: &[Part; 3], slot: &'b [u8], e: u16) -> SwiGlu<'b> {
-    let [g, u, d] = parts.map(|p| view(&p, slot, e));
+/// Expert `e`'s three matrices in a slot's parts.
+fn views<'b>(parts: &[Part; 3], bytes: [&'b [u8]; 3], e: u16) -> SwiGlu<'b> {
+    let [g, u, d] = [0, 1, 2].map(|k| view(&parts[k], bytes[k], e));
     SwiGlu {
         gate: g,
         up: u,
@@ -1102,7 +1206,21 @@ fn views<'b>(parts: &[Part; 3], slot: &'b [u8], e: u16) -> SwiGlu<'b> {
     }
 }
 
-/// Read expert `e`'s three parts into `slot` (one after another); returns the bytes.
+/// Read expert `e`'s part `p` (one aligned read) into `dst`; returns the bytes.
+fn read_part(
+    read: &ReadFn,
+    p: &Part,
+    il: usize,
+    e: u16,
+    dst: &mut [u8],
+    verify: Option<&mut [u8]>,
+) -> Result<u64, ModelError> {
+    let span = p.exact(e).aligned();
+    let dst = &mut dst[..slot_part_bytes(p.bytes) as usize];
+    fill(read, dst, span, verify).map_err(|err| read_err(err, il, e, span))
+}
+
+/// Read expert `e`'s three parts into `slot`, one after another; returns the bytes.
 fn read_expert(
     read: &ReadFn,
     parts: &[Part; 3],
@@ -1112,11 +1230,9 @@ fn read_expert(
     mut verify: Option<&mut [u8]>,
 ) -> Result<u64, ModelError> {
     let mut n = 0;
-    for p in parts {
-        let span = p.exact(e).aligned();
-        let dst = &mut slot[p.at..p.at + slot_part_bytes(p.bytes) as usize];
-        n += fill(read, dst, span, verify.as_deref_mut())
-            .map_err(|err| read_err(err, il, e, span))?;
+    let sb = parts[2].at + slot_part_bytes(parts[2].bytes) as usize;
+    for (p, dst) in parts.iter().zip(split_mut(parts, &mut slot[..sb])) {
+        n += read_part(read, p, il, e, dst, verify.as_deref_mut())?;
     }
     Ok(n)
 }
@@ -1145,8 +1261,14 @@ pub struct Paged<'x, 'a> {
 }
 
 impl Experts for Paged<'_, '_> {
-    fn prepare(&mut self, block: &MoeFfn<'_>, want: &[u16], n: usize) -> Result<(), ModelError> {
-        self.pager.prepare(block.il, want, n)
+    fn prepare(
+        &mut self,
+        block: &MoeFfn<'_>,
+        want: &[u16],
+        uses: &[u16],
+        n: usize,
+    ) -> Result<(), ModelError> {
+        self.pager.prepare_counted(block.il, want, Some(uses), n)
     }
     fn each(
         &mut self,
@@ -1550,17 +1672,28 @@ mod tests {
     /// expert 0, which can only happen when the two run at once.
     #[test]
     fn with_an_io_thread_resident_experts_are_computed_while_misses_are_read() {
+        for any_order in [true, false] {
+            overlaps_in(any_order);
+        }
+    }
+
+    /// Wait (at most 5 s: a bound, not a timing) until `flag` is set; whether it was.
+    fn wait_for(flag: &AtomicBool) -> bool {
+        let t0 = std::time::Instant::now();
+        while !flag.load(Ordering::Acquire) && t0.elapsed().as_secs() < 5 {
+            std::thread::yield_now();
+        }
+        flag.load(Ordering::Acquire)
+    }
+
+    fn overlaps_in(any_order: bool) {
         let disk = Disk::new();
         let computed = AtomicBool::new(false);
         let saw = AtomicBool::new(false);
         let miss_at = stack_offset(1, 0) + (9 * PART) as u64;
         let read = |off: u64, buf: &mut [u8], d: bool| {
             if off <= miss_at && miss_at < off + buf.len() as u64 {
-                let t0 = std::time::Instant::now();
-                while !computed.load(Ordering::Acquire) && t0.elapsed().as_secs() < 5 {
-                    std::thread::yield_now();
-                }
-                saw.store(computed.load(Ordering::Acquire), Ordering::Release);
+                saw.store(wait_for(&computed), Ordering::Release);
             }
             disk.read(off, buf, d)
         };
@@ -1569,7 +1702,7 @@ mod tests {
             let io = Io { read: &read, ..*io };
             x.prepare(1, &[0, 9], 1).unwrap();
             let mut order = Vec::new();
-            x.each(&io, true, &mut |e, sw| {
+            x.each(&io, any_order, &mut |e, sw| {
                 if e == 0 {
                     computed.store(true, Ordering::Release);
                 }
@@ -1589,16 +1722,87 @@ mod tests {
         });
     }
 
+    /// With several readers, an expert's three parts are read at once: the read of
+    /// expert 9's gate rows waits (up to 5 s) until the read of its down rows has
+    /// begun, which can only happen when two reads run at the same time.
+    #[test]
+    fn readers_read_the_parts_of_a_miss_at_once() {
+        let disk = Disk::new();
+        let down_started = AtomicBool::new(false);
+        let saw = AtomicBool::new(false);
+        let gate_at = stack_offset(1, 0) + (9 * PART) as u64;
+        let down_at = stack_offset(1, 2) + (9 * PART) as u64;
+        let read = |off: u64, buf: &mut [u8], d: bool| {
+            let covers = |at: u64| off <= at && at < off + buf.len() as u64;
+            if covers(down_at) {
+                down_started.store(true, Ordering::Release);
+            }
+            if covers(gate_at) {
+                saw.store(wait_for(&down_started), Ordering::Release);
+            }
+            disk.read(off, buf, d)
+        };
+        with_pager(&disk, 2, 0, Policy::LFU, true, |x, io| {
+            x.readers = 3;
+            let io = Io { read: &read, ..*io };
+            let got = batch(x, &io, 1, &[2, 9], &[]).unwrap();
+            check(&disk, 1, &got);
+            assert_eq!(got.len(), 2);
+            assert!(
+                saw.load(Ordering::Acquire),
+                "the parts were read one by one"
+            );
+            // Both misses are in their slots now.
+            assert!(x.is_resident(1, 2) && x.is_resident(1, 9));
+        });
+    }
+
+    /// In batch order (a batch over 16 tokens adds the experts' outputs as they come),
+    /// an expert with no slot is read into the transient slot in its place, not after
+    /// the others; in any order, the one in memory comes first and the transient ones
+    /// last. Either way every expert has the file's bytes, with and without an I/O
+    /// thread and for any number of readers.
+    #[test]
+    fn in_batch_order_transient_experts_are_computed_in_their_place() {
+        for threaded in [false, true] {
+            for readers in [1, 4] {
+                let disk = Disk::new();
+                // One slot, no staging: LFU keeps expert 5, so 1 and 7 go transient.
+                with_pager(&disk, 1, 0, Policy::LFU, threaded, |x, io| {
+                    x.readers = readers;
+                    for _ in 0..10 {
+                        check(&disk, 1, &batch(x, io, 1, &[5], &[]).unwrap());
+                    }
+                    for (any_order, want) in [(false, [1, 5, 7]), (true, [5, 1, 7])] {
+                        x.prepare(1, &[1, 5, 7], 1).unwrap();
+                        let mut got = Vec::new();
+                        x.each(io, any_order, &mut |e, sw| {
+                            got.push((e, [sw.gate.data, sw.up.data, sw.down.data].concat()));
+                            Ok(())
+                        })
+                        .unwrap();
+                        check(&disk, 1, &got);
+                        let ids: Vec<u16> = got.iter().map(|g| g.0).collect();
+                        assert_eq!(ids, want, "any order {any_order}, threaded {threaded}");
+                    }
+                    assert!(x.is_resident(1, 5) && !x.is_resident(1, 1));
+                });
+            }
+        }
+    }
+
     /// A read that fails is an error naming layer, expert and offset, and the expert is
-    /// forgotten: the next batch reads it again (and gets the file's bytes).
+    /// forgotten: the next batch reads it again (and gets the file's bytes). With
+    /// several readers the expert's other parts are read fine; the job still fails.
     #[test]
     fn a_failed_read_is_an_error_and_its_expert_is_forgotten() {
-        for threaded in [false, true] {
+        for (threaded, readers) in [(false, 1), (true, 1), (true, 4)] {
             let mut disk = Disk::new();
             disk.fail = Some((1, 5));
             let disk = disk;
             let ok = Disk::new();
             with_pager(&disk, 2, 2, Policy::LFU, threaded, |x, io| {
+                x.readers = readers;
                 let err = batch(x, io, 1, &[1, 5], &[]).unwrap_err();
                 match err {
                     ModelError::Pager(PagerError::Read { layer, expert, .. }) => {

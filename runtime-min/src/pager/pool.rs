@@ -252,25 +252,54 @@ impl<'m> Pool<'m> {
         Ok(n)
     }
 
-    /// One token's (or one batch's) experts `want` (distinct ids): records their use and
-    /// says for each where it is or where to read it. Call [`Self::tick`] once per token.
+    /// One token's experts `want` (distinct ids): records their use and says for each
+    /// where it is or where to read it. Call [`Self::tick`] once per token.
     pub fn access(&mut self, want: &[u16], out: &mut [Access]) -> Result<(), PoolError> {
-        if want.len() > out.len() {
+        self.access_counted(want, None, out)
+    }
+
+    /// [`Self::access`] for a batch: `uses[i]` of its tokens picked `want[i]` (`None`:
+    /// one each), and each use counts, as it would one token at a time (a prompt of 33
+    /// tokens counted once per expert left the counts nearly flat, and the pool held
+    /// whichever experts came first: 1.4-1.8 points of hit rate on the scaled bench
+    /// model). The misses are placed most used first, so free slots and the weakest
+    /// victims go to the experts with the highest counts.
+    pub fn access_counted(
+        &mut self,
+        want: &[u16],
+        uses: Option<&[u16]>,
+        out: &mut [Access],
+    ) -> Result<(), PoolError> {
+        if want.len() > out.len() || want.len() > MAX_EXPERTS {
             return Err(PoolError::TooManyPicks { picks: want.len() });
         }
         for &e in want {
             self.check(e)?;
         }
         self.clock += 1;
-        for &e in want {
-            self.count[e as usize] += 1.0;
+        for (i, &e) in want.iter().enumerate() {
+            let u = uses.and_then(|u| u.get(i)).map_or(1, |&u| u.max(1));
+            self.count[e as usize] += u as f32;
             self.last[e as usize] = self.clock;
         }
+        let mut misses = [0u16; MAX_EXPERTS];
+        let mut n = 0;
         for (i, &e) in want.iter().enumerate() {
-            out[i] = match self.slot(e) {
-                Some(s) => Access::Hit(s),
-                None => self.admit(e, want),
-            };
+            match self.slot(e) {
+                Some(s) => out[i] = Access::Hit(s),
+                None => {
+                    misses[n] = i as u16;
+                    n += 1;
+                }
+            }
+        }
+        let count = &*self.count;
+        misses[..n].sort_unstable_by(|&a, &b| {
+            let (ea, eb) = (want[a as usize] as usize, want[b as usize] as usize);
+            count[eb].total_cmp(&count[ea]).then(ea.cmp(&eb))
+        });
+        for &i in &misses[..n] {
+            out[i as usize] = self.admit(want[i as usize], want);
         }
         Ok(())
     }
@@ -593,5 +622,45 @@ mod tests {
             p.access(&[0, 1, 2], &mut out),
             Err(PoolError::TooManyPicks { picks: 3 })
         );
+    }
+
+    /// A batch counts each token's use: with one free slot, the expert three of the
+    /// batch's tokens picked gets it, not the one that comes first by id; and its count
+    /// then keeps it against an expert one later token picks.
+    #[test]
+    fn a_batch_counts_every_token_use_and_places_the_most_used_first() {
+        let mut a = PoolArrays::default();
+        let mut p = pool(8, 1, Policy::LFU, &mut a);
+        let mut out = [Access::Hit(0); 2];
+        p.access_counted(&[1, 2], Some(&[1, 3]), &mut out).unwrap();
+        assert_eq!(
+            out,
+            [
+                Access::Miss {
+                    slot: None,
+                    evicted: None
+                },
+                Access::Miss {
+                    slot: Some(0),
+                    evicted: None
+                }
+            ]
+        );
+        for _ in 0..3 {
+            p.tick();
+        }
+        // Expert 1 (one use) does not get in over expert 2 (three).
+        p.access(&[1], &mut out).unwrap();
+        p.tick();
+        assert_eq!(p.slot(2), Some(0));
+        assert_eq!(p.slot(1), None);
+        // Had the batch counted expert 2 once (as before), one later use of 1 would beat
+        // its decayed count and take the slot.
+        let mut b = PoolArrays::default();
+        let mut q = pool(8, 1, Policy::LFU, &mut b);
+        q.access(&[2], &mut out).unwrap();
+        q.tick();
+        q.access(&[1], &mut out).unwrap();
+        assert_eq!(q.slot(1), Some(0));
     }
 }
