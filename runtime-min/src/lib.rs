@@ -30,6 +30,7 @@ pub mod gguf;
 pub mod grammar;
 pub mod guard;
 pub mod head;
+pub mod head_rank;
 pub mod header_len;
 pub mod inspect;
 pub mod model;

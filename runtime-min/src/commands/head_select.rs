@@ -45,6 +45,7 @@ use super::{open_model, read_header, AppError, Ctx};
 use crate::arena::Arena;
 use crate::cli::Opts;
 use crate::head::{self, CharSet, HeadError, CHARSET_WORDS};
+use crate::head_rank::{self, CharModel, Signals, CHAR_MODEL_WORDS};
 use crate::model::{Logits, ModelError};
 use crate::platform::Platform;
 use crate::tokenizer::Tokenizer;
@@ -163,7 +164,9 @@ fn weight_of(spec: Option<&str>, path: &str) -> Result<u32, AppError> {
 
 /// Add every token of the corpus `spec` to `counts` (tokenized with `tok` as it is),
 /// each file weighted by `--head-lang` (`langs`), and the characters of every file of
-/// nonzero weight to `chars`; returns (files, bytes, tokens).
+/// nonzero weight to `chars` (and, weighted, to `model`); returns (files, bytes,
+/// tokens).
+#[allow(clippy::too_many_arguments)]
 pub fn count_corpus<'a, P: Platform>(
     p: &P,
     tok: &Tokenizer<'_>,
@@ -172,6 +175,7 @@ pub fn count_corpus<'a, P: Platform>(
     langs: Option<&str>,
     counts: &mut [u32],
     chars: &mut CharSet<'_>,
+    mut model: Option<&mut CharModel<'_>>,
 ) -> Result<(usize, usize, usize), AppError> {
     let scratch = arena.bytes("tokenizer scratch", tok.scratch_bytes(PIECE + 4))?;
     let ids = arena.slice::<u32>("tokens", PIECE + 8)?;
@@ -183,6 +187,9 @@ pub fn count_corpus<'a, P: Platform>(
         }
         bytes += text.len();
         chars.add_text(text);
+        if let Some(m) = model.as_deref_mut() {
+            m.add_text(text, w);
+        }
         for_each_piece(tok, text, scratch, ids, &mut |ids| {
             for &id in ids {
                 if let Some(c) = counts.get_mut(id as usize) {
@@ -249,10 +256,22 @@ pub fn head_select_soft<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(),
     }
     let nv = tok.n_vocab() as usize;
     let counts = arena.slice::<u32>("head select", nv)?;
+    counts.fill(0);
     let mut chars = CharSet::new(arena.slice("head select", CHARSET_WORDS)?);
-    let (files, bytes, tokens) =
-        count_corpus(p, tok, arena, o.corpus, o.head_lang, counts, &mut chars)?;
+    let mut model = CharModel::new(arena.slice("head select", CHAR_MODEL_WORDS)?);
+    let (files, bytes, tokens) = count_corpus(
+        p,
+        tok,
+        arena,
+        o.corpus,
+        o.head_lang,
+        counts,
+        &mut chars,
+        Some(&mut model),
+    )?;
     let soft = arena.slice::<f32>("head select", nv)?;
+    soft.fill(0.0);
+    let exps = arena.slice::<f32>("head select", nv)?;
     let scratch = arena.bytes("tokenizer scratch", tok.scratch_bytes(PIECE + 4))?;
     let ids = arena.slice::<u32>("tokens", PIECE + 8)?;
     let n_ctx = sess.opts.n_ctx;
@@ -278,7 +297,7 @@ pub fn head_select_soft<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(),
                 len += part.len();
                 sess.reset();
                 sess.eval(p, &window[..len], Logits::All, &mut |_, l| {
-                    add_softmax(l, w, soft)
+                    add_softmax(l, w, exps, soft)
                 })?;
                 done += part.len();
                 let _ = write!(
@@ -292,15 +311,17 @@ pub fn head_select_soft<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(),
         })
     })?;
     let _ = writeln!(err);
-    // Count plus expected count, then the character prior (`head::add_char_prior`'s
-    // order); non-negative f32s order like their bit patterns: the key stays a u32.
-    for (i, (c, s)) in counts.iter_mut().zip(soft.iter()).enumerate() {
-        let covered = head::char_prior(tok, &chars, i as u32) as f32;
-        *c = ((*c as f32 + *s) * 4.0 + covered).to_bits();
+    // Count plus expected count, in sixteenths: a token the model gives at least 1/16
+    // of a position over the corpus counts as the corpus's ([`head_rank::choose`]).
+    for (c, s) in counts.iter_mut().zip(soft.iter()) {
+        *c = ((*c as f32 + *s) * 16.0).min(u32::MAX as f32) as u32;
     }
-    let order = arena.slice::<u32>("head select", nv)?;
     let out = arena.slice::<u32>("head", nv)?;
-    let k = head::select(tok, counts, o.head_rows, order, out);
+    let sig = Signals {
+        chars: &chars,
+        model: Some(&model),
+    };
+    let k = head_rank::choose(tok, counts, &sig, o.head_rows, arena, out)?;
     let _ = writeln!(
         err,
         "head: {k} of {nv} rows from {tokens} tokens of {files} files ({bytes} bytes), counts plus the model's predictions"
@@ -309,16 +330,20 @@ pub fn head_select_soft<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(),
     write_head(p, o, arena, nv, &out[..k])
 }
 
-/// `acc += weight * softmax(logits)` (softmax in f32 with the max subtracted).
-pub fn add_softmax(logits: &[f32], weight: f32, acc: &mut [f32]) {
+/// `acc += weight * softmax(logits)` (softmax in f32 with the max subtracted), one
+/// `expf` per entry kept in `exps` (scratch as long as `logits`); entries more than 88
+/// below the max (below f32's smallest normal after `expf`) add nothing and cost none.
+pub fn add_softmax(logits: &[f32], weight: f32, exps: &mut [f32], acc: &mut [f32]) {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0f32;
-    for &l in logits {
-        sum += libm::expf(l - max);
+    for (e, &l) in exps.iter_mut().zip(logits) {
+        let d = l - max;
+        *e = if d > -88.0 { libm::expf(d) } else { 0.0 };
+        sum += *e;
     }
     let scale = weight / sum;
-    for (a, &l) in acc.iter_mut().zip(logits) {
-        *a += libm::expf(l - max) * scale;
+    for (a, &e) in acc.iter_mut().zip(exps.iter()) {
+        *a += e * scale;
     }
 }
 
@@ -337,11 +362,15 @@ pub fn select_from_corpus<'a, P: Platform>(
     let out = arena.slice::<u32>("head", head::row_count(tok, rows, nv))?;
     let (k, (files, bytes, tokens)) = arena.scratch(|s| -> Result<_, AppError> {
         let counts = s.slice::<u32>("head select", nv)?;
+        counts.fill(0);
         let mut chars = CharSet::new(s.slice("head select", CHARSET_WORDS)?);
-        let stats = count_corpus(p, tok, s, spec, langs, counts, &mut chars)?;
-        head::add_char_prior(tok, &chars, counts);
-        let order = s.slice::<u32>("head select", nv)?;
-        Ok((head::select(tok, counts, rows, order, out), stats))
+        let mut model = CharModel::new(s.slice("head select", CHAR_MODEL_WORDS)?);
+        let stats = count_corpus(p, tok, s, spec, langs, counts, &mut chars, Some(&mut model))?;
+        let sig = Signals {
+            chars: &chars,
+            model: Some(&model),
+        };
+        Ok((head_rank::choose(tok, counts, &sig, rows, s, out)?, stats))
     })?;
     let mut err = Out::stderr(p);
     let _ = writeln!(
@@ -539,11 +568,11 @@ mod tests {
 
     #[test]
     fn softmax_adds_weighted_probabilities() {
-        let mut acc = [0.0f32; 3];
-        add_softmax(&[0.0, 0.0, f32::NEG_INFINITY], 2.0, &mut acc);
+        let (mut acc, mut exps) = ([0.0f32; 3], [0.0f32; 3]);
+        add_softmax(&[0.0, 0.0, f32::NEG_INFINITY], 2.0, &mut exps, &mut acc);
         assert!((acc[0] - 1.0).abs() < 1e-6 && (acc[1] - 1.0).abs() < 1e-6);
         assert_eq!(acc[2], 0.0);
-        add_softmax(&[1000.0, 0.0, 0.0], 1.0, &mut acc);
+        add_softmax(&[1000.0, 0.0, 0.0], 1.0, &mut exps, &mut acc);
         assert!((acc[0] - 2.0).abs() < 1e-5, "{acc:?}");
     }
 }

@@ -240,6 +240,7 @@ pub struct VocabSource<'a> {
 }
 
 /// A loaded tokenizer; all tables live in the arena.
+#[derive(Clone)]
 pub struct Tokenizer<'a> {
     kind: VocabKind,
     pub(crate) pre: PreTokenizer,
