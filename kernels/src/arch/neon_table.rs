@@ -25,6 +25,7 @@ use super::q1_lut;
 use super::table::{block_dot, float_dot, kquant_dot, KernelTable, Kernels};
 use super::{neon_kquant as kq, Job};
 use crate::quant::iq2_xxs::BlockIq2Xxs;
+use crate::quant::iq4_nl::BlockIq4Nl;
 use crate::quant::iq4_xs::BlockIq4Xs;
 use crate::quant::q1_0::BlockQ1_0;
 use crate::quant::q2_0::BlockQ2_0;
@@ -75,6 +76,8 @@ kquant_dot!(iq2_xxs_base, BlockIq2Xxs, iq2::base);
 kquant_dot!(iq2_xxs_dot, BlockIq2Xxs, iq2::dot);
 kquant_dot!(iq4_xs_base, BlockIq4Xs, iq4::base);
 kquant_dot!(iq4_xs_dot, BlockIq4Xs, iq4::dot);
+block_dot!(iq4_nl_base, BlockIq4Nl, iq4::nl_base);
+block_dot!(iq4_nl_dot, BlockIq4Nl, iq4::nl_dot);
 kquant_dot!(q2_k_base, BlockQ2K, kq::dot_neon);
 kquant_dot!(q3_k_base, BlockQ3K, kq::dot_neon);
 kquant_dot!(q4_k_base, BlockQ4K, kq::dot_neon);
@@ -135,6 +138,7 @@ pub(super) static NEON: KernelTable = KernelTable {
         Kernels::plain(T::Q6_K, Some(q6_k_base), Some(q6_k_rows_base)),
         Kernels::plain(T::IQ2_XXS, Some(iq2_xxs_base), None),
         Kernels::plain(T::IQ4_XS, Some(iq4_xs_base), None),
+        Kernels::plain(T::IQ4_NL, Some(iq4_nl_base), None),
         Kernels::packed(T::Q8_0, Layout::Q8_0x4, rp::q8_0x4_base),
         Kernels::packed(T::Q5_0, Layout::Q5_0x4s, rp::q5_0x4s_base),
         Kernels::packed(T::Q1_0, Layout::Q1_0x16, q1_lut::matmul::<Q1Lut>),
@@ -168,6 +172,7 @@ pub(super) static NEON_DOT: KernelTable = KernelTable {
         Kernels::plain(T::Q6_K, Some(q6_k_dot), Some(q6_k_rows_dot)),
         Kernels::plain(T::IQ2_XXS, Some(iq2_xxs_dot), None),
         Kernels::plain(T::IQ4_XS, Some(iq4_xs_dot), None),
+        Kernels::plain(T::IQ4_NL, Some(iq4_nl_dot), None),
         // Preferred first: `sdot` by element needs no reduction.
         Kernels::packed(T::Q8_0, Layout::Q8_0x4s, rp::q8_0x4s_dot),
         Kernels::packed(T::Q8_0, Layout::Q8_0x4, rp::q8_0x4_dot),

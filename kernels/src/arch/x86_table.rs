@@ -20,6 +20,7 @@ use super::x86_min as mn;
 use super::x86_q1_lut::Avx2 as Q1Lut;
 use super::{q1_lut, x86_repack, x86_rows as xr, Job};
 use super::{x86_gemm as gemm, x86_gemm_lanes as gl, x86_kquant as kq, x86_legacy as lg};
+use crate::quant::iq4_nl::BlockIq4Nl;
 use crate::quant::iq4_xs::BlockIq4Xs;
 use crate::quant::q1_0::BlockQ1_0;
 use crate::quant::q2_0::BlockQ2_0;
@@ -66,6 +67,7 @@ kquant_dot!(q6_k_dot, BlockQ6K, kq::dot_avx2);
 kquant_dot!(iq4_xs_dot, BlockIq4Xs, iq4::dot_avx2);
 kquant_dot!(q4_k_dot_vnni, BlockQ4K, k5::dot_vnni);
 kquant_dot!(q6_k_dot_vnni, BlockQ6K, k5::dot_vnni);
+block_dot!(iq4_nl_dot, BlockIq4Nl, iq4::nl_avx2);
 
 /// Row-range entries: `$name(job, w, acts, out)` runs the first kernel of the list that
 /// takes the job (`prompt` kernels only for two or more tokens).
@@ -158,6 +160,7 @@ macro_rules! common {
             Kernels::plain(T::Q3_K, Some(q3_k_dot), Some(q3_k_rows)),
             Kernels::plain(T::Q5_K, Some(q5_k_dot), Some(q5_k_rows)),
             Kernels::plain(T::IQ4_XS, Some(iq4_xs_dot), None),
+            Kernels::plain(T::IQ4_NL, Some(iq4_nl_dot), None),
         ]
     };
 }
