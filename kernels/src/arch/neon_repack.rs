@@ -117,7 +117,7 @@ macro_rules! packed_fn {
 pub(super) use packed_fn;
 packed_fn!(
     q8_0x4_base,
-    jobs::base::<RowsTile<Mull>, 4>,
+    jobs::base::<RowsTile<Mull>, 2, 4>,
     Q8_0,
     BLOCK_BYTES,
     BLOCK_BYTES
@@ -139,7 +139,7 @@ packed_fn!(
 const Q5B: usize = q5_0::BLOCK_BYTES;
 packed_fn!(
     q5_0x4s_base,
-    jobs::base::<Q5Tile<Mull>, 4>,
+    jobs::base::<Q5Tile<Mull>, 2, 4>,
     Q5_0,
     Q5B,
     BLOCK_BYTES
@@ -249,34 +249,41 @@ unsafe fn tile<K: Tile, const GG: usize, const TT: usize>(
 ) -> [[[f32; TT]; 4]; GG] {
     let mut acc = [[vdupq_n_f32(0.0); TT]; GG];
     let (mut g, mut a) = (g, a);
-    for _ in 0..nb {
-        let mut ay = [core::mem::MaybeUninit::<K::A>::uninit(); TT];
-        let mut da = [0f32; TT];
-        for t in 0..TT {
-            // SAFETY: the caller's `nb` blocks start at a[t]; one per step.
-            let y = &*a[t];
-            a[t] = a[t].add(1);
-            ay[t].write(K::act(y));
-            da[t] = h2f(y.d);
-        }
-        // Group by group, so that a group's weights are dead before the next one loads.
-        for i in 0..GG {
-            // SAFETY: as for `a`, at g[i].
-            let (w, dw) = if TT == 1 {
-                let (s, dw) = K::load_sums1(&mut g[i], ay[0].assume_init_ref());
-                (Err(s), dw)
-            } else {
-                let (w, dw) = K::load(&mut g[i]);
-                (Ok(w), dw)
-            };
-            for t in 0..TT {
+    if TT == 1 {
+        for _ in 0..nb {
+            // SAFETY: the caller's `nb` blocks start at a[0]; one per step.
+            let y = &*a[0];
+            a[0] = a[0].add(1);
+            let (ay, da) = (K::act(y), h2f(y.d));
+            // Group by group: one written-out kernel each (see `Tile::load_sums1`).
+            for i in 0..GG {
+                // SAFETY: as for `a`, at g[i].
+                let (s, dw) = K::load_sums1(&mut g[i], &ay);
                 // d_w * d_a per row: exact in f32 (two f16 significands), as the reference.
-                let d = vmulq_n_f32(dw, da[t]);
-                let s = match &w {
-                    Ok(w) => K::sums(w, ay[t].assume_init_ref()),
-                    Err(s) => *s,
-                };
-                acc[i][t] = vfmaq_f32(acc[i][t], vcvtq_f32_s32(s), d);
+                acc[i][0] = vfmaq_f32(acc[i][0], vcvtq_f32_s32(s), vmulq_n_f32(dw, da));
+            }
+        }
+    } else {
+        for _ in 0..nb {
+            let mut w = [core::mem::MaybeUninit::<K::W>::uninit(); GG];
+            let mut dw = [vdupq_n_f32(0.0); GG];
+            for i in 0..GG {
+                // SAFETY: the caller's `nb` group-blocks start at g[i]; one per step.
+                let (wi, di) = K::load(&mut g[i]);
+                w[i].write(wi);
+                dw[i] = di;
+            }
+            for t in 0..TT {
+                // SAFETY: as for `g`.
+                let y = &*a[t];
+                a[t] = a[t].add(1);
+                let ay = K::act(y);
+                let da = h2f(y.d);
+                for i in 0..GG {
+                    let d = vmulq_n_f32(dw[i], da);
+                    let s = K::sums(w[i].assume_init_ref(), &ay);
+                    acc[i][t] = vfmaq_f32(acc[i][t], vcvtq_f32_s32(s), d);
+                }
             }
         }
     }
@@ -911,14 +918,20 @@ unsafe fn body<K: Tile, const GG: usize>(job: &Job, w: &[u8], acts: &[u8], out: 
 mod jobs {
     use super::*;
 
+    /// `GG` groups a pass for prompts, `GG1` for one token (whose tiles hold fewer
+    /// registers: four groups share one activation block's work without spilling).
     #[target_feature(enable = "neon")]
-    pub(super) unsafe fn base<K: Tile, const GG: usize>(
+    pub(super) unsafe fn base<K: Tile, const GG: usize, const GG1: usize>(
         job: &Job,
         w: &[u8],
         acts: &[u8],
         out: &mut [f32],
     ) {
-        body::<K, GG>(job, w, acts, out)
+        if job.n_tok == 1 {
+            body::<K, GG1>(job, w, acts, out)
+        } else {
+            body::<K, GG>(job, w, acts, out)
+        }
     }
 
     #[target_feature(enable = "neon,dotprod")]
