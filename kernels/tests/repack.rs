@@ -195,12 +195,14 @@ fn simd_on_repacked_edge_values_equals_plain_scalar_bits() {
     let mut a = vec![0u8; 2 * rb];
     quantize_activation(ActFormat::Q8_0, &x[..cols], &mut a[..rb]).unwrap();
     quantize_activation(ActFormat::Q8_0, &x[cols..], &mut a[rb..]).unwrap();
-    for (feat, layout) in feature_sets()
-        .into_iter()
-        .flat_map(|f| [(f, Layout::Q8_0x4), (f, Layout::Q8_0x4s)])
-    {
+    for (feat, layout, n_tok) in feature_sets().into_iter().flat_map(|f| {
+        // One token (the written-out one-token group kernels) and a two-token tile.
+        [Layout::Q8_0x4, Layout::Q8_0x4s]
+            .into_iter()
+            .flat_map(move |l| [(f, l, 1), (f, l, 2)])
+    }) {
         let wr = repacked_as(layout, GgmlType::Q8_0, &w, rb);
-        let mut out = vec![0.0f32; rows * 2];
+        let mut out = vec![0.0f32; rows * n_tok];
         repack::matmul_rows(
             layout,
             GgmlType::Q8_0,
@@ -208,13 +210,13 @@ fn simd_on_repacked_edge_values_equals_plain_scalar_bits() {
             &wr,
             rb,
             0..rows,
-            &a,
+            &a[..n_tok * rb],
             rb,
             &mut out,
         )
         .unwrap();
         for r in 0..rows {
-            for t in 0..2 {
+            for t in 0..n_tok {
                 let e = vec_dot_reference(
                     GgmlType::Q8_0,
                     &feat,
@@ -223,7 +225,7 @@ fn simd_on_repacked_edge_values_equals_plain_scalar_bits() {
                 )
                 .unwrap();
                 assert_eq!(
-                    out[r * 2 + t].to_bits(),
+                    out[r * n_tok + t].to_bits(),
                     e.to_bits(),
                     "{layout:?} {feat:?} row {r} tok {t}"
                 );

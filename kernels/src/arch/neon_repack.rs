@@ -117,7 +117,7 @@ macro_rules! packed_fn {
 pub(super) use packed_fn;
 packed_fn!(
     q8_0x4_base,
-    jobs::base::<RowsTile<Mull>, 2>,
+    jobs::base::<RowsTile<Mull>, 2, 4>,
     Q8_0,
     BLOCK_BYTES,
     BLOCK_BYTES
@@ -139,7 +139,7 @@ packed_fn!(
 const Q5B: usize = q5_0::BLOCK_BYTES;
 packed_fn!(
     q5_0x4s_base,
-    jobs::base::<Q5Tile<Mull>, 2>,
+    jobs::base::<Q5Tile<Mull>, 2, 4>,
     Q5_0,
     Q5B,
     BLOCK_BYTES
@@ -210,6 +210,29 @@ trait Tile {
     fn scales(b: &Self::G) -> &[[u8; 2]; 4];
     unsafe fn act(y: &BlockQ8_0) -> Self::A;
     unsafe fn sums(w: &Self::W, a: &Self::A) -> int32x4_t;
+    /// The group-block at `*p` prepared, and its four rows' scales as f32; `*p` moves to
+    /// the next group-block.
+    ///
+    /// # Safety
+    /// A group-block is readable at `*p`.
+    #[inline(always)]
+    unsafe fn load(p: &mut *const Self::G) -> (Self::W, float32x4_t) {
+        let b = &**p;
+        *p = p.add(1);
+        // The four rows' scales are adjacent: one load, one exact conversion.
+        let d = h2f4(vld1_u16(Self::scales(b).as_ptr() as *const u16));
+        (Self::weights(b), d)
+    }
+    /// One token: the four rows' sums of the group-block at `*p` against `a`, and its
+    /// scales as f32; `*p` moves to the next group-block.
+    ///
+    /// # Safety
+    /// As [`Tile::load`].
+    #[inline(always)]
+    unsafe fn load_sums1(p: &mut *const Self::G, a: &Self::A) -> (int32x4_t, float32x4_t) {
+        let (w, d) = Self::load(p);
+        (Self::sums(&w, a), d)
+    }
 }
 
 /// `GG` groups (4 rows each) against `TT` tokens, all of `nb` blocks: per (group, token)
@@ -226,41 +249,152 @@ unsafe fn tile<K: Tile, const GG: usize, const TT: usize>(
 ) -> [[[f32; TT]; 4]; GG] {
     let mut acc = [[vdupq_n_f32(0.0); TT]; GG];
     let (mut g, mut a) = (g, a);
-    for _ in 0..nb {
-        let mut w = [core::mem::MaybeUninit::<K::W>::uninit(); GG];
-        let mut dw = [vdupq_n_f32(0.0); GG];
-        for i in 0..GG {
-            // SAFETY: the caller's `nb` group-blocks start at g[i]; one per step.
-            let b = &*g[i];
-            g[i] = g[i].add(1);
-            w[i].write(K::weights(b));
-            // The four rows' scales are adjacent: one load, one exact conversion.
-            dw[i] = h2f4(vld1_u16(K::scales(b).as_ptr() as *const u16));
-        }
-        for t in 0..TT {
-            // SAFETY: as for `g`.
-            let y = &*a[t];
-            a[t] = a[t].add(1);
-            let ay = K::act(y);
-            let da = h2f(y.d);
+    if TT == 1 {
+        for _ in 0..nb {
+            // SAFETY: the caller's `nb` blocks start at a[0]; one per step.
+            let y = &*a[0];
+            a[0] = a[0].add(1);
+            let (ay, da) = (K::act(y), h2f(y.d));
+            // Group by group: one written-out kernel each (see `Tile::load_sums1`).
             for i in 0..GG {
+                // SAFETY: as for `a`, at g[i].
+                let (s, dw) = K::load_sums1(&mut g[i], &ay);
                 // d_w * d_a per row: exact in f32 (two f16 significands), as the reference.
-                let d = vmulq_n_f32(dw[i], da);
-                let s = K::sums(w[i].assume_init_ref(), &ay);
-                acc[i][t] = vfmaq_f32(acc[i][t], vcvtq_f32_s32(s), d);
+                acc[i][0] = vfmaq_f32(acc[i][0], vcvtq_f32_s32(s), vmulq_n_f32(dw, da));
+            }
+        }
+    } else {
+        for _ in 0..nb {
+            let mut w = [core::mem::MaybeUninit::<K::W>::uninit(); GG];
+            let mut dw = [vdupq_n_f32(0.0); GG];
+            for i in 0..GG {
+                // SAFETY: the caller's `nb` group-blocks start at g[i]; one per step.
+                let (wi, di) = K::load(&mut g[i]);
+                w[i].write(wi);
+                dw[i] = di;
+            }
+            for t in 0..TT {
+                // SAFETY: as for `g`.
+                let y = &*a[t];
+                a[t] = a[t].add(1);
+                let ay = K::act(y);
+                let da = h2f(y.d);
+                for i in 0..GG {
+                    let d = vmulq_n_f32(dw[i], da);
+                    let s = K::sums(w[i].assume_init_ref(), &ay);
+                    acc[i][t] = vfmaq_f32(acc[i][t], vcvtq_f32_s32(s), d);
+                }
             }
         }
     }
     core::array::from_fn(|i| core::array::from_fn(|r| core::array::from_fn(|t| lane(acc[i][t], r))))
 }
 
+/// One token against a Q8_0x4s group-block at `p` (136 bytes: eight chunks, then the four
+/// f16 scales): eight `sdot` by element, the rows' sums in the four lanes, and the scales
+/// as f32; `p` moves past the group-block. Written out so that the chunks come in two
+/// `ld1` of four registers with the pointer moved by the loads (LLVM makes four `ldp`
+/// and address arithmetic of them).
+///
+/// # Safety
+/// NEON + dotprod; 136 bytes are readable at `p`.
+#[target_feature(enable = "neon,dotprod")]
+#[inline]
+unsafe fn q8_group_sdot(p: &mut *const u8, a: &[int8x16_t; 2]) -> (int32x4_t, float32x4_t) {
+    let s: int32x4_t;
+    let d: uint16x4_t;
+    // SAFETY: the caller's 136 readable bytes; writes only the registers named here.
+    core::arch::asm!(
+        "ld1 {{v24.16b, v25.16b, v26.16b, v27.16b}}, [{p}], #64",
+        "movi {s:v}.4s, #0",
+        "ld1 {{v28.16b, v29.16b, v30.16b, v31.16b}}, [{p}], #64",
+        "sdot {s:v}.4s, v24.16b, {a0:v}.4b[0]",
+        "sdot {s:v}.4s, v25.16b, {a0:v}.4b[1]",
+        "sdot {s:v}.4s, v26.16b, {a0:v}.4b[2]",
+        "sdot {s:v}.4s, v27.16b, {a0:v}.4b[3]",
+        "sdot {s:v}.4s, v28.16b, {a1:v}.4b[0]",
+        "sdot {s:v}.4s, v29.16b, {a1:v}.4b[1]",
+        "sdot {s:v}.4s, v30.16b, {a1:v}.4b[2]",
+        "sdot {s:v}.4s, v31.16b, {a1:v}.4b[3]",
+        "ldr {d:d}, [{p}], #8",
+        p = inout(reg) *p,
+        a0 = in(vreg) a[0],
+        a1 = in(vreg) a[1],
+        s = out(vreg) s,
+        d = out(vreg) d,
+        out("v24") _, out("v25") _, out("v26") _, out("v27") _,
+        out("v28") _, out("v29") _, out("v30") _, out("v31") _,
+        options(pure, readonly, nostack, preserves_flags),
+    );
+    (s, h2f4(d))
+}
+
+/// [`q8_group_sdot`] for baseline NEON over a Q8_0x4 group-block (four rows of 32 quants,
+/// then the scales): per row [`Mull::block`] (`smull`, `smlal2` of each half, `saddlp`,
+/// `sadalp`), the four rows' totals by [`rows4`].
+///
+/// # Safety
+/// NEON; 136 bytes are readable at `p`.
+#[inline(always)]
+unsafe fn q8_group_mull(p: &mut *const u8, a: &[int8x16_t; 2]) -> (int32x4_t, float32x4_t) {
+    let s: int32x4_t;
+    let d: uint16x4_t;
+    // SAFETY: the caller's 136 readable bytes; writes only the registers named here.
+    core::arch::asm!(
+        "ld1 {{v24.16b, v25.16b, v26.16b, v27.16b}}, [{p}], #64",
+        "ld1 {{v28.16b, v29.16b, v30.16b, v31.16b}}, [{p}], #64",
+        "smull {t0:v}.8h, v24.8b, {a0:v}.8b",
+        "smull {t1:v}.8h, v25.8b, {a1:v}.8b",
+        "smull {t2:v}.8h, v26.8b, {a0:v}.8b",
+        "smull {t3:v}.8h, v27.8b, {a1:v}.8b",
+        "smlal2 {t0:v}.8h, v24.16b, {a0:v}.16b",
+        "smlal2 {t1:v}.8h, v25.16b, {a1:v}.16b",
+        "smlal2 {t2:v}.8h, v26.16b, {a0:v}.16b",
+        "smlal2 {t3:v}.8h, v27.16b, {a1:v}.16b",
+        "smull v24.8h, v28.8b, {a0:v}.8b",
+        "smull v25.8h, v29.8b, {a1:v}.8b",
+        "smull v26.8h, v30.8b, {a0:v}.8b",
+        "smull v27.8h, v31.8b, {a1:v}.8b",
+        "smlal2 v24.8h, v28.16b, {a0:v}.16b",
+        "smlal2 v25.8h, v29.16b, {a1:v}.16b",
+        "smlal2 v26.8h, v30.16b, {a0:v}.16b",
+        "smlal2 v27.8h, v31.16b, {a1:v}.16b",
+        "saddlp {t0:v}.4s, {t0:v}.8h",
+        "saddlp {t2:v}.4s, {t2:v}.8h",
+        "saddlp v24.4s, v24.8h",
+        "saddlp v26.4s, v26.8h",
+        "sadalp {t0:v}.4s, {t1:v}.8h",
+        "sadalp {t2:v}.4s, {t3:v}.8h",
+        "sadalp v24.4s, v25.8h",
+        "sadalp v26.4s, v27.8h",
+        "addp {t0:v}.4s, {t0:v}.4s, {t2:v}.4s",
+        "addp v24.4s, v24.4s, v26.4s",
+        "ldr {d:d}, [{p}], #8",
+        "addp {s:v}.4s, {t0:v}.4s, v24.4s",
+        p = inout(reg) *p,
+        a0 = in(vreg) a[0],
+        a1 = in(vreg) a[1],
+        s = out(vreg) s,
+        d = out(vreg) d,
+        t0 = out(vreg) _,
+        t1 = out(vreg) _,
+        t2 = out(vreg) _,
+        t3 = out(vreg) _,
+        out("v24") _, out("v25") _, out("v26") _, out("v27") _,
+        out("v28") _, out("v29") _, out("v30") _, out("v31") _,
+        options(pure, readonly, nostack, preserves_flags),
+    );
+    (s, h2f4(d))
+}
+static_assertions::const_assert_eq!(core::mem::offset_of!(BlockQ8_0x4, d), 128);
+static_assertions::const_assert_eq!(core::mem::offset_of!(BlockQ8_0x4s, d), 128);
+static_assertions::const_assert_eq!(core::mem::size_of::<BlockQ8_0x4s>(), 136);
+
 /// The 32 activation quants of a block as two vectors.
 #[inline(always)]
 unsafe fn act_q(y: &BlockQ8_0) -> [int8x16_t; 2] {
-    [
-        vreinterpretq_s8_u8(load16(&y.qs)),
-        vreinterpretq_s8_u8(load16(&y.qs[16..])),
-    ]
+    let v = vld1q_s8_x2(y.qs.as_ptr() as *const i8);
+    [v.0, v.1]
 }
 
 /// Q8_0x4: each row's 32 quants in two vectors, its sum by [`Dot::block`].
@@ -290,6 +424,18 @@ impl<D: Dot> Tile for RowsTile<D> {
     unsafe fn sums(w: &Self::W, a: &Self::A) -> int32x4_t {
         rows4(core::array::from_fn(|r| D::block(w[r], *a)))
     }
+    #[inline(always)]
+    unsafe fn load_sums1(p: &mut *const BlockQ8_0x4, a: &Self::A) -> (int32x4_t, float32x4_t) {
+        if D::FUSED {
+            let mut q = *p as *const u8;
+            let r = q8_group_mull(&mut q, a);
+            *p = q as *const BlockQ8_0x4;
+            r
+        } else {
+            let (w, d) = Self::load(p);
+            (Self::sums(&w, a), d)
+        }
+    }
 }
 
 /// Q8_0x4s: eight `sdot` by element per group-block and token.
@@ -313,6 +459,13 @@ impl Tile for LaneTile {
     #[inline(always)]
     unsafe fn sums(q: &Self::W, a: &Self::A) -> int32x4_t {
         sdot_chunks(vdupq_n_s32(0), q, a)
+    }
+    #[inline(always)]
+    unsafe fn load_sums1(p: &mut *const BlockQ8_0x4s, a: &Self::A) -> (int32x4_t, float32x4_t) {
+        let mut q = *p as *const u8;
+        let r = q8_group_sdot(&mut q, a);
+        *p = q as *const BlockQ8_0x4s;
+        r
     }
 }
 
@@ -368,6 +521,70 @@ impl Tile for Q5DTile {
         // Exact: |8 * sum| <= 8 * 32 * 16 * 128.
         vshrq_n_s32::<3>(sdot_chunks(vdupq_n_s32(0), q, a))
     }
+    #[inline(always)]
+    unsafe fn load_sums1(p: &mut *const BlockQ5_0x4d, a: &Self::A) -> (int32x4_t, float32x4_t) {
+        let mut q = *p as *const u8;
+        let r = q5d_group_sdot(&mut q, a);
+        *p = q as *const BlockQ5_0x4d;
+        r
+    }
+}
+
+/// [`Q5DTile`]'s chunks and sums for one token, written out as [`q8_group_sdot`]: per
+/// chunk position `k`, `x[k] & 0xf8` and `sli(x[k] << 3, e >> 2k, 6)`, each one `sdot`
+/// by element; the total shifted back by 3. `p` moves past the 88-byte group-block.
+///
+/// # Safety
+/// NEON + dotprod; 88 bytes are readable at `p`.
+#[target_feature(enable = "neon,dotprod")]
+#[inline]
+unsafe fn q5d_group_sdot(p: &mut *const u8, a: &[int8x16_t; 2]) -> (int32x4_t, float32x4_t) {
+    let s: int32x4_t;
+    let d: uint16x4_t;
+    let top = vdupq_n_u8(0xf8);
+    // SAFETY: the caller's 88 readable bytes; writes only the registers named here.
+    core::arch::asm!(
+        "ld1 {{v24.16b, v25.16b, v26.16b, v27.16b}}, [{p}], #64",
+        "ldr q28, [{p}], #16",
+        "ldr {d:d}, [{p}], #8",
+        "movi {s:v}.4s, #0",
+        "ushr v29.16b, v28.16b, #2",
+        "ushr v30.16b, v28.16b, #4",
+        "ushr v31.16b, v28.16b, #6",
+        "shl {t:v}.16b, v24.16b, #3",
+        "and v24.16b, v24.16b, {top:v}.16b",
+        "sli {t:v}.16b, v28.16b, #6",
+        "sdot {s:v}.4s, v24.16b, {a0:v}.4b[0]",
+        "sdot {s:v}.4s, {t:v}.16b, {a1:v}.4b[0]",
+        "shl {t:v}.16b, v25.16b, #3",
+        "and v25.16b, v25.16b, {top:v}.16b",
+        "sli {t:v}.16b, v29.16b, #6",
+        "sdot {s:v}.4s, v25.16b, {a0:v}.4b[1]",
+        "sdot {s:v}.4s, {t:v}.16b, {a1:v}.4b[1]",
+        "shl {t:v}.16b, v26.16b, #3",
+        "and v26.16b, v26.16b, {top:v}.16b",
+        "sli {t:v}.16b, v30.16b, #6",
+        "sdot {s:v}.4s, v26.16b, {a0:v}.4b[2]",
+        "sdot {s:v}.4s, {t:v}.16b, {a1:v}.4b[2]",
+        "shl {t:v}.16b, v27.16b, #3",
+        "and v27.16b, v27.16b, {top:v}.16b",
+        "sli {t:v}.16b, v31.16b, #6",
+        "sdot {s:v}.4s, v27.16b, {a0:v}.4b[3]",
+        "sdot {s:v}.4s, {t:v}.16b, {a1:v}.4b[3]",
+        // Exact: |8 * sum| <= 8 * 32 * 16 * 128.
+        "sshr {s:v}.4s, {s:v}.4s, #3",
+        p = inout(reg) *p,
+        a0 = in(vreg) a[0],
+        a1 = in(vreg) a[1],
+        top = in(vreg) top,
+        s = out(vreg) s,
+        d = out(vreg) d,
+        t = out(vreg) _,
+        out("v24") _, out("v25") _, out("v26") _, out("v27") _,
+        out("v28") _, out("v29") _, out("v30") _, out("v31") _,
+        options(pure, readonly, nostack, preserves_flags),
+    );
+    (s, h2f4(d))
 }
 
 /// Q5_0x4s: the fifth bits merged into the nibbles with `sli`/`sri`, giving eight
@@ -410,10 +627,16 @@ unsafe fn minus16_sum(a: [int8x16_t; 2]) -> int32x4_t {
 
 /// How a [`Q5Tile`] multiplies the eight 5-bit chunks with an activation block: the
 /// token-side values it prepares once per block and token, and the four rows' sums.
-trait Q5Sums {
+trait Q5Sums: Sized {
     type A: Copy;
     unsafe fn act(y: &BlockQ8_0) -> Self::A;
     unsafe fn sums(w: &[int8x16_t; 8], a: &Self::A) -> int32x4_t;
+    /// [`Tile::load_sums1`] of a [`Q5Tile`].
+    #[inline(always)]
+    unsafe fn load_sums1(p: &mut *const BlockQ5_0x4s, a: &Self::A) -> (int32x4_t, float32x4_t) {
+        let (w, d) = Q5Tile::<Self>::load(p);
+        (Self::sums(&w, a), d)
+    }
 }
 
 impl<D: Q5Sums> Tile for Q5Tile<D> {
@@ -435,6 +658,10 @@ impl<D: Q5Sums> Tile for Q5Tile<D> {
     #[inline(always)]
     unsafe fn sums(w: &Self::W, a: &Self::A) -> int32x4_t {
         D::sums(w, a)
+    }
+    #[inline(always)]
+    unsafe fn load_sums1(p: &mut *const BlockQ5_0x4s, a: &Self::A) -> (int32x4_t, float32x4_t) {
+        D::load_sums1(p, a)
     }
 }
 
@@ -486,6 +713,102 @@ impl Q5Sums for Mull {
         }
         vaddq_s32(vpaddq_s32(vpaddlq_s16(p01), vpaddlq_s16(p23)), *s)
     }
+    #[inline(always)]
+    unsafe fn load_sums1(p: &mut *const BlockQ5_0x4s, a: &Self::A) -> (int32x4_t, float32x4_t) {
+        let mut q = *p as *const u8;
+        let r = q5_group_mull(&mut q, a);
+        *p = q as *const BlockQ5_0x4s;
+        r
+    }
+}
+
+/// [`q5_chunks`] and [`Mull`]'s [`Q5Sums::sums`] for one token, written out as
+/// [`q8_group_mull`]: per chunk position `k` the high chunk `sri(h >> k & 0x10, q[k], 4)`
+/// and the low chunk `sli(q[k], h >> k & 1, 4)`, each multiplied (`smlal`, `smlal2`) by
+/// its broadcast activation word as soon as it is made. `p` moves past the 88-byte
+/// group-block.
+///
+/// # Safety
+/// NEON; 88 bytes are readable at `p`.
+#[inline(always)]
+unsafe fn q5_group_mull(
+    p: &mut *const u8,
+    (b, m16): &([int8x16_t; 8], int32x4_t),
+) -> (int32x4_t, float32x4_t) {
+    let s: int32x4_t;
+    let d: uint16x4_t;
+    let (one, b4) = (vdupq_n_u8(1), vdupq_n_u8(0x10));
+    // SAFETY: the caller's 88 readable bytes; writes only the registers named here.
+    core::arch::asm!(
+        "ld1 {{v24.16b, v25.16b, v26.16b, v27.16b}}, [{p}], #64",
+        "ldr q28, [{p}], #16",
+        "ldr {d:d}, [{p}], #8",
+        "ushr v29.16b, v28.16b, #1",
+        "ushr v30.16b, v28.16b, #2",
+        "ushr v31.16b, v28.16b, #3",
+        // k = 0
+        "and {t:v}.16b, v28.16b, {b4:v}.16b",
+        "and v28.16b, v28.16b, {one:v}.16b",
+        "sri {t:v}.16b, v24.16b, #4",
+        "sli v24.16b, v28.16b, #4",
+        "smull {p01:v}.8h, v24.8b, {b0:v}.8b",
+        "smull2 {p23:v}.8h, v24.16b, {b0:v}.16b",
+        "smlal {p01:v}.8h, {t:v}.8b, {b4w:v}.8b",
+        "smlal2 {p23:v}.8h, {t:v}.16b, {b4w:v}.16b",
+        // k = 1
+        "and {t:v}.16b, v29.16b, {b4:v}.16b",
+        "and v29.16b, v29.16b, {one:v}.16b",
+        "sri {t:v}.16b, v25.16b, #4",
+        "sli v25.16b, v29.16b, #4",
+        "smlal {p01:v}.8h, v25.8b, {b1:v}.8b",
+        "smlal2 {p23:v}.8h, v25.16b, {b1:v}.16b",
+        "smlal {p01:v}.8h, {t:v}.8b, {b5:v}.8b",
+        "smlal2 {p23:v}.8h, {t:v}.16b, {b5:v}.16b",
+        // k = 2
+        "and {t:v}.16b, v30.16b, {b4:v}.16b",
+        "and v30.16b, v30.16b, {one:v}.16b",
+        "sri {t:v}.16b, v26.16b, #4",
+        "sli v26.16b, v30.16b, #4",
+        "smlal {p01:v}.8h, v26.8b, {b2:v}.8b",
+        "smlal2 {p23:v}.8h, v26.16b, {b2:v}.16b",
+        "smlal {p01:v}.8h, {t:v}.8b, {b6:v}.8b",
+        "smlal2 {p23:v}.8h, {t:v}.16b, {b6:v}.16b",
+        // k = 3
+        "and {t:v}.16b, v31.16b, {b4:v}.16b",
+        "and v31.16b, v31.16b, {one:v}.16b",
+        "sri {t:v}.16b, v27.16b, #4",
+        "sli v27.16b, v31.16b, #4",
+        "smlal {p01:v}.8h, v27.8b, {b3:v}.8b",
+        "smlal2 {p23:v}.8h, v27.16b, {b3:v}.16b",
+        "smlal {p01:v}.8h, {t:v}.8b, {b7:v}.8b",
+        "smlal2 {p23:v}.8h, {t:v}.16b, {b7:v}.16b",
+        // Exact: each i16 lane adds eight products w5 * a, |sum| <= 8 * 31 * 128.
+        "saddlp {p01:v}.4s, {p01:v}.8h",
+        "saddlp {p23:v}.4s, {p23:v}.8h",
+        "addp {s:v}.4s, {p01:v}.4s, {p23:v}.4s",
+        "add {s:v}.4s, {s:v}.4s, {m16:v}.4s",
+        p = inout(reg) *p,
+        b0 = in(vreg) b[0],
+        b1 = in(vreg) b[1],
+        b2 = in(vreg) b[2],
+        b3 = in(vreg) b[3],
+        b4w = in(vreg) b[4],
+        b5 = in(vreg) b[5],
+        b6 = in(vreg) b[6],
+        b7 = in(vreg) b[7],
+        m16 = in(vreg) *m16,
+        one = in(vreg) one,
+        b4 = in(vreg) b4,
+        s = out(vreg) s,
+        d = out(vreg) d,
+        t = out(vreg) _,
+        p01 = out(vreg) _,
+        p23 = out(vreg) _,
+        out("v24") _, out("v25") _, out("v26") _, out("v27") _,
+        out("v28") _, out("v29") _, out("v30") _, out("v31") _,
+        options(pure, readonly, nostack, preserves_flags),
+    );
+    (s, h2f4(d))
 }
 
 /// Rows `job.rows` (inside whole groups present in `w`, group-blocks of type `G`) of a
@@ -493,6 +816,12 @@ impl Q5Sums for Mull {
 /// tiles of `TT` tokens (`tile(groups, t)`), the last tokens one by one (`tile1`). At the
 /// end of the range the last group stands in for the missing ones (computed again, not
 /// written): one tile shape fewer in the binary for a few groups' work per call.
+///
+/// The groups are checked once (all of them whole inside `w`) and walked by pointer; for
+/// one token, `GG` groups wholly inside the range are `4 GG` adjacent outputs, written
+/// in one copy. Only the groups at the ends of the range (and prompts) store row by row
+/// ([`put_rows`]): the per-row bookkeeping cost ~20 instructions a row before, 6 % of a
+/// Q8_0 head's work.
 #[inline(always)]
 pub(super) unsafe fn walk<G: Pod, const GG: usize, const TT: usize>(
     job: &Job,
@@ -504,55 +833,69 @@ pub(super) unsafe fn walk<G: Pod, const GG: usize, const TT: usize>(
     let (rb, n_tok) = (job.rb, job.n_tok);
     let nb = 4 * rb / core::mem::size_of::<G>();
     let rows = &job.rows;
-    let put = |out: &mut [f32], g: usize, r: usize, t: usize, v: f32| {
-        let r = 4 * g + r;
-        if rows.contains(&r) {
-            out[(r - rows.start) * n_tok + t] = v;
-        }
-    };
-    let group = |g: usize| -> Option<*const G> {
-        let gw = cast::<G>(w.get(g * 4 * rb..(g + 1) * 4 * rb)?)?;
-        (gw.len() == nb).then_some(gw.as_ptr())
-    };
     let (mut g, end) = (rows.start / 4, rows.end.div_ceil(4));
+    if g >= end {
+        return;
+    }
+    let Some(gw) = w.get(g * 4 * rb..end * 4 * rb).and_then(cast::<G>) else {
+        return;
+    };
+    if nb == 0 || gw.len() != (end - g) * nb {
+        return;
+    }
+    let first = g;
+    // SAFETY (of every `add` below): `g + i` is clamped to `end - 1`, whose `nb`
+    // group-blocks end `gw`.
+    let ptrs = |g: usize| -> [*const G; GG] {
+        core::array::from_fn(|i| gw.as_ptr().add(((g + i).min(end - 1) - first) * nb))
+    };
     while g < end {
-        let mut ptrs = [core::ptr::null::<G>(); GG];
-        for (i, p) in ptrs.iter_mut().enumerate() {
-            let Some(q) = group((g + i).min(end - 1)) else {
-                return;
-            };
-            *p = q;
-        }
+        let p = ptrs(g);
         let groups = (end - g).min(GG);
         let mut t = 0;
         while t + TT <= n_tok {
-            let res = tile(ptrs, t);
-            for (i, gr) in res.iter().take(groups).enumerate() {
-                for (r, rr) in gr.iter().enumerate() {
-                    for (j, v) in rr.iter().enumerate() {
-                        put(out, g + i, r, t + j, *v);
-                    }
-                }
-            }
+            put_rows(out, rows, n_tok, g, t, groups, &tile(p, t));
             t += TT;
         }
         while t < n_tok {
-            let res = tile1(ptrs, t);
-            for (i, gr) in res.iter().take(groups).enumerate() {
-                let r0 = 4 * (g + i);
-                if n_tok == 1 && r0 >= rows.start && r0 + 4 <= rows.end {
-                    // One token, a whole group: its four rows are adjacent in `out`.
-                    let o = r0 - rows.start;
-                    out[o..o + 4].copy_from_slice(&gr.map(|rr| rr[0]));
-                    continue;
+            let res = tile1(p, t);
+            let (r0, r1) = (4 * g, 4 * (g + GG));
+            if n_tok == 1 && r0 >= rows.start && r1 <= rows.end {
+                // One token, whole groups: their rows are adjacent in `out`.
+                let o = &mut out[r0 - rows.start..r1 - rows.start];
+                for (i, gr) in res.iter().enumerate() {
+                    o[4 * i..4 * i + 4].copy_from_slice(&gr.map(|rr| rr[0]));
                 }
-                for (r, rr) in gr.iter().enumerate() {
-                    put(out, g + i, r, t, rr[0]);
-                }
+            } else {
+                put_rows(out, rows, n_tok, g, t, groups, &res);
             }
             t += 1;
         }
         g += GG;
+    }
+}
+
+/// Stores the first `groups` of `res` (groups `g..`, tokens `t..t + TT`) into `out` (one
+/// value per row of `rows` and token), skipping rows outside `rows`.
+#[inline(never)]
+fn put_rows<const GG: usize, const TT: usize>(
+    out: &mut [f32],
+    rows: &Range<usize>,
+    n_tok: usize,
+    g: usize,
+    t: usize,
+    groups: usize,
+    res: &[[[f32; TT]; 4]; GG],
+) {
+    for (i, gr) in res.iter().take(groups).enumerate() {
+        for (r, rr) in gr.iter().enumerate() {
+            let row = 4 * (g + i) + r;
+            if rows.contains(&row) {
+                for (j, v) in rr.iter().enumerate() {
+                    out[(row - rows.start) * n_tok + t + j] = *v;
+                }
+            }
+        }
     }
 }
 
@@ -575,14 +918,20 @@ unsafe fn body<K: Tile, const GG: usize>(job: &Job, w: &[u8], acts: &[u8], out: 
 mod jobs {
     use super::*;
 
+    /// `GG` groups a pass for prompts, `GG1` for one token (whose tiles hold fewer
+    /// registers: four groups share one activation block's work without spilling).
     #[target_feature(enable = "neon")]
-    pub(super) unsafe fn base<K: Tile, const GG: usize>(
+    pub(super) unsafe fn base<K: Tile, const GG: usize, const GG1: usize>(
         job: &Job,
         w: &[u8],
         acts: &[u8],
         out: &mut [f32],
     ) {
-        body::<K, GG>(job, w, acts, out)
+        if job.n_tok == 1 {
+            body::<K, GG1>(job, w, acts, out)
+        } else {
+            body::<K, GG>(job, w, acts, out)
+        }
     }
 
     #[target_feature(enable = "neon,dotprod")]

@@ -44,6 +44,9 @@ const TK: usize = 4;
 /// And for the K-quants, four int32 sums of 16 byte products, lane `l` over bytes
 /// `4l..4l+4`.
 pub(super) trait Dot {
+    /// Whether `neon_repack`'s written-out Q8_0x4 group kernel computes this arithmetic
+    /// (the baseline one: [`Mull`]).
+    const FUSED: bool = false;
     unsafe fn block(w: [int8x16_t; 2], a: [int8x16_t; 2]) -> int32x4_t;
     unsafe fn groups(w: int8x16_t, a: int8x16_t) -> int32x4_t;
 }
@@ -53,6 +56,7 @@ pub(super) trait Dot {
 /// with `saddlp`/`sadalp`: six instructions per 32 bytes.
 pub(super) struct Mull;
 impl Dot for Mull {
+    const FUSED: bool = true;
     #[inline(always)]
     unsafe fn block(w: [int8x16_t; 2], a: [int8x16_t; 2]) -> int32x4_t {
         let p0 = vmlal_high_s8(vmull_s8(vget_low_s8(w[0]), vget_low_s8(a[0])), w[0], a[0]);
