@@ -117,3 +117,29 @@ fn later_turns_feed_only_the_new_text() {
         }
     }
 }
+
+/// `--grammar` and `-j` hold in `pinch chat` as in `run`: every reply of the random
+/// fixture (whose free text is noise) follows the grammar, turn after turn.
+#[test]
+fn every_chat_reply_follows_the_grammar() {
+    let o = chat(
+        &["-n", "40", "--grammar", "root ::= \"yes\" | \"no\""],
+        "a\nb\nc\n",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let replies: Vec<&str> = out
+        .split("> ")
+        .map(str::trim)
+        .filter(|r| !r.is_empty())
+        .collect();
+    assert_eq!(replies.len(), 3, "{out:?}");
+    assert!(replies.iter().all(|r| *r == "yes" || *r == "no"), "{out:?}");
+    let schema = r#"{"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]}"#;
+    let o = chat(&["-n", "60", "-j", schema], "a\nb\n");
+    let out = String::from_utf8_lossy(&o.stdout);
+    for r in out.split("> ").map(str::trim).filter(|r| !r.is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(r).unwrap_or_else(|e| panic!("{e}: {r:?}"));
+        assert!(v["n"].is_i64(), "{v}");
+    }
+}

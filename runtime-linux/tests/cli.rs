@@ -155,6 +155,43 @@ fn prompt_longer_than_context_is_refused() {
     assert!(stderr(&o).contains("context holds 64"), "{}", stderr(&o));
 }
 
+/// `-c` above the training context (256 for the tiny fixtures) is allowed with a
+/// warning, as llama.cpp does: a prompt longer than 256 tokens then runs; without `-c`
+/// the context stays at the training one.
+#[test]
+fn context_beyond_training_is_allowed_with_a_warning() {
+    let long = "abc ".repeat(100);
+    let run = |c: Option<&str>| {
+        let m = tiny("tiny-llama-Q8_0.gguf");
+        let mut a = vec![
+            "run",
+            "-m",
+            m.as_str(),
+            "-p",
+            long.as_str(),
+            "-n",
+            "2",
+            "--temp",
+            "0",
+        ];
+        if let Some(c) = c {
+            a.extend(["-c", c]);
+        }
+        pinch(&a)
+    };
+    let o = run(Some("1024"));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("-c 1024 is more than the model's training context (256)"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(None);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("context holds 256"), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("training context"), "{}", stderr(&o));
+}
+
 #[test]
 fn budget_too_small_says_needed_and_given() {
     let o = pinch(&[

@@ -267,3 +267,63 @@ fn stream_ends_with_usage_chunk_and_reports_progress() {
     assert_eq!(last["choices"][0]["finish_reason"], "length");
     assert!(chunks.iter().all(|c| c.get("usage").is_none()));
 }
+
+/// `post_sampling_probs`: the figures are probabilities of the distribution the token
+/// was drawn from (after top-k, min-p, top-p), as llama-server names them (`prob`,
+/// `top_probs`): each in (0, 1], the list cut where the sampler cut, summing to 1 when
+/// shorter than `n_probs`, and the chosen token among them. Without the cuts, the list
+/// is `n_probs` long; greedy leaves the argmax alone with probability 1.
+#[test]
+fn post_sampling_probs_are_the_sampled_distribution() {
+    let s = Server::start(&["-c", "256"]);
+    let ask = |extra: Value| {
+        let mut req = json!({"prompt": "abc de", "n_probs": 10, "n_predict": 4,
+            "temperature": 1.0, "post_sampling_probs": true, "ignore_eos": true});
+        for (k, v) in extra.as_object().unwrap() {
+            req[k] = v.clone();
+        }
+        let (st, v) = s.post_json("/completion", &req);
+        assert_eq!(st, 200, "{v}");
+        v["completion_probabilities"].as_array().unwrap().clone()
+    };
+    let probs = ask(json!({"top_k": 3, "min_p": 0.0, "top_p": 1.0}));
+    assert_eq!(probs.len(), 4);
+    for t in &probs {
+        assert!(
+            t.get("logprob").is_none() && t.get("top_logprobs").is_none(),
+            "{t}"
+        );
+        let p = t["prob"].as_f64().unwrap();
+        assert!(p > 0.0 && p <= 1.0, "{t}");
+        let top = t["top_probs"].as_array().unwrap();
+        assert_eq!(top.len(), 3, "top-k 3 leaves 3 candidates: {t}");
+        let sum: f64 = top.iter().map(|c| c["prob"].as_f64().unwrap()).sum();
+        assert!((sum - 1.0).abs() < 1e-4, "{t}");
+        let mine = top
+            .iter()
+            .find(|c| c["id"] == t["id"])
+            .expect("the chosen token is a candidate");
+        assert!((mine["prob"].as_f64().unwrap() - p).abs() < 1e-6, "{t}");
+        assert!(top
+            .windows(2)
+            .all(|w| w[0]["prob"].as_f64() >= w[1]["prob"].as_f64()));
+    }
+    for t in ask(json!({"top_k": 0, "min_p": 0.0, "top_p": 1.0})) {
+        assert_eq!(t["top_probs"].as_array().unwrap().len(), 10, "{t}");
+    }
+    for t in ask(json!({"temperature": 0.0})) {
+        assert_eq!(t["prob"], 1.0, "{t}");
+        assert_eq!(t["top_probs"].as_array().unwrap().len(), 1, "{t}");
+    }
+    // The same cuts on the chat API, in OpenAI's `logprobs.content` shape.
+    let (st, v) = s.post_json(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+            "logprobs": true, "top_logprobs": 5, "top_k": 2, "post_sampling_probs": true}),
+    );
+    assert_eq!(st, 200, "{v}");
+    for t in v["choices"][0]["logprobs"]["content"].as_array().unwrap() {
+        assert!(t["prob"].as_f64().unwrap() > 0.0, "{t}");
+        assert!(t["top_probs"].as_array().unwrap().len() <= 2, "{t}");
+    }
+}

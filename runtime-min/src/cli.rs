@@ -200,7 +200,8 @@ flags (llama.cpp names):
   -f, --file FILE         prompt/text file
   -n, --n-predict N       tokens to generate (default 128)
   -t, --threads N         worker threads (default: all cores; bench: comma list)
-  -c, --ctx-size N        context length (default 2048, ppl 512; capped to the model's)
+  -c, --ctx-size N        context length (default 2048, ppl 512, at most the model's;
+                          a larger N is allowed, with a warning)
   -b, --batch-size N      prompt tokens per weight pass (default 64; ppl: the whole window)
   --temp X --top-k N --top-p X --min-p X --repeat-penalty X --repeat-last-n N --seed N
                           (llama.cpp's defaults; chat and serve: --repeat-penalty 1.15
@@ -232,7 +233,8 @@ flags (llama.cpp names):
                           (default: on; off for ppl, which measures the exact model)
   --ignore-eos            do not stop at end-of-generation tokens
   --grammar GBNF, --grammar-file FILE, -j/--json-schema JSON
-                          run: the output follows a GBNF grammar or a JSON schema
+                          run, chat: the output (each reply) follows a GBNF grammar
+                          or a JSON schema
   --draft N               run, chat, serve: speculative decoding, up to N (<= 16)
                           tokens drafted from the text so far and verified in one
                           pass (default 8 when weights stream, else 0 = off)

@@ -132,8 +132,9 @@ pub trait Sink {
     fn prompt_batch(&mut self, _done: usize, _total: usize) -> bool {
         true
     }
-    /// The raw logits the next token `id` was sampled from.
-    fn sampled(&mut self, _logits: &[f32], _id: u32) {}
+    /// The next token `id` was sampled by `sampler` from `used` (the raw `logits`
+    /// after the request's adjustments and the grammar's mask).
+    fn sampled(&mut self, _logits: &[f32], _used: &[f32], _sampler: &mut Sampler, _id: u32) {}
     /// A generated token and its text bytes. False stops after it (it is not fed back).
     fn token(&mut self, id: u32, bytes: &[u8]) -> bool;
 }
@@ -228,6 +229,21 @@ pub struct Constrain<'c> {
     pub masked: usize,
 }
 
+impl<'c> Constrain<'c> {
+    pub fn new(
+        matcher: &'c mut Matcher<'c, 'c>,
+        vocab: &'c SortedVocab<'c>,
+        scratch: &'c mut [f32],
+    ) -> Self {
+        Constrain {
+            matcher,
+            vocab,
+            scratch,
+            masked: 0,
+        }
+    }
+}
+
 /// How one generation is sampled and bounded.
 pub struct Settings<'s, 'b, 'd, 'c> {
     pub sampler: &'s mut Sampler,
@@ -268,6 +284,7 @@ fn pick(
         None => logits,
     };
     let mut id = sample(adjusted);
+    let mut used = adjusted;
     if let Some(c) = s.grammar.as_deref_mut() {
         if !c.matcher.allows_token(tok, id) && c.scratch.len() >= adjusted.len() {
             let masked = &mut c.scratch[..adjusted.len()];
@@ -278,9 +295,10 @@ fn pick(
                 0 => tok.eog_ids().first().copied().unwrap_or(id),
                 _ => sample(masked),
             };
+            used = masked;
         }
     }
-    sink.sampled(logits, id);
+    sink.sampled(logits, used, sampler, id);
     id
 }
 

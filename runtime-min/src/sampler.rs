@@ -208,6 +208,52 @@ impl Sampler {
         first
     }
 
+    /// The distribution [`Self::sample`] draws from (after penalties, top-k,
+    /// temperature, min-p and top-p), as llama-server's `post_sampling_probs` reports
+    /// it: the probability of `chosen` (0 when the cuts removed it) and the best
+    /// `out.len()` candidates, best first, with their probability in `logit`; returns
+    /// the chosen token's probability and how many candidates were written. Greedy
+    /// sampling (`temp <= 0`) leaves one candidate, the argmax, with probability 1.
+    /// Draws no random number: asking does not change what is sampled next.
+    pub fn post_probs(
+        &mut self,
+        logits: &[f32],
+        chosen: u32,
+        out: &mut [Candidate],
+    ) -> (f32, usize) {
+        if self.params.temp <= 0.0 {
+            let best = self.greedy(logits);
+            let Some(first) = out.first_mut() else {
+                return (if best == chosen { 1.0 } else { 0.0 }, 0);
+            };
+            *first = Candidate {
+                id: best,
+                logit: 1.0,
+            };
+            return (if best == chosen { 1.0 } else { 0.0 }, 1);
+        }
+        let mut probs = [0.0f32; MAX_CANDIDATES];
+        let n = self.distribution(logits, &mut probs);
+        let mass: f32 = probs[..n].iter().sum();
+        if mass.is_nan() || mass <= 0.0 {
+            return (0.0, 0);
+        }
+        let mut p_chosen = 0.0;
+        for (c, &q) in self.heap[..n].iter().zip(&probs[..n]) {
+            if c.id == chosen {
+                p_chosen = q / mass;
+            }
+        }
+        let k = out.len().min(n);
+        for ((o, c), &q) in out.iter_mut().zip(&self.heap[..k]).zip(&probs[..k]) {
+            *o = Candidate {
+                id: c.id,
+                logit: q / mass,
+            };
+        }
+        (p_chosen, k)
+    }
+
     /// Argmax of the penalised logits; the first maximum wins ties (as llama.cpp).
     pub fn greedy(&self, logits: &[f32]) -> u32 {
         let mut best = 0usize;
@@ -432,6 +478,49 @@ mod tests {
         // Tokens top-k and top-p cut never appear, with or without a draft.
         assert_eq!(plain[7], 0);
         assert_eq!(hist(Some(7))[7], 0);
+    }
+
+    /// The reported distribution is the one sampled from: the cuts leave the
+    /// candidates they keep, their probabilities sum to 1, and a token drawn is always
+    /// among them with the probability it is drawn with.
+    #[test]
+    fn post_probs_are_the_distribution_sampled_from() {
+        let logits: [f32; 6] = [3.0, 2.5, 1.0, 0.0, -4.0, -9.0];
+        let params = SamplerParams {
+            temp: 1.0,
+            top_k: 4,
+            top_p: 1.0,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 0,
+            seed: 3,
+        };
+        let mut s = Sampler::new(params);
+        let mut out = [Candidate { id: 0, logit: 0.0 }; 8];
+        let (p0, n) = s.post_probs(&logits, 0, &mut out);
+        // top-k keeps 4; min-p cuts token 3 (e^-3 = 0.0498 of the best < 0.05).
+        let e = |x: f32| libm::expf(x);
+        let z = e(3.0) + e(2.5) + e(1.0);
+        assert_eq!(n, 3);
+        assert_eq!([out[0].id, out[1].id, out[2].id], [0, 1, 2]);
+        assert!((p0 - e(3.0) / z).abs() < 1e-6);
+        let sum: f32 = out[..n].iter().map(|c| c.logit).sum();
+        assert!((sum - 1.0).abs() < 1e-6);
+        // A token the cuts removed has probability 0; asking draws nothing.
+        assert_eq!(s.post_probs(&logits, 4, &mut out).0, 0.0);
+        let mut fresh = Sampler::new(params);
+        for _ in 0..50 {
+            assert_eq!(s.sample(&logits), fresh.sample(&logits));
+        }
+        // Fewer slots than candidates: the best ones. Greedy: the argmax alone, p = 1.
+        assert_eq!(s.post_probs(&logits, 1, &mut out[..2]).1, 2);
+        let mut g = Sampler::new(SamplerParams {
+            temp: 0.0,
+            ..params
+        });
+        assert_eq!(g.post_probs(&logits, 0, &mut out), (1.0, 1));
+        assert_eq!(out[0].id, 0);
+        assert_eq!(g.post_probs(&logits, 1, &mut out).0, 0.0);
     }
 
     #[test]

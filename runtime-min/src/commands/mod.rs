@@ -222,14 +222,18 @@ pub fn session_options<P: Platform>(p: &P, o: &Opts, cfg: &Config) -> SessionOpt
     } else {
         o.threads
     };
+    // The default context never exceeds the training context; an explicit `-c` may,
+    // as in llama.cpp (with the warning `with_model` prints): positions past it are
+    // computed by the same rope arithmetic (angles from the position, no table), the
+    // model has just never seen them.
     let n_ctx = match (o.n_ctx, o.command) {
-        (0, Command::Ppl) => 512,
-        (0, Command::Bench) => 1024,
-        (0, _) => 2048,
+        (0, Command::Ppl) => 512.min(cfg.n_ctx_train.max(1)),
+        (0, Command::Bench) => 1024.min(cfg.n_ctx_train.max(1)),
+        (0, _) => 2048.min(cfg.n_ctx_train.max(1)),
         (n, _) => n,
     };
     SessionOptions {
-        n_ctx: n_ctx.min(cfg.n_ctx_train.max(1)),
+        n_ctx,
         n_batch: o.n_batch,
         kv: o.kv,
         kv_v: o.kv_v,
@@ -264,6 +268,14 @@ fn with_model<P: Platform>(
     let mut tok = Tokenizer::from_gguf(&g, &mut arena)?;
     let tok_bytes = (arena.used() - before) as u64;
     let mut sopts = session_options(p, o, &cfg);
+    if sopts.n_ctx > cfg.n_ctx_train {
+        let _ = writeln!(
+            Out::stderr(p),
+            "pinch: warning: -c {} is more than the model's training context ({}): the model has not seen positions past it",
+            sopts.n_ctx,
+            cfg.n_ctx_train
+        );
+    }
     if o.command == Command::Ppl {
         if !o.n_batch_given {
             sopts.n_batch = sopts.n_ctx;

@@ -4,9 +4,11 @@ use core::fmt::Write;
 use super::out::{json_str, Mib, Out};
 use super::{AppError, Ctx};
 use crate::chat::{ChatMessage, Named, Template};
+use crate::grammar::parse::Parsed;
 use crate::guard::MemoryGuard;
 use crate::platform::Platform;
 use crate::sampler::Sampler;
+use crate::server::constrain::GrammarBufs;
 use crate::tokenizer::{Tokenizer, TokenizerError, Utf8Stream};
 
 /// Read the whole file `path` into the arena (for `-f`).
@@ -89,6 +91,30 @@ pub fn generate<P: Platform>(
         grammar,
     };
     crate::generate::generate(ctx.p, ctx.tok, &mut ctx.sess, s, prompt, &mut Emit(emit))
+}
+
+/// `--grammar`, `--grammar-file`, `--json-schema` (`run`, and each reply of `chat`):
+/// the grammar parsed into buffers carved from the arena; `None` without one.
+fn grammar<'a, P: Platform>(
+    ctx: &mut Ctx<'_, '_, 'a, P>,
+) -> Result<Option<(GrammarBufs<'a>, Parsed)>, AppError> {
+    let o = ctx.o;
+    let (text, schema) = match (o.grammar_file, o.grammar, o.json_schema) {
+        (Some(f), ..) => (read_text(ctx, f)?, false),
+        (None, Some(g), _) => (g, false),
+        (None, None, Some(j)) => (j, true),
+        (None, None, None) => return Ok(None),
+    };
+    let mut b = GrammarBufs::carve(ctx.arena, ctx.tok)?;
+    match b.prepare_text(text, schema) {
+        Ok(g) => Ok(Some((b, g))),
+        Err(e) => {
+            let _ = writeln!(Out::stderr(ctx.p), "pinch: {e}");
+            Err(AppError::Usage(
+                "--grammar/--grammar-file/--json-schema: the grammar is invalid (see above)",
+            ))
+        }
+    }
 }
 
 /// One line on what streaming read per generated token, against the plan (which counts
@@ -205,40 +231,11 @@ pub fn run<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
     if n > n_ctx {
         return Err(AppError::PromptTooLong { tokens: n, n_ctx });
     }
-    // `--grammar`, `--grammar-file`, `--json-schema`: the output follows the grammar.
-    let gtext: Option<(&str, bool)> = match (o.grammar_file, o.grammar, o.json_schema) {
-        (Some(f), ..) => Some((read_text(ctx, f)?, false)),
-        (None, Some(g), _) => Some((g, false)),
-        (None, None, Some(j)) => Some((j, true)),
-        (None, None, None) => None,
-    };
-    let mut gbufs = None;
-    let mut parsed = None;
-    if let Some((t, schema)) = gtext {
-        let mut b = crate::server::constrain::GrammarBufs::carve(ctx.arena, ctx.tok)?;
-        match b.prepare_text(t, schema) {
-            Ok(g) => parsed = Some(g),
-            Err(e) => {
-                let _ = writeln!(Out::stderr(ctx.p), "pinch: {e}");
-                return Err(AppError::Usage(
-                    "--grammar/--grammar-file/--json-schema: the grammar is invalid (see above)",
-                ));
-            }
-        }
-        gbufs = Some(b);
-    }
-    let mut parts = match (gbufs.as_mut(), parsed.as_ref()) {
-        (Some(b), Some(g)) => b.split(g),
-        _ => None,
-    };
+    let mut gram = grammar(ctx)?;
+    let mut parts = gram.as_mut().and_then(|(b, g)| b.split(g));
     let mut constrain = parts
         .as_mut()
-        .map(|(m, vocab, masked)| crate::generate::Constrain {
-            matcher: m,
-            vocab,
-            scratch: masked,
-            masked: 0,
-        });
+        .map(|(m, vocab, masked)| crate::generate::Constrain::new(m, vocab, masked));
     let text_cap = o.n_predict.saturating_mul(16).clamp(256, 1 << 20);
     let gen_text = ctx.arena.bytes("generated text", text_cap)?;
     let mut gen_len = 0usize;
@@ -399,6 +396,8 @@ pub fn chat<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
         .bytes("tokenizer scratch", ctx.tok.scratch_bytes(16384))?;
     let toks = ctx.arena.slice::<u32>("tokens", n_ctx)?;
     let template = select_template(ctx)?;
+    // `--grammar`/`-j`: every reply follows it (a fresh matcher each turn).
+    let mut gram = grammar(ctx)?;
     let mut spans: heapless::Vec<(&'static str, usize, usize), CHAT_MESSAGES> =
         heapless::Vec::new();
     // Bytes of `fed` (the last prompt's first) and of `hist` in use.
@@ -508,13 +507,17 @@ pub fn chat<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
         }
         let mut out = Out::stdout(p);
         let mut stream = Utf8Stream::new();
+        let mut parts = gram.as_mut().and_then(|(b, g)| b.split(g));
+        let mut constrain = parts
+            .as_mut()
+            .map(|(m, vocab, masked)| crate::generate::Constrain::new(m, vocab, masked));
         let st = generate(
             ctx,
             &mut sampler,
             &mut guard,
             &toks[..nt],
             o.n_predict.max(1),
-            None,
+            constrain.as_mut(),
             &mut |_, bytes| {
                 for (buf, len) in [(&mut *fed, &mut fed_len), (&mut *hist, &mut hist_len)] {
                     // A reply too long to keep makes the next turn start over.

@@ -644,12 +644,17 @@ fn find(h: &[u8], needle: &[u8]) -> Option<usize> {
     h.windows(needle.len()).position(|w| w == needle)
 }
 
-/// A token's probability figures.
+/// A token's probability figures: log-probabilities of the model's distribution, or
+/// with `post` (llama-server's `post_sampling_probs`) probabilities of the distribution
+/// the sampler drew from.
 #[derive(Clone, Copy)]
 struct TokProbs {
+    /// The chosen token's figure.
     lp: f32,
     n: usize,
+    /// The alternatives, best first, each with its figure in `logit`.
     top: [Candidate; MAX_TOP],
+    post: bool,
 }
 
 impl TokProbs {
@@ -657,7 +662,29 @@ impl TokProbs {
         lp: 0.0,
         n: 0,
         top: [Candidate { id: 0, logit: 0.0 }; MAX_TOP],
+        post: false,
     };
+
+    /// A figure as a log-probability (for the shapes that only have those).
+    fn log(&self, v: f32) -> f32 {
+        if self.post {
+            libm::logf(v)
+        } else {
+            v
+        }
+    }
+}
+
+/// `post_sampling_probs`: the probability `sampler` gave `chosen` when it drew it from
+/// `used`, and the `k` most likely of what it drew from (tokens of probability 0 are
+/// left out, as llama-server does).
+fn post_probs(sampler: &mut Sampler, used: &[f32], chosen: u32, k: usize) -> TokProbs {
+    let mut t = TokProbs::EMPTY;
+    t.post = true;
+    let (p, n) = sampler.post_probs(used, chosen, &mut t.top[..k.min(MAX_TOP)]);
+    t.lp = p;
+    t.n = t.top[..n].iter().take_while(|c| c.logit > 0.0).count();
+    t
 }
 
 /// Log-softmax figures of `chosen` and the `k` most likely tokens.
@@ -747,13 +774,21 @@ fn entry(
         let b = tok.token_bytes(id);
         w.write_str("\"token\":")?;
         json_bytes_str(w, b)?;
-        w.write_str(",\"logprob\":")?;
+        w.write_str(if t.post {
+            ",\"prob\":"
+        } else {
+            ",\"logprob\":"
+        })?;
         json_f32(w, lp)?;
         w.write_str(",\"bytes\":")?;
         json_byte_list(w, b)
     };
     one(w, id, t.lp)?;
-    w.write_str(",\"top_logprobs\":[")?;
+    w.write_str(if t.post {
+        ",\"top_probs\":["
+    } else {
+        ",\"top_logprobs\":["
+    })?;
     for (k, c) in t.top[..t.n].iter().enumerate() {
         if k > 0 {
             w.write_char(',')?;
@@ -936,8 +971,10 @@ impl<P: Platform> Sink for ServeSink<'_, '_, '_, '_, '_, '_, P> {
         self.progress_event(done) && self.alive()
     }
 
-    fn sampled(&mut self, logits: &[f32], id: u32) {
-        if self.p.logprobs {
+    fn sampled(&mut self, logits: &[f32], used: &[f32], sampler: &mut Sampler, id: u32) {
+        if self.p.logprobs && self.p.post_sampling {
+            self.cur = post_probs(sampler, used, id, self.p.top);
+        } else if self.p.logprobs {
             self.cur = probs(logits, id, self.p.top);
         }
     }
@@ -949,8 +986,12 @@ impl<P: Platform> Sink for ServeSink<'_, '_, '_, '_, '_, '_, P> {
             let base = j * stride;
             self.rec_id[base] = id;
             self.rec_lp[base] = self.cur.lp;
+            let top = &mut self.rec_id[base + 1..base + stride];
+            // Fewer alternatives than asked (post-sampling cuts, a tiny vocabulary)
+            // end at NO_TOKEN.
+            top.fill(NO_TOKEN);
             for (kk, c) in self.cur.top[..self.cur.n].iter().enumerate() {
-                self.rec_id[base + 1 + kk] = c.id;
+                top[kk] = c.id;
                 self.rec_lp[base + 1 + kk] = c.logit;
             }
             self.n_rec += 1;
@@ -1059,7 +1100,7 @@ fn token_event(
                     w.write_str("{\"tokens\":[")?;
                     json_bytes_str(w, tok.token_bytes(id))?;
                     w.write_str("],\"token_logprobs\":[")?;
-                    json_f32(w, t.lp)?;
+                    json_f32(w, t.log(t.lp))?;
                     w.write_str("],\"top_logprobs\":[")?;
                     legacy_top(w, tok, t)?;
                     w.write_str("]}")?;
@@ -1093,7 +1134,7 @@ fn legacy_top(w: &mut dyn Write, tok: &Tokenizer<'_>, t: &TokProbs) -> core::fmt
         }
         json_bytes_str(w, tok.token_bytes(c.id))?;
         w.write_char(':')?;
-        json_f32(w, c.logit)?;
+        json_f32(w, t.log(c.logit))?;
     }
     w.write_char('}')
 }
@@ -1103,9 +1144,14 @@ fn legacy_top(w: &mut dyn Write, tok: &Tokenizer<'_>, t: &TokProbs) -> core::fmt
 struct Recs<'r> {
     ids: &'r [u32],
     lps: &'r [f32],
-    /// Alternatives per token.
+    /// Alternatives per token (at most; a record's list ends early at [`NO_TOKEN`]).
     n_top: usize,
+    /// The figures are post-sampling probabilities.
+    post: bool,
 }
+
+/// Marks the end of a record's alternatives.
+const NO_TOKEN: u32 = u32::MAX;
 
 impl Recs<'_> {
     fn get(&self, j: usize) -> (u32, TokProbs) {
@@ -1116,8 +1162,12 @@ impl Recs<'_> {
             return (0, t);
         }
         t.lp = self.lps[base];
-        t.n = self.n_top;
-        for k in 0..self.n_top {
+        t.post = self.post;
+        t.n = self.ids[base + 1..base + 1 + self.n_top]
+            .iter()
+            .take_while(|&&id| id != NO_TOKEN)
+            .count();
+        for k in 0..t.n {
             t.top[k] = Candidate {
                 id: self.ids[base + 1 + k],
                 logit: self.lps[base + 1 + k],
@@ -1331,7 +1381,8 @@ impl Body<'_, '_> {
             if j > 0 {
                 w.write_char(',')?;
             }
-            json_f32(w, ids(j).1.lp)?;
+            let t = ids(j).1;
+            json_f32(w, t.log(t.lp))?;
         }
         w.write_str("],\"top_logprobs\":[")?;
         for j in 0..res.rec.1 {
@@ -1824,6 +1875,7 @@ pub fn serve_one<P: Platform>(
             ids: bufs.rec_id,
             lps: bufs.rec_lp,
             n_top: q.top.min(MAX_TOP),
+            post: q.post_sampling,
         },
         res: &results,
         stops: &prep.stops,

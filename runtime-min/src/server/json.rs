@@ -444,12 +444,19 @@ pub fn parse(api: Api, body: &[u8]) -> Result<Parsed<'_>, BodyError> {
             _ => return Err(BodyError::Shape("logprobs")),
         },
     };
+    // The error names the field the client sent.
+    for (field, n) in [
+        ("logprobs", Some(lp_top)),
+        ("top_logprobs", b.top_logprobs),
+        ("n_probs", b.n_probs),
+    ] {
+        if n.unwrap_or(0) as usize > MAX_TOP {
+            return Err(BodyError::Range(field));
+        }
+    }
     let top = lp_top
         .max(b.top_logprobs.unwrap_or(0))
         .max(b.n_probs.unwrap_or(0));
-    if top as usize > MAX_TOP {
-        return Err(BodyError::Range("top_logprobs"));
-    }
     let max_tokens = match b.max_tokens.or(b.max_completion_tokens).or(b.n_predict) {
         Some(n) if n < 0 => None,
         Some(n) => Some(n as u32),
@@ -888,6 +895,14 @@ mod tests {
             )
             .err(),
             Some(BodyError::Range("top_logprobs"))
+        );
+        assert_eq!(
+            parse(Api::Llama, br#"{"prompt":"x","n_probs":300}"#).err(),
+            Some(BodyError::Range("n_probs"))
+        );
+        assert_eq!(
+            parse(Api::Completions, br#"{"prompt":"x","logprobs":99}"#).err(),
+            Some(BodyError::Range("logprobs"))
         );
     }
 
