@@ -51,6 +51,8 @@ fn source<'a>(toks: &'a [u8], scores: &'a [u8], types: &'a [u8], n: u64) -> Voca
         add_bos: None,
         add_eos: None,
         add_space_prefix: Some(false),
+        remove_extra_whitespaces: None,
+        charsmap: None,
     }
 }
 
