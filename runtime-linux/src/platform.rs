@@ -8,7 +8,8 @@
 //!   silently gets buffered reads.
 //! - Memory: the arena region is zeroed memory from the allocator (calloc: untouched pages
 //!   cost no RSS), page aligned. Available memory and RSS come from `/proc`.
-//! - Workers: a persistent [`Pool`].
+//! - Workers: a persistent [`Pool`]; expert reads: a persistent [`ReaderPool`], made
+//!   on the expert pager's first read (of `--moe-readers` threads) and kept for the run.
 //! - CPU features: detected at run time; `PINCH_CPU=scalar|neon|neon-nodot` can only
 //!   lower them (to test or compare the slower paths on a fast machine).
 //! - `PINCH_READ_DELAY_US=N` (for benchmarks only): every direct read first sleeps N
@@ -16,13 +17,14 @@
 //!   expert pager's reads can be measured on a machine whose storage is a host's page
 //!   cache; reads in flight at once each wait their own delay (a device with a queue).
 use crate::pool::Pool;
+use crate::readers::ReaderPool;
 use pinch_kernels::CpuFeatures;
 use pinch_runtime_min::platform::{Platform, PlatformError, Recv, Socket};
 use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 /// `O_DIRECT` from the kernel's uapi headers; it differs per architecture.
@@ -64,6 +66,8 @@ pub struct LinuxPlatform {
     cpu: CpuFeatures,
     /// `PINCH_READ_DELAY_US`: emulated latency per direct read.
     read_delay: Option<std::time::Duration>,
+    /// The expert readers, made on first use (`None`: they could not be started).
+    readers: OnceLock<Option<ReaderPool>>,
 }
 
 impl LinuxPlatform {
@@ -99,6 +103,7 @@ impl LinuxPlatform {
             base: Instant::now(),
             cpu,
             read_delay,
+            readers: OnceLock::new(),
         })
     }
 }
@@ -382,6 +387,44 @@ impl Platform for LinuxPlatform {
 
     fn yield_now(&self) {
         std::thread::yield_now();
+    }
+
+    fn reader_pool(&self) -> bool {
+        true
+    }
+
+    fn with_readers(&self, n: usize, read: &(dyn Fn(usize) + Sync), work: &mut dyn FnMut()) {
+        let pool = self.readers.get_or_init(|| match ReaderPool::new(n.max(1)) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("pinch: cannot start {n} expert reader threads ({e}); reading on the compute thread");
+                None
+            }
+        });
+        match pool {
+            Some(p) => p.run(n, read, work),
+            None => {
+                (0..n).for_each(read);
+                work();
+            }
+        }
+    }
+
+    fn wait_while(&self, word: &std::sync::atomic::AtomicU32, value: u32) {
+        match self.readers.get() {
+            Some(Some(p)) => p.wait_while(word, value),
+            _ => {
+                while word.load(Ordering::Acquire) == value {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+
+    fn wake_all(&self) {
+        if let Some(Some(p)) = self.readers.get() {
+            p.wake_all();
+        }
     }
 
     fn cpu(&self) -> CpuFeatures {

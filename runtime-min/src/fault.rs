@@ -326,6 +326,18 @@ impl<P: Platform> Platform for FaultInjector<'_, P> {
     fn yield_now(&self) {
         self.inner.yield_now()
     }
+    fn reader_pool(&self) -> bool {
+        self.inner.reader_pool()
+    }
+    fn with_readers(&self, n: usize, read: &(dyn Fn(usize) + Sync), work: &mut dyn FnMut()) {
+        self.inner.with_readers(n, read, work)
+    }
+    fn wait_while(&self, word: &core::sync::atomic::AtomicU32, value: u32) {
+        self.inner.wait_while(word, value)
+    }
+    fn wake_all(&self) {
+        self.inner.wake_all()
+    }
     fn now_ns(&self) -> u64 {
         self.inner.now_ns()
     }

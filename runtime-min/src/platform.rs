@@ -146,6 +146,36 @@ pub trait Platform: Sync {
     /// Let another thread run (a compute thread waiting for streamed bytes).
     fn yield_now(&self) {}
 
+    /// Whether [`Platform::with_readers`] runs its reads on reader threads of their own
+    /// (a pool the platform keeps for the run, so a batch's expert reads start no
+    /// thread).
+    fn reader_pool(&self) -> bool {
+        false
+    }
+    /// Run `read(r)` for every `r` in `0..n` on the platform's reader threads (the
+    /// pool is made on the first call, of `n` threads, and kept for the run; a later
+    /// call's indices are spread over those threads) while the calling thread runs
+    /// `work`; return when all have finished. The
+    /// closures coordinate through [`Platform::wait_while`] / [`Platform::wake_all`].
+    /// Default, no reader threads: the reads first, then `work`.
+    fn with_readers(&self, n: usize, read: &(dyn Fn(usize) + Sync), work: &mut dyn FnMut()) {
+        for r in 0..n {
+            read(r);
+        }
+        work();
+    }
+    /// Block the calling thread while `word` holds `value`, until a reader's
+    /// [`Platform::wake_all`] changed it, or until every reader of the current
+    /// [`Platform::with_readers`] call has returned (the caller then finds `word`
+    /// unchanged and knows the read never finished). Default: yield until it changes.
+    fn wait_while(&self, word: &core::sync::atomic::AtomicU32, value: u32) {
+        while word.load(core::sync::atomic::Ordering::Acquire) == value {
+            self.yield_now();
+        }
+    }
+    /// Wake every thread in [`Platform::wait_while`] (call after changing a word).
+    fn wake_all(&self) {}
+
     /// Monotonic time in nanoseconds.
     fn now_ns(&self) -> u64;
     /// Wall-clock time in seconds since 1970 (`None`: the platform has no clock; the

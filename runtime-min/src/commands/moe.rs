@@ -4,7 +4,10 @@
 //!
 //! `--moe-bias` and `--experts` change which experts run, so their output is not the
 //! model's: before the command, a short text is evaluated exactly and with them, and the
-//! KL divergence of the logits is printed beside the hit rates of both runs.
+//! KL divergence of the logits is printed beside the hit rates of both runs. Both start
+//! from the pools a first exact pass over the text left (full, as a run's are after its
+//! first tokens): `--moe-bias` favours what is in memory, so from empty pools it would
+//! favour the first token's experts, whatever the pool size.
 use core::fmt::Write;
 
 use super::out::{Mib, Out};
@@ -148,9 +151,15 @@ fn measure_cost<P: Platform>(
             .experts()
             .map_or(PagerStats::default(), |x| x.total())
     };
+    // One token at a time, as generation goes: the pools' contents matter. A first
+    // exact pass fills the pools; the measured exact pass and the changed one then
+    // start from full pools (the session is reset between passes, the pools are not).
+    ctx.sess.reset();
+    for id in &ids[..t] {
+        ctx.sess.eval(p, &[*id], Logits::Last, &mut |_, _| {})?;
+    }
     let s0 = stats_of(ctx);
     ctx.sess.reset();
-    // One token at a time, as generation goes: the pools' contents matter.
     for (i, id) in ids[..t].iter().enumerate() {
         ctx.sess.eval(p, &[*id], Logits::Last, &mut |_, l| {
             log_softmax(l, &mut exact[i * nv..(i + 1) * nv]);
@@ -159,7 +168,6 @@ fn measure_cost<P: Platform>(
     let s1 = stats_of(ctx);
     let policy = ctx.o.moe_policy;
     if let Some(x) = ctx.sess.experts_mut() {
-        x.set_policy(policy);
         x.routing = routing;
     }
     ctx.sess.reset();

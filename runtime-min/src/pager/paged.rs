@@ -26,7 +26,7 @@
 //! slot's those of the expert `stage_holds` names, the transient slot's those of
 //! `transient_holds`'s expert, once the reads [`ExpertPager::each`] does are done; a
 //! read that fails or never runs is forgotten (the pool and the holders let go).
-use core::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 use super::pool::{Access, Policy, Pool, PoolError, PoolMem};
 use super::trace::TraceWriter;
@@ -831,8 +831,8 @@ impl<'a> ExpertPager<'a> {
                     Src::Job(j) => {
                         let job = &jobs[*j as usize];
                         let t0 = (io.now)();
-                        while job.state.load(Ordering::Acquire) == PENDING {
-                            (io.yield_now)();
+                        if job.state.load(Ordering::Acquire) == PENDING {
+                            (io.wait)(&job.state, PENDING);
                         }
                         *waited += (io.now)().saturating_sub(t0);
                         job.result(il)?;
@@ -878,20 +878,31 @@ impl<'a> ExpertPager<'a> {
         } else {
             readers.clamp(1, items.max(1))
         };
-        let result = match io.overlap.filter(|_| items > 0) {
-            Some(overlap) => {
+        // The reads go to the platform's reader pool (asked for `readers` threads, so
+        // the pool made on the first call has them all; those past `n_readers` find
+        // nothing to do), or else its one I/O thread.
+        let pooled = |r: usize| {
+            if r < n_readers {
+                reader(r)
+            }
+        };
+        let result = match (io.readers, io.overlap) {
+            (pool, overlap) if items > 0 && (pool.is_some() || overlap.is_some()) => {
                 let mut r = Ok(());
                 let mut done_at = 0;
                 let mut work = || {
                     r = compute(&mut waited);
                     done_at = (io.now)();
                 };
-                let mut readers = || spread(overlap, n_readers, &reader);
-                overlap(&mut readers, &mut work);
+                match (pool, overlap) {
+                    (Some(pool), _) => pool(readers.max(1), &pooled, &mut work),
+                    (None, Some(overlap)) => overlap(&mut || reader(0), &mut work),
+                    (None, None) => work(),
+                }
                 waited += (io.now)().saturating_sub(done_at);
                 r
             }
-            None => {
+            _ => {
                 let n = if verifying {
                     1
                 } else {
@@ -1004,10 +1015,10 @@ impl Src<'_> {
     }
 }
 
-const PENDING: u8 = 0;
-const DONE: u8 = 1;
-const FAILED: u8 = 2;
-const MISMATCH: u8 = 3;
+const PENDING: u32 = 0;
+const DONE: u32 = 1;
+const FAILED: u32 = 2;
+const MISMATCH: u32 = 3;
 
 /// The comparison buffer of `--verify-stream`, shared by the readers.
 type VerifyBuf<'v> = spin::Mutex<Option<&'v mut [u8]>>;
@@ -1022,9 +1033,10 @@ struct ReadJob<'d> {
     /// Parts not read yet; the last reader to finish one publishes `state`.
     left: AtomicU8,
     /// The first failure (`FAILED`, `MISMATCH`; 0: none) and its offset.
-    fail: AtomicU8,
+    fail: AtomicU32,
     at: AtomicU64,
-    state: AtomicU8,
+    /// `PENDING` until the last part is in; the compute thread waits on it.
+    state: AtomicU32,
     bytes: AtomicU64,
 }
 
@@ -1035,9 +1047,9 @@ impl<'d> ReadJob<'d> {
             next,
             dst: dst.map(|d| spin::Mutex::new(Some(d))),
             left: AtomicU8::new(3),
-            fail: AtomicU8::new(0),
+            fail: AtomicU32::new(0),
             at: AtomicU64::new(0),
-            state: AtomicU8::new(PENDING),
+            state: AtomicU32::new(PENDING),
             bytes: AtomicU64::new(0),
         }
     }
@@ -1088,6 +1100,7 @@ impl<'d> ReadJob<'d> {
                 f => f,
             };
             self.state.store(state, Ordering::Release);
+            (io.wake)();
         }
     }
 
@@ -1113,19 +1126,6 @@ impl<'d> ReadJob<'d> {
     }
 }
 
-/// Run `reader(i)` for `i` in `0..n`, each on an I/O thread of its own, through the
-/// platform's `overlap` nested: each level runs one reader on its own thread and
-/// hands the rest to a new one (called on an I/O thread, so the compute thread is
-/// never one of them).
-fn spread(overlap: &OverlapFn<'_>, n: usize, reader: &(dyn Fn(usize) + Sync)) {
-    if n <= 1 {
-        reader(0);
-        return;
-    }
-    let mut rest = || spread(overlap, n - 1, reader);
-    overlap(&mut rest, &mut || reader(n - 1));
-}
-
 /// `parallel(n, f)`: run `f(i)` for `i in 0..n` on the platform's workers.
 pub type ParallelFn<'x> = dyn Fn(usize, &(dyn Fn(usize) + Sync)) + Sync + 'x;
 
@@ -1133,15 +1133,27 @@ pub type ParallelFn<'x> = dyn Fn(usize, &(dyn Fn(usize) + Sync)) + Sync + 'x;
 /// thread.
 pub type OverlapFn<'x> = dyn Fn(&mut (dyn FnMut() + Send), &mut dyn FnMut()) + Sync + 'x;
 
-/// What reading needs from the session: the file reader, the platform's workers, I/O
-/// thread and clock.
+/// `readers(n, read, work)`: [`crate::platform::Platform::with_readers`].
+pub type ReadersFn<'x> = dyn Fn(usize, &(dyn Fn(usize) + Sync), &mut dyn FnMut()) + Sync + 'x;
+
+/// `wait(word, value)`: [`crate::platform::Platform::wait_while`].
+pub type WaitFn<'x> = dyn Fn(&AtomicU32, u32) + Sync + 'x;
+
+/// What reading needs from the session: the file reader, the platform's workers,
+/// reader pool or I/O thread, its wait and wake, and its clock.
+#[derive(Clone, Copy)]
 pub struct Io<'x> {
     pub read: &'x ReadFn<'x>,
     pub workers: usize,
     pub parallel: &'x ParallelFn<'x>,
-    /// `None`: no I/O thread (reads happen before the compute).
+    /// The platform's reader pool, if it has one (the reads run there).
+    pub readers: Option<&'x ReadersFn<'x>>,
+    /// Else its I/O thread, if it has one (the reads run there, one after another);
+    /// with neither, the reads happen before the compute.
     pub overlap: Option<&'x OverlapFn<'x>>,
-    pub yield_now: &'x (dyn Fn() + Sync),
+    /// The compute thread waits for a read's state to change; a reader wakes it.
+    pub wait: &'x WaitFn<'x>,
+    pub wake: &'x (dyn Fn() + Sync),
     pub now: &'x (dyn Fn() -> u64 + Sync),
 }
 
@@ -1155,15 +1167,21 @@ pub fn with_io<P: crate::platform::Platform, R>(
 ) -> R {
     let parallel = |k: usize, g: &(dyn Fn(usize) + Sync)| p.parallel(k, g);
     let overlap = |io: &mut (dyn FnMut() + Send), work: &mut dyn FnMut()| p.overlap(io, work);
-    let yield_now = || p.yield_now();
+    let readers =
+        |n: usize, r: &(dyn Fn(usize) + Sync), work: &mut dyn FnMut()| p.with_readers(n, r, work);
+    let wait = |w: &AtomicU32, v: u32| p.wait_while(w, v);
+    let wake = || p.wake_all();
     let now = || p.now_ns();
     let overlap: &OverlapFn = &overlap;
+    let readers: &ReadersFn = &readers;
     f(Io {
         read,
         workers: threads.min(p.workers()),
         parallel: &parallel,
+        readers: p.reader_pool().then_some(readers),
         overlap: p.io_thread().then_some(overlap),
-        yield_now: &yield_now,
+        wait: &wait,
+        wake: &wake,
         now: &now,
     })
 }
@@ -1508,18 +1526,27 @@ mod tests {
         }
     }
 
+    /// The platform's threads for reads: none (the reads before the compute), one I/O
+    /// thread (`overlap`), a reader pool (`with_readers`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Threads {
+        None,
+        Io,
+        Pool,
+    }
+
     fn slot_bytes() -> u64 {
         3 * slot_part_bytes(PART as u64)
     }
 
     /// Run `f` with a pager of `slots` slots and `stage` staging slots over the fake
-    /// file, reading through `disk` (with an I/O thread when `threaded`).
+    /// file, reading through `disk` (on the threads `threaded` says).
     fn with_pager(
         disk: &Disk,
         slots: usize,
         stage: usize,
         policy: Policy,
-        threaded: bool,
+        threaded: Threads,
         f: impl FnOnce(&mut ExpertPager<'_>, &Io<'_>),
     ) {
         let mut region = vec![0u8; 4 << 20];
@@ -1536,16 +1563,33 @@ mod tests {
                 h.join().unwrap();
             })
         };
-        let yield_now = std::thread::yield_now;
+        // A reader pool as the platform's: `n` threads (here made per call) running
+        // `read` while this thread runs `work`.
+        let pool = |n: usize, read: &(dyn Fn(usize) + Sync), work: &mut dyn FnMut()| {
+            std::thread::scope(|s| {
+                let hs: Vec<_> = (0..n).map(|r| s.spawn(move || read(r))).collect();
+                work();
+                hs.into_iter().for_each(|h| h.join().unwrap());
+            })
+        };
+        let wait = |w: &AtomicU32, v: u32| {
+            while w.load(Ordering::Acquire) == v {
+                std::thread::yield_now();
+            }
+        };
+        let wake = || {};
         let t0 = std::time::Instant::now();
         let now = || t0.elapsed().as_nanos() as u64;
         let overlap: &OverlapFn = &overlap;
+        let pool: &ReadersFn = &pool;
         let io = Io {
             read: &read,
             workers: 1,
             parallel: &parallel,
-            overlap: threaded.then_some(overlap),
-            yield_now: &yield_now,
+            readers: (threaded == Threads::Pool).then_some(pool),
+            overlap: (threaded != Threads::None).then_some(overlap),
+            wait: &wait,
+            wake: &wake,
             now: &now,
         };
         f(&mut x, &io);
@@ -1589,7 +1633,7 @@ mod tests {
     fn lfu_prefetch_reads_a_guess_the_pool_does_not_admit_into_a_staging_slot() {
         for stage in [0, 1] {
             let disk = Disk::new();
-            with_pager(&disk, 2, stage, Policy::LFU, false, |x, io| {
+            with_pager(&disk, 2, stage, Policy::LFU, Threads::None, |x, io| {
                 for _ in 0..10 {
                     check(&disk, 1, &batch(x, io, 1, &[0, 1], &[]).unwrap());
                 }
@@ -1616,7 +1660,7 @@ mod tests {
     #[test]
     fn a_staged_guess_the_pool_then_admits_moves_into_its_slot_without_a_read() {
         let disk = Disk::new();
-        with_pager(&disk, 1, 2, Policy::LFU, false, |x, io| {
+        with_pager(&disk, 1, 2, Policy::LFU, Threads::None, |x, io| {
             check(&disk, 1, &batch(x, io, 1, &[0], &[]).unwrap());
             check(&disk, 0, &batch(x, io, 0, &[2], &[3]).unwrap());
             assert!(!x.is_resident(1, 3), "LFU admitted a guess with no use");
@@ -1637,7 +1681,7 @@ mod tests {
     #[test]
     fn wrong_guesses_cost_reads_and_count_as_wasted() {
         let disk = Disk::new();
-        with_pager(&disk, 2, 1, Policy::LFU, false, |x, io| {
+        with_pager(&disk, 2, 1, Policy::LFU, Threads::None, |x, io| {
             for _ in 0..3 {
                 check(&disk, 1, &batch(x, io, 1, &[0, 1], &[]).unwrap());
             }
@@ -1657,7 +1701,7 @@ mod tests {
     #[test]
     fn lru_prefetch_places_guesses_in_the_pool() {
         let disk = Disk::new();
-        with_pager(&disk, 2, 2, Policy::Lru, false, |x, io| {
+        with_pager(&disk, 2, 2, Policy::Lru, Threads::None, |x, io| {
             check(&disk, 1, &batch(x, io, 1, &[0, 1], &[]).unwrap());
             check(&disk, 0, &batch(x, io, 0, &[2], &[6]).unwrap());
             assert!(x.is_resident(1, 6));
@@ -1673,7 +1717,9 @@ mod tests {
     #[test]
     fn with_an_io_thread_resident_experts_are_computed_while_misses_are_read() {
         for any_order in [true, false] {
-            overlaps_in(any_order);
+            for threads in [Threads::Io, Threads::Pool] {
+                overlaps_in(any_order, threads);
+            }
         }
     }
 
@@ -1686,7 +1732,7 @@ mod tests {
         flag.load(Ordering::Acquire)
     }
 
-    fn overlaps_in(any_order: bool) {
+    fn overlaps_in(any_order: bool, threads: Threads) {
         let disk = Disk::new();
         let computed = AtomicBool::new(false);
         let saw = AtomicBool::new(false);
@@ -1697,7 +1743,7 @@ mod tests {
             }
             disk.read(off, buf, d)
         };
-        with_pager(&disk, 2, 0, Policy::LFU, true, |x, io| {
+        with_pager(&disk, 2, 0, Policy::LFU, threads, |x, io| {
             check(&disk, 1, &batch(x, io, 1, &[0], &[]).unwrap());
             let io = Io { read: &read, ..*io };
             x.prepare(1, &[0, 9], 1).unwrap();
@@ -1742,7 +1788,7 @@ mod tests {
             }
             disk.read(off, buf, d)
         };
-        with_pager(&disk, 2, 0, Policy::LFU, true, |x, io| {
+        with_pager(&disk, 2, 0, Policy::LFU, Threads::Pool, |x, io| {
             x.readers = 3;
             let io = Io { read: &read, ..*io };
             let got = batch(x, &io, 1, &[2, 9], &[]).unwrap();
@@ -1764,7 +1810,7 @@ mod tests {
     /// thread and for any number of readers.
     #[test]
     fn in_batch_order_transient_experts_are_computed_in_their_place() {
-        for threaded in [false, true] {
+        for threaded in [Threads::None, Threads::Io, Threads::Pool] {
             for readers in [1, 4] {
                 let disk = Disk::new();
                 // One slot, no staging: LFU keeps expert 5, so 1 and 7 go transient.
@@ -1783,7 +1829,7 @@ mod tests {
                         .unwrap();
                         check(&disk, 1, &got);
                         let ids: Vec<u16> = got.iter().map(|g| g.0).collect();
-                        assert_eq!(ids, want, "any order {any_order}, threaded {threaded}");
+                        assert_eq!(ids, want, "any order {any_order}, {threaded:?}");
                     }
                     assert!(x.is_resident(1, 5) && !x.is_resident(1, 1));
                 });
@@ -1796,7 +1842,12 @@ mod tests {
     /// several readers the expert's other parts are read fine; the job still fails.
     #[test]
     fn a_failed_read_is_an_error_and_its_expert_is_forgotten() {
-        for (threaded, readers) in [(false, 1), (true, 1), (true, 4)] {
+        for (threaded, readers) in [
+            (Threads::None, 1),
+            (Threads::Io, 1),
+            (Threads::Pool, 1),
+            (Threads::Pool, 4),
+        ] {
             let mut disk = Disk::new();
             disk.fail = Some((1, 5));
             let disk = disk;
@@ -1826,7 +1877,7 @@ mod tests {
         for lie in [false, true] {
             let mut disk = Disk::new();
             disk.lie = lie;
-            with_pager(&disk, 2, 0, Policy::LFU, true, |x, io| {
+            with_pager(&disk, 2, 0, Policy::LFU, Threads::Pool, |x, io| {
                 x.set_verify(std::boxed::Box::leak(vec![0u8; 4096].into_boxed_slice()));
                 let r = batch(x, io, 1, &[2, 3], &[]);
                 if lie {
