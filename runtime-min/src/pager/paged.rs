@@ -7,11 +7,14 @@
 //! not admit (LFU keeps something more used) into a staging slot, and past those into
 //! the transient slot just before it is computed. [`ExpertPager::each`] then reads the
 //! misses, each of an expert's three matrices (its rows of `ffn_{gate,up,down}_exps`)
-//! as one aligned direct read, and hands the block every expert: with an I/O thread
-//! the reads run on up to [`ExpertPager::readers`] reader threads at once (an expert's
-//! three parts, then the next expert's, in the batch's order) while the compute thread
-//! works through the experts already in memory and waits only for the one it needs
-//! next; without one, the reads are spread over the workers first. The bytes an expert is computed from are the file's bytes
+//! as one aligned direct read, and hands the block every expert: on the platform's
+//! reader pool (threads made once for the run, `--moe-readers`) up to
+//! [`ExpertPager::readers`] reads run at once, taken from the batch's queue of reads in
+//! order (an expert's three parts, then the next expert's), while the compute thread
+//! works through the experts already in memory and sleeps only until the one it needs
+//! next is in; a platform with one I/O thread reads there one part after another;
+//! with neither, the reads are spread over the workers first. The bytes an expert is
+//! computed from are the file's bytes
 //! whichever way they came, and the block adds the experts' outputs in a fixed order,
 //! so its output is the all-resident one bit for bit.
 //!
@@ -255,8 +258,8 @@ pub struct ExpertPager<'a> {
     pub routing: Routing,
     /// Read ahead the next MoE layer's guessed experts.
     pub prefetch: bool,
-    /// Reader threads on a platform with an I/O thread (`--moe-readers N`; 1: the reads
-    /// one after another).
+    /// Reads at once on the platform's reader pool, and the threads the pool is made
+    /// with on the first batch that reads (`--moe-readers N`; 1: one after another).
     pub readers: usize,
     trace: Option<TraceWriter<'a>>,
     /// Tokens of the pass the trace is recording.
@@ -700,13 +703,15 @@ impl<'a> ExpertPager<'a> {
     /// layer is not paged (its stacks hold every expert; `f` was not called).
     ///
     /// Each read is one part of an expert (its gate, up or down rows, one aligned
-    /// direct read), the batch's misses first, then the prefetch. On a platform with an
-    /// I/O thread, up to [`Self::readers`] reader threads take the reads in that order
-    /// (so an expert's three parts, and the next experts', are read at once), while this
-    /// thread computes: in batch order (ascending ids), or, `any_order`, the experts
-    /// already in memory first and then each read expert as soon as its three parts are
-    /// in; either way it waits only for the expert it needs next. Without an I/O
-    /// thread the reads are spread over the workers first. An expert the batch had no
+    /// direct read), the batch's misses first, then the prefetch. On a platform with a
+    /// reader pool, up to [`Self::readers`] of its threads take the reads in that order
+    /// (so an expert's three parts, and the next experts', are read at once; with one
+    /// I/O thread instead, it reads them one by one), while this thread computes: in
+    /// batch order (ascending ids), or, `any_order`, the experts already in memory first
+    /// and then each read expert as soon as its three parts are in; either way it
+    /// sleeps ([`Io::wait`]) only until the expert it needs next is in. With neither,
+    /// the reads are spread over the workers first. A failed read is the error of its
+    /// expert ([`PagerError::Read`]: layer, expert, offset). An expert the batch had no
     /// slot for is read into the transient slot just before it is computed. The time
     /// waited is counted in `wait_ns`, the reads' wall time in `read_ns`.
     pub fn each(
@@ -1158,7 +1163,7 @@ pub struct Io<'x> {
 }
 
 /// Run `f` with platform `p`'s I/O: the file reader `read`, up to `threads` workers,
-/// the I/O thread if `p` has one, its clock.
+/// the reader pool and I/O thread if `p` has them, its wait, wake and clock.
 pub fn with_io<P: crate::platform::Platform, R>(
     p: &P,
     read: &ReadFn<'_>,
