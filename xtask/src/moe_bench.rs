@@ -127,8 +127,8 @@ pub fn table(pinch: &Path) -> Result<()> {
             );
         }
     }
-    println!("\nCache-aware routing (`--moe-bias X`, LFU, prefetch off); KL as `pinch` measures it on its cost text against the exact run:\n");
-    println!("| budget | bias | tok/s | hit rate | read / token (OS) | KL(exact ‖ biased) nats/token | text = resident |\n|---|---:|---:|---:|---:|---:|---|");
+    println!("\nCache-aware routing (`--moe-bias X`, LFU, prefetch off); KL and top-1 agreement as `pinch` measures them on its cost text against the exact run, both from the pools a first exact pass over the text filled:\n");
+    println!("| budget | bias | tok/s | hit rate | read / token (OS) | KL(exact ‖ biased) nats/token | top-1 agreement | text = resident |\n|---|---:|---:|---:|---:|---:|---:|---|");
     for &(_, slots, budget) in &rows {
         for bias in ["0", "0.003", "0.03", "0.3"] {
             let r = pinch_run(pinch, &model, Some(budget), &["--moe-bias", bias])?;
@@ -138,10 +138,11 @@ pub fn table(pinch: &Path) -> Result<()> {
                 None => "not printed".into(),
             };
             println!(
-                "| {slots} of {n_expert} | {bias} | {:.2} | {:.1} % | {:.1} MiB | {kl} | {} |",
+                "| {slots} of {n_expert} | {bias} | {:.2} | {:.1} % | {:.1} MiB | {kl} | {} | {} |",
                 r.f("gen_tps"),
                 100.0 * r.hit_rate(),
                 mib(r.per_token("os_read_bytes")),
+                r.top1.map_or("100 %".into(), |t| format!("{t:.1} %")),
                 if r.text == resident.text { "yes" } else { "no" }
             );
         }
