@@ -12,8 +12,8 @@
 //! [`ExpertPager::readers`] reads run at once, taken from the batch's queue of reads in
 //! order (an expert's three parts, then the next expert's), while the compute thread
 //! works through the experts already in memory and sleeps only until the one it needs
-//! next is in; a platform with one I/O thread reads there one part after another;
-//! with neither, the reads are spread over the workers first. The bytes an expert is
+//! next is in; a platform with an I/O thread but no pool starts reader threads for
+//! the batch through it (as before the pool); with neither, the reads are spread over the workers first. The bytes an expert is
 //! computed from are the file's bytes
 //! whichever way they came, and the block adds the experts' outputs in a fixed order,
 //! so its output is the all-resident one bit for bit.
@@ -705,8 +705,8 @@ impl<'a> ExpertPager<'a> {
     /// Each read is one part of an expert (its gate, up or down rows, one aligned
     /// direct read), the batch's misses first, then the prefetch. On a platform with a
     /// reader pool, up to [`Self::readers`] of its threads take the reads in that order
-    /// (so an expert's three parts, and the next experts', are read at once; with one
-    /// I/O thread instead, it reads them one by one), while this thread computes: in
+    /// (so an expert's three parts, and the next experts', are read at once; with an
+    /// I/O thread instead, as many threads started through it), while this thread computes: in
     /// batch order (ascending ids), or, `any_order`, the experts already in memory first
     /// and then each read expert as soon as its three parts are in; either way it
     /// sleeps ([`Io::wait`]) only until the expert it needs next is in. With neither,
@@ -885,7 +885,7 @@ impl<'a> ExpertPager<'a> {
         };
         // The reads go to the platform's reader pool (asked for `readers` threads, so
         // the pool made on the first call has them all; those past `n_readers` find
-        // nothing to do), or else its one I/O thread.
+        // nothing to do), or else threads started through its I/O thread.
         let pooled = |r: usize| {
             if r < n_readers {
                 reader(r)
@@ -901,7 +901,9 @@ impl<'a> ExpertPager<'a> {
                 };
                 match (pool, overlap) {
                     (Some(pool), _) => pool(readers.max(1), &pooled, &mut work),
-                    (None, Some(overlap)) => overlap(&mut || reader(0), &mut work),
+                    (None, Some(overlap)) => {
+                        overlap(&mut || spread(overlap, n_readers, &reader), &mut work)
+                    }
                     (None, None) => work(),
                 }
                 waited += (io.now)().saturating_sub(done_at);
@@ -1131,6 +1133,19 @@ impl<'d> ReadJob<'d> {
     }
 }
 
+/// Run `reader(i)` for `i` in `0..n`, each on an I/O thread of its own, through the
+/// platform's `overlap` nested (a platform with an I/O thread but no reader pool: each
+/// level runs one reader on its own thread and hands the rest to a new one; called on
+/// an I/O thread, so the compute thread is never one of them).
+fn spread(overlap: &OverlapFn<'_>, n: usize, reader: &(dyn Fn(usize) + Sync)) {
+    if n <= 1 {
+        reader(0);
+        return;
+    }
+    let mut rest = || spread(overlap, n - 1, reader);
+    overlap(&mut rest, &mut || reader(n - 1));
+}
+
 /// `parallel(n, f)`: run `f(i)` for `i in 0..n` on the platform's workers.
 pub type ParallelFn<'x> = dyn Fn(usize, &(dyn Fn(usize) + Sync)) + Sync + 'x;
 
@@ -1153,8 +1168,8 @@ pub struct Io<'x> {
     pub parallel: &'x ParallelFn<'x>,
     /// The platform's reader pool, if it has one (the reads run there).
     pub readers: Option<&'x ReadersFn<'x>>,
-    /// Else its I/O thread, if it has one (the reads run there, one after another);
-    /// with neither, the reads happen before the compute.
+    /// Else its I/O thread, if it has one (reader threads are started through it per
+    /// batch); with neither, the reads happen before the compute.
     pub overlap: Option<&'x OverlapFn<'x>>,
     /// The compute thread waits for a read's state to change; a reader wakes it.
     pub wait: &'x WaitFn<'x>,
