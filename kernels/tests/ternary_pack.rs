@@ -219,7 +219,9 @@ fn the_two_bit_kernels_run_on_neon() {
             let mut out = vec![0.0f32; rows];
             let ran =
                 pinch_kernels::arch::repack_matmul_rows(l, &feat, &wr, rb, 0..rows, &a, &mut out);
-            assert_eq!(ran, expect, "{ty:?} {feat:?}");
+            // The pair-table layouts are in the baseline table only.
+            let listed = !(matches!(l, Layout::Tq2_0x16 | Layout::Q2_0x16) && feat.dotprod());
+            assert_eq!(ran, expect && listed, "{ty:?} {feat:?}");
         }
     }
 }
