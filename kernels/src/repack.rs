@@ -55,6 +55,7 @@ use crate::quant::{q2_k, q8_k};
 use crate::{CpuFeatures, GgmlType};
 
 pub use crate::repack_lowbit::{BlockQ2Kx8, BlockQ2_0x4, BlockTq1_0x4, BlockTq2_0x4};
+pub use crate::repack_lowbit::{BlockQ2_0x16, BlockTq2_0x16};
 
 /// How a weight tensor's bytes are arranged in memory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -88,6 +89,12 @@ pub enum Layout {
     Q5_0x4d,
     /// Q6_K, groups of four rows, quant bytes four at a time ([`BlockQ6Kx4`]).
     Q6Kx4,
+    /// TQ2_0, groups of sixteen rows, each byte four consecutive codes
+    /// ([`BlockTq2_0x16`], for the pair-table kernel).
+    Tq2_0x16,
+    /// Q2_0, groups of sixteen rows, the rows' bytes side by side ([`BlockQ2_0x16`], for
+    /// the pair-table kernel).
+    Q2_0x16,
 }
 
 impl Layout {
@@ -107,6 +114,8 @@ impl Layout {
             Layout::Q4Kx4 => 6,
             Layout::Q6Kx4 => 7,
             Layout::Q5_0x4d => 8,
+            Layout::Tq2_0x16 => 14,
+            Layout::Q2_0x16 => 15,
         }
     }
     /// The layout of id `id`, if known.
@@ -124,6 +133,8 @@ impl Layout {
             6 => Some(Layout::Q4Kx4),
             7 => Some(Layout::Q6Kx4),
             8 => Some(Layout::Q5_0x4d),
+            14 => Some(Layout::Tq2_0x16),
+            15 => Some(Layout::Q2_0x16),
             _ => None,
         }
     }
@@ -131,7 +142,7 @@ impl Layout {
     pub fn group_rows(self) -> usize {
         match self {
             Layout::Plain => 1,
-            Layout::Q1_0x16 => 16,
+            Layout::Q1_0x16 | Layout::Tq2_0x16 | Layout::Q2_0x16 => 16,
             Layout::Q2Kx8 => 8,
             _ => 4,
         }
@@ -151,6 +162,8 @@ impl Layout {
             Layout::Q4Kx4 => "q4_kx4",
             Layout::Q6Kx4 => "q6_kx4",
             Layout::Q5_0x4d => "q5_0x4d",
+            Layout::Tq2_0x16 => "tq2_0x16",
+            Layout::Q2_0x16 => "q2_0x16",
         }
     }
     /// The repacked layout pinch uses for weights of type `ty` on a CPU with `feat`, if
@@ -167,8 +180,8 @@ impl Layout {
             Layout::Q5_0x4s | Layout::Q5_0x4d => Some(GgmlType::Q5_0),
             Layout::Q1_0x16 => Some(GgmlType::Q1_0),
             Layout::Q2Kx8 => Some(GgmlType::Q2_K),
-            Layout::Tq2_0x4 => Some(GgmlType::TQ2_0),
-            Layout::Q2_0x4 => Some(GgmlType::Q2_0),
+            Layout::Tq2_0x4 | Layout::Tq2_0x16 => Some(GgmlType::TQ2_0),
+            Layout::Q2_0x4 | Layout::Q2_0x16 => Some(GgmlType::Q2_0),
             Layout::Tq1_0x4 => Some(GgmlType::TQ1_0),
             Layout::Q4Kx4 => Some(GgmlType::Q4_K),
             Layout::Q6Kx4 => Some(GgmlType::Q6_K),
@@ -458,6 +471,14 @@ macro_rules! with_group {
                 type $G = BlockQ5_0x4d;
                 $body
             }
+            Layout::Tq2_0x16 => {
+                type $G = BlockTq2_0x16;
+                $body
+            }
+            Layout::Q2_0x16 => {
+                type $G = BlockQ2_0x16;
+                $body
+            }
         }
     };
 }
@@ -658,7 +679,12 @@ pub fn dot_row_scalar(
     }
     if matches!(
         layout,
-        Layout::Q1_0x16 | Layout::Tq2_0x4 | Layout::Q2_0x4 | Layout::Tq1_0x4
+        Layout::Q1_0x16
+            | Layout::Tq2_0x4
+            | Layout::Q2_0x4
+            | Layout::Tq1_0x4
+            | Layout::Tq2_0x16
+            | Layout::Q2_0x16
     ) {
         // Block by block through the plain reference: each block's `d_w * sumi` added
         // to the row sum in order, as the type's `vec_dot` does over the whole row.

@@ -219,3 +219,83 @@ impl Group for BlockTq1_0x4 {
         }
     }
 }
+
+/// Sixteen TQ2_0 rows (16 x 66 bytes) for the pair-table kernel
+/// ([`crate::repack::Layout::Tq2_0x16`]): `qs[p][r]` holds the codes (level + 1) of
+/// weights `4p..4p + 4` of row `r`, weight `4p + t` in bits `2t..2t + 2`, so its low
+/// nibble indexes the table of the activation pair `(4p, 4p + 1)` and its high nibble
+/// that of `(4p + 2, 4p + 3)`, and one 16-byte vector holds sixteen rows' indices of two
+/// pairs; then the sixteen scales.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockTq2_0x16 {
+    /// Byte `p` of rows 0..16, as above.
+    pub qs: [[u8; 16]; tq2_0::QK / 4],
+    /// Scales (f16 little-endian) of rows 0..16.
+    pub d: [[u8; 2]; 16],
+}
+crate::pod_block!(BlockTq2_0x16);
+static_assertions::const_assert_eq!(
+    core::mem::size_of::<BlockTq2_0x16>(),
+    16 * tq2_0::BLOCK_BYTES
+);
+
+/// Sixteen Q2_0 rows (16 x 18 bytes), arranged as [`BlockTq2_0x16`] (a plain Q2_0 byte
+/// already holds four consecutive weights in that order, so `qs[p][r]` is plain byte `p`
+/// of row `r`); then the sixteen scales.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ2_0x16 {
+    /// Byte `p` of rows 0..16.
+    pub qs: [[u8; 16]; q2_0::QK / 4],
+    /// Scales (f16 little-endian) of rows 0..16.
+    pub d: [[u8; 2]; 16],
+}
+crate::pod_block!(BlockQ2_0x16);
+static_assertions::const_assert_eq!(core::mem::size_of::<BlockQ2_0x16>(), 16 * q2_0::BLOCK_BYTES);
+
+/// Four consecutive codes `code(4p..4p + 4)` as one byte, weight `4p + t` in bits `2t..`.
+fn seq_byte(code: impl Fn(usize) -> u8, p: usize) -> u8 {
+    (0..4).fold(0u8, |b, t| b | code(4 * p + t) << (2 * t))
+}
+
+impl Group for BlockTq2_0x16 {
+    const ROWS: usize = 16;
+    type Plain = BlockTq2_0;
+    fn pack(rows: &[&BlockTq2_0]) -> Self {
+        BlockTq2_0x16 {
+            qs: core::array::from_fn(|p| {
+                core::array::from_fn(|r| seq_byte(|i| (rows[r].level(i) + 1) as u8, p))
+            }),
+            d: core::array::from_fn(|r| rows[r].d),
+        }
+    }
+    fn unpack(&self, r: usize) -> BlockTq2_0 {
+        let code = |i: usize| (self.qs[i / 4][r] >> (2 * (i % 4))) & 3;
+        // Weight 128c + 32l + m is bits 2l.. of plain byte 32c + m.
+        BlockTq2_0 {
+            qs: core::array::from_fn(|b| {
+                let (c, m) = (b / 32, b % 32);
+                (0..4).fold(0u8, |acc, l| acc | code(128 * c + 32 * l + m) << (2 * l))
+            }),
+            d: self.d[r],
+        }
+    }
+}
+
+impl Group for BlockQ2_0x16 {
+    const ROWS: usize = 16;
+    type Plain = BlockQ2_0;
+    fn pack(rows: &[&BlockQ2_0]) -> Self {
+        BlockQ2_0x16 {
+            qs: core::array::from_fn(|p| core::array::from_fn(|r| rows[r].qs[p])),
+            d: core::array::from_fn(|r| rows[r].d),
+        }
+    }
+    fn unpack(&self, r: usize) -> BlockQ2_0 {
+        BlockQ2_0 {
+            d: self.d[r],
+            qs: core::array::from_fn(|p| self.qs[p][r]),
+        }
+    }
+}

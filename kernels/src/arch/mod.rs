@@ -40,6 +40,8 @@ mod neon_legacy;
 #[cfg(target_arch = "aarch64")]
 mod neon_min;
 #[cfg(target_arch = "aarch64")]
+mod neon_pair_lut;
+#[cfg(target_arch = "aarch64")]
 mod neon_q1_lut;
 #[cfg(target_arch = "aarch64")]
 mod neon_q2k_pack;

@@ -16,6 +16,7 @@ use super::neon_iq4 as iq4;
 use super::neon_kq_pack as kp;
 use super::neon_legacy::{self as lg, base, dot};
 use super::neon_min as mn;
+use super::neon_pair_lut as pair_lut;
 use super::neon_q1_lut::Neon as Q1Lut;
 use super::neon_q2k_pack as q2k_pack;
 use super::neon_repack as rp;
@@ -143,6 +144,9 @@ pub(super) static NEON: KernelTable = KernelTable {
         Kernels::packed(T::Q5_0, Layout::Q5_0x4s, rp::q5_0x4s_base),
         Kernels::packed(T::Q1_0, Layout::Q1_0x16, q1_lut::matmul::<Q1Lut>),
         Kernels::packed(T::Q2_K, Layout::Q2Kx8, q2k_pack::base),
+        // Preferred first: the pair tables count fewer instructions than `smlal`.
+        Kernels::packed(T::TQ2_0, Layout::Tq2_0x16, pair_lut::tq2_0x16_base),
+        Kernels::packed(T::Q2_0, Layout::Q2_0x16, pair_lut::q2_0x16_base),
         Kernels::packed(T::TQ2_0, Layout::Tq2_0x4, tern::tq2_0x4_base),
         Kernels::packed(T::Q2_0, Layout::Q2_0x4, tern::q2_0x4_base),
         Kernels::packed(T::TQ1_0, Layout::Tq1_0x4, tern::tq1_0x4_base),
