@@ -53,7 +53,7 @@ fn home_cache() -> Result<PathBuf> {
 }
 
 /// llama.cpp's source inside the sdist, downloaded and unpacked if missing.
-fn llama_cpp_src() -> Result<PathBuf> {
+pub(crate) fn llama_cpp_src() -> Result<PathBuf> {
     let sdist = home_cache()?.join("sdist");
     let src = sdist.join(SDIST).join("vendor/llama.cpp");
     if src.join("tools/server/tests/utils.py").is_file() {

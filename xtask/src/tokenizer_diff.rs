@@ -14,24 +14,11 @@ use crate::util::{cargo, root, run, target_dir, Result};
 use std::path::PathBuf;
 use std::process::Command;
 
-/// llama.cpp's `models/` folder from the llama-cpp-python sdist, downloading it when missing.
+/// llama.cpp's `models/` folder from the llama-cpp-python sdist, downloading it when missing
+/// (the same download as `cargo xtask compat`'s: with the build backend from a wheel, not
+/// built from source).
 pub(crate) fn vocab_dir() -> Result<PathBuf> {
-    let home = std::env::var_os("HOME").ok_or("HOME is not set")?;
-    let sdist = PathBuf::from(home).join(".cache/pinch/sdist");
-    let models = sdist.join("llama_cpp_python-0.3.36/vendor/llama.cpp/models");
-    if !models.is_dir() {
-        run(Command::new("python3")
-            .args(["-m", "pip", "download", "--no-deps", "--no-binary", ":all:"])
-            .arg("-d")
-            .arg(&sdist)
-            .arg("llama-cpp-python==0.3.36"))?;
-        run(Command::new("tar")
-            .arg("-xzf")
-            .arg(sdist.join("llama_cpp_python-0.3.36.tar.gz"))
-            .arg("-C")
-            .arg(&sdist))?;
-    }
-    Ok(models)
+    Ok(crate::compat::llama_cpp_src()?.join("models"))
 }
 
 pub fn main(args: &[String]) -> Result<()> {
