@@ -3,10 +3,10 @@
 //!
 //! TV boxes and routers get one static aarch64 musl binary (linked by rust-lld, see
 //! `.cargo/config.toml`), so it runs on any Android or Linux userland without a loader.
-//! 32-bit ARM userlands (`router-armv7`) get a static armv7-a hard-float binary: rustup
-//! serves std for that CPU only with glibc, so Debian's cross gcc links glibc in
-//! statically ([`ensure_armv7_toolchain`] installs both).
-//! The tv/router binary builds std from source ([`std_from_source_build`]).
+//! 32-bit ARM userlands (`router-armv7`) get a static armv7-a hard-float musl binary
+//! (see [`crate::armv7_musl`]); the armv7 tests run on the glibc target, whose std rustup
+//! serves, linked statically by Debian's cross gcc ([`ensure_armv7_toolchain`]).
+//! Both device binaries build std from source ([`std_from_source_build`]).
 //! The iPad gets a static library that a Mac links into an app and signs: arm64
 //! (`ipad`), or 32-bit armv7s (`ipad-armv7`, a tier-3 target built by nightly
 //! `-Z build-std`; untested here, as nothing on this machine runs iOS code).
@@ -26,7 +26,7 @@ pub enum Device {
 pub const LINUX_ARM: &str = "aarch64-unknown-linux-musl";
 pub const IOS: &str = "aarch64-apple-ios";
 /// armv7-a, VFPv3-D16 hard float, Thumb-2; NEON is detected at run time (not every
-/// 32-bit ARM core has it).
+/// 32-bit ARM core has it). The tests' target; the shipped binary is the musl one.
 pub const ARMV7: &str = "armv7-unknown-linux-gnueabihf";
 /// 32-bit iOS (A6: iPhone 5, iPad 4). Tier 3: no std from rustup, so the nightly
 /// toolchain builds std from `rust-src` (`-Z build-std`).
@@ -73,21 +73,7 @@ pub fn build(device: Device) -> Result<PathBuf> {
             report_size(&bin)?;
             Ok(bin)
         }
-        Device::RouterArmv7 => {
-            ensure_armv7_toolchain()?;
-            run(&mut cargo([
-                "build",
-                "--release",
-                "-p",
-                "pinch-linux",
-                "--target",
-                ARMV7,
-            ]))?;
-            let bin = target_dir().join(ARMV7).join("release/pinch");
-            check_static(&bin)?;
-            report_size(&bin)?;
-            Ok(bin)
-        }
+        Device::RouterArmv7 => crate::armv7_musl::build(),
         Device::Ipad => {
             run(&mut cargo([
                 "build",
@@ -276,7 +262,7 @@ pub fn file_size(path: &Path) -> Result<u64> {
         .map_err(|e| format!("cannot stat {}: {e}", path.display()))
 }
 
-fn report_size(path: &Path) -> Result<()> {
+pub fn report_size(path: &Path) -> Result<()> {
     let size = file_size(path)?;
     eprintln!(
         "{}: {size} bytes ({:.2} MB)",
@@ -288,7 +274,7 @@ fn report_size(path: &Path) -> Result<()> {
 
 /// A binary is static when it asks for no program interpreter (no PT_INTERP header);
 /// a dynamic one would fail on a device with a different or missing libc.
-fn check_static(bin: &Path) -> Result<()> {
+pub fn check_static(bin: &Path) -> Result<()> {
     let bytes = std::fs::read(bin).map_err(|e| format!("cannot read {}: {e}", bin.display()))?;
     match elf_has_interp(&bytes) {
         Some(false) => Ok(()),
