@@ -3,9 +3,10 @@
 //!
 //! TV boxes and routers get one static aarch64 musl binary (linked by rust-lld, see
 //! `.cargo/config.toml`), so it runs on any Android or Linux userland without a loader.
-//! 32-bit ARM userlands (`router-armv7`) get a static armv7-a hard-float binary: rustup
-//! serves std for that CPU only with glibc, so Debian's cross gcc links glibc in
-//! statically ([`ensure_armv7_toolchain`] installs both).
+//! 32-bit ARM userlands (`router-armv7`) get a static armv7-a hard-float musl binary
+//! (see [`crate::armv7_musl`]); the armv7 tests run on the glibc target, whose std rustup
+//! serves, linked statically by Debian's cross gcc ([`ensure_armv7_toolchain`]).
+//! Both device binaries build std from source ([`std_from_source_build`]).
 //! The iPad gets a static library that a Mac links into an app and signs: arm64
 //! (`ipad`), or 32-bit armv7s (`ipad-armv7`, a tier-3 target built by nightly
 //! `-Z build-std`; untested here, as nothing on this machine runs iOS code).
@@ -25,7 +26,7 @@ pub enum Device {
 pub const LINUX_ARM: &str = "aarch64-unknown-linux-musl";
 pub const IOS: &str = "aarch64-apple-ios";
 /// armv7-a, VFPv3-D16 hard float, Thumb-2; NEON is detected at run time (not every
-/// 32-bit ARM core has it).
+/// 32-bit ARM core has it). The tests' target; the shipped binary is the musl one.
 pub const ARMV7: &str = "armv7-unknown-linux-gnueabihf";
 /// 32-bit iOS (A6: iPhone 5, iPad 4). Tier 3: no std from rustup, so the nightly
 /// toolchain builds std from `rust-src` (`-Z build-std`).
@@ -64,34 +65,15 @@ pub fn main(args: &[String]) -> Result<()> {
 pub fn build(device: Device) -> Result<PathBuf> {
     match device {
         Device::Tv | Device::Router => {
-            run(&mut cargo([
-                "build",
-                "--release",
-                "-p",
-                "pinch-linux",
-                "--target",
-                LINUX_ARM,
-            ]))?;
-            let bin = target_dir().join(LINUX_ARM).join("release/pinch");
+            ensure_rust_src()?;
+            let dir = device_target_dir();
+            run(&mut std_from_source_build(LINUX_ARM, &dir, &[]))?;
+            let bin = dir.join(LINUX_ARM).join("release/pinch");
             check_static(&bin)?;
             report_size(&bin)?;
             Ok(bin)
         }
-        Device::RouterArmv7 => {
-            ensure_armv7_toolchain()?;
-            run(&mut cargo([
-                "build",
-                "--release",
-                "-p",
-                "pinch-linux",
-                "--target",
-                ARMV7,
-            ]))?;
-            let bin = target_dir().join(ARMV7).join("release/pinch");
-            check_static(&bin)?;
-            report_size(&bin)?;
-            Ok(bin)
-        }
+        Device::RouterArmv7 => crate::armv7_musl::build(),
         Device::Ipad => {
             run(&mut cargo([
                 "build",
@@ -162,6 +144,88 @@ pub fn build(device: Device) -> Result<PathBuf> {
     }
 }
 
+/// Where the device builds with a rebuilt std go: their flags differ from the host's
+/// and the tests', so sharing `target/` would rebuild everything on every switch.
+pub fn device_target_dir() -> PathBuf {
+    target_dir().join("device")
+}
+
+/// `cargo build --release` of `pinch-linux` for `target` with std compiled from source
+/// (`rust-src`) under the release profile instead of rustup's prebuilt one, which is
+/// what brings the binary toward 1 MB:
+/// - `panic_abort` std: the prebuilt std carries the unwinder and the landing pads of
+///   panic=unwind, dead weight when the profile aborts;
+/// - `optimize_for_size` picks std's small algorithms (sorting, formatting); naming the
+///   features replaces cargo's default `backtrace panic-unwind`, so the DWARF symbolizer
+///   (addr2line, gimli, miniz) that only prints a panic's backtrace is left out;
+/// - std gets the profile's opt-level, LTO and one codegen unit like our crates, so LTO
+///   drops what pinch never calls;
+/// - `-C force-unwind-tables=no`: nothing unwinds with panic=abort, so `.eh_frame` is
+///   dead weight.
+///
+/// `-Z build-std` is unstable; `RUSTC_BOOTSTRAP=1` lets the pinned stable toolchain
+/// accept it, so no second (nightly) toolchain is needed. A panic still prints its
+/// message and location before aborting.
+///
+/// `rustflags` are the target's own flags (a linker route), added after ours.
+pub fn std_from_source_build(
+    target: &'static str,
+    dir: &Path,
+    rustflags: &[String],
+) -> std::process::Command {
+    let mut build = cargo([
+        "build",
+        "--release",
+        "-p",
+        "pinch-linux",
+        "--target",
+        target,
+        "-Z",
+        "build-std=std,panic_abort",
+        "-Z",
+        "build-std-features=optimize_for_size",
+    ]);
+    // With `--target`, these flags reach the target's crates (std included) but not
+    // build scripts; a caller's own RUSTFLAGS are kept in front. The encoded form
+    // (0x1f between flags) keeps paths with spaces whole.
+    let mut flags: Vec<String> = std::env::var("RUSTFLAGS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    flags.extend(["-C".to_string(), "force-unwind-tables=no".to_string()]);
+    flags.extend_from_slice(rustflags);
+    build
+        .env("RUSTC_BOOTSTRAP", "1")
+        .env("CARGO_TARGET_DIR", dir)
+        .env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"));
+    build
+}
+
+/// `-Z build-std` compiles std from the toolchain's `rust-src` component
+/// (`rust-toolchain.toml` lists it; an older install may lack it).
+pub fn ensure_rust_src() -> Result<()> {
+    let mut print = std::process::Command::new("rustc");
+    print
+        .current_dir(crate::util::root())
+        .args(["--print", "sysroot"]);
+    let sysroot = crate::util::output(&mut print)?;
+    let library = Path::new(sysroot.trim()).join("lib/rustlib/src/rust/library");
+    if library.is_dir() {
+        return Ok(());
+    }
+    if !have("rustup") {
+        return Err(format!(
+            "{} is missing: the device build compiles std from the rust-src component",
+            library.display()
+        ));
+    }
+    let mut add = std::process::Command::new("rustup");
+    add.current_dir(crate::util::root())
+        .args(["component", "add", "rust-src"]);
+    run(&mut add)
+}
+
 /// Install what the armv7 build links with when it is missing: rustup's std for
 /// [`ARMV7`], and Debian's cross gcc with the armhf glibc (`libc6-dev-armhf-cross`).
 pub fn ensure_armv7_toolchain() -> Result<()> {
@@ -198,7 +262,7 @@ pub fn file_size(path: &Path) -> Result<u64> {
         .map_err(|e| format!("cannot stat {}: {e}", path.display()))
 }
 
-fn report_size(path: &Path) -> Result<()> {
+pub fn report_size(path: &Path) -> Result<()> {
     let size = file_size(path)?;
     eprintln!(
         "{}: {size} bytes ({:.2} MB)",
@@ -210,7 +274,7 @@ fn report_size(path: &Path) -> Result<()> {
 
 /// A binary is static when it asks for no program interpreter (no PT_INTERP header);
 /// a dynamic one would fail on a device with a different or missing libc.
-fn check_static(bin: &Path) -> Result<()> {
+pub fn check_static(bin: &Path) -> Result<()> {
     let bytes = std::fs::read(bin).map_err(|e| format!("cannot read {}: {e}", bin.display()))?;
     match elf_has_interp(&bytes) {
         Some(false) => Ok(()),

@@ -3,7 +3,8 @@
 //! One module per command, std only, so a fresh checkout needs nothing but rustup, python3
 //! (for the model download) and qemu-user (installed on demand by `test`):
 //! - [`fetch`]: `fetch-model <name>` downloads and verifies a GGUF file into `models/`.
-//! - [`device`]: `build --device tv|router|ipad|host` builds the shipping artifact.
+//! - [`device`]: `build --device tv|router|ipad|host` builds the shipping artifact
+//!   ([`armv7_musl`]: the static musl route of `router-armv7`).
 //! - [`test`]: `test`, the one test command CI runs (lint, native, qemu, no_std, device).
 //! - [`size`]: `size` reports the device binary size.
 //! - [`run`]: `run -- <pinch args>` builds the host binary and runs it on the test model.
@@ -14,6 +15,7 @@
 //! - [`compat`]: `compat`, llama.cpp's server test suite against `pinch serve`.
 //! - [`tokenizer_diff`]: `tokenizer-diff [--random N]`, a long tokenizer hunt vs llama.cpp.
 //! - [`util`]: running commands, finding the workspace and the target directory.
+mod armv7_musl;
 mod bench;
 mod bonsai_bench;
 mod compat;

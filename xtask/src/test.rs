@@ -126,12 +126,17 @@ fn tools() -> Result<Outcome> {
 
 /// `apt-get ARGS`, through sudo when not root.
 pub(crate) fn apt_get(args: &[&str]) -> Command {
+    as_root("apt-get", args)
+}
+
+/// `program ARGS`, through sudo when not root.
+pub(crate) fn as_root(program: &str, args: &[&str]) -> Command {
     let root = output(Command::new("id").arg("-u")).is_ok_and(|u| u.trim() == "0");
     let mut cmd = if root {
-        Command::new("apt-get")
+        Command::new(program)
     } else {
         let mut c = Command::new("sudo");
-        c.arg("apt-get");
+        c.arg(program);
         c
     };
     cmd.args(args);
