@@ -243,6 +243,7 @@ pub fn session_options<P: Platform>(p: &P, o: &Opts, cfg: &Config) -> SessionOpt
         attn_skip: o.attn_skip.unwrap_or(o.command != Command::Ppl),
         swa_ring: !o.swa_full,
         state_f16: o.state_f16,
+        n_seq: 1,
         cpu: p.cpu(),
     }
 }
