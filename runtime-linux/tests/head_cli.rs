@@ -160,6 +160,7 @@ fn logits(bytes: &[u8], tokens: &[u32], prune_with: Option<&[u32]>) -> Vec<f32> 
         attn_skip: false,
         swa_ring: true,
         state_f16: false,
+        n_seq: 1,
         cpu: plat.cpu,
     };
     let read = |off: u64, buf: &mut [u8], d: bool| plat.read_at(&(), off, buf, d);

@@ -255,7 +255,9 @@ flags (llama.cpp names):
   --tags T[,U..]          serve: labels /v1/models reports
   --api-key KEY           serve: requests need 'Authorization: Bearer KEY' (or X-Api-Key)
   --parallel N            serve: slots /props and /slots report (one generation runs
-                          at a time; -c is each one's context)
+                          at a time; -c is each one's context); bench: generation with
+                          1, 2, 4 .. N streams decoded together, one weight pass per step
+                          (-c split: c/N each, rounded up to 256; N at most 16)
   --chat-template NAME|--chat-template-file FILE
                           serve: chat format instead of the model's (chatml, gemma, llama3)
   --cors-origins localhost  serve: CORS only for loopback origins (default: any)

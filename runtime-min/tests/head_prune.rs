@@ -204,6 +204,7 @@ fn logits_pair(bytes: &[u8], tokens: &[u32], ids: &[u32], math: Math) -> (Vec<f3
         attn_skip: false,
         swa_ring: true,
         state_f16: false,
+        n_seq: 1,
         cpu: plat.cpu,
     };
     let full = run_all(cfg, &w, &mut arena, &plat, opts, tokens);

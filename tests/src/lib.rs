@@ -625,6 +625,46 @@ fn session_on<P: Platform<File = ()>, R>(
     Ok(f(&mut sess, plat, &accounts))
 }
 
+/// Run `f` with a session of `n_seq` sequences over `gguf_bytes` (all weights resident;
+/// `repack`: the matrices in this CPU's preferred layouts, as `pinch run` and `pinch
+/// serve` load them; context 256 per sequence, batch `spec.batch`).
+pub fn with_session_seqs<R>(
+    gguf_bytes: &[u8],
+    spec: RunSpec,
+    n_seq: usize,
+    repack: bool,
+    f: impl FnOnce(&mut Session<'_, '_>, &MemPlatform<'_>) -> R,
+) -> Result<R, ModelError> {
+    let plat = MemPlatform {
+        bytes: gguf_bytes,
+        cpu: host_cpu(),
+    };
+    let g = Gguf::parse(gguf_bytes, gguf_bytes.len() as u64)
+        .map_err(|_| ModelError::BadShape("gguf parse"))?;
+    let cfg = Config::from_gguf(&g)?;
+    let mut region = vec![0u64; (gguf_bytes.len() * 2 + (64 << 20)) / 8];
+    let region = pinch_kernels::blocks::bytes_of_mut(&mut region[..]);
+    let mut arena = Arena::new(region);
+    let rp = Repacking::new(&plat, &(), &g, "model.gguf", None, repack, &mut arena)
+        .map_err(|_| ModelError::BadShape("repack scratch"))?;
+    let plan = residency::plan(&g, &cfg, None, None)
+        .map_err(|_| ModelError::BadShape("no residency plan fits"))?;
+    let mut weights = Loader {
+        platform: &rp,
+        file: &(),
+        gguf: &g,
+        arena: &mut arena,
+    }
+    .load_planned(&cfg, None, &plan)?;
+    repack_cache::apply(&rp, &g, &mut weights, &mut arena)?;
+    let mut opts = session_options(&spec, 0, true, plat.cpu());
+    opts.n_seq = n_seq;
+    let read = |off: u64, buf: &mut [u8], d: bool| plat.read_at(&(), off, buf, d);
+    let mut sess = Session::new(cfg, &weights, &mut arena, opts)?;
+    sess.set_reader(&read);
+    Ok(f(&mut sess, &plat))
+}
+
 /// The session options of the helpers above: context 256 (or `n_tokens` when longer),
 /// head groups of 4.
 fn session_options(
@@ -644,6 +684,7 @@ fn session_options(
         attn_skip: spec.attn_skip,
         swa_ring,
         state_f16: false,
+        n_seq: 1,
         cpu,
     }
 }

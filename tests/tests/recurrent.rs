@@ -31,6 +31,7 @@ fn opts(n_batch: usize) -> SessionOptions {
         attn_skip: false,
         swa_ring: true,
         state_f16: false,
+        n_seq: 1,
     }
 }
 

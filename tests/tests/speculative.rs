@@ -195,6 +195,7 @@ fn drive(
         attn_skip: true,
         swa_ring: true,
         state_f16: false,
+        n_seq: 1,
         cpu: plat.cpu(),
     };
     let read = |off: u64, buf: &mut [u8], d: bool| plat.read_at(&(), off, buf, d);

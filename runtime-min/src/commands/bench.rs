@@ -137,6 +137,9 @@ pub fn bench<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> 
             first = false;
         }
     }
+    if ctx.sess.n_seq() > 1 && o.n_predict > 0 {
+        parallel(ctx, toks, &mut out, &mut json)?;
+    }
     if o.json {
         let _ = writeln!(
             out,
@@ -149,6 +152,100 @@ pub fn bench<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> 
     }
     drop(out);
     print_peak_rss(p);
+    Ok(())
+}
+
+/// `pinch bench --parallel N`: generation with 1, 2, 4, ... N streams decoded together
+/// (one weight pass per step for all of them, as `serve --parallel N` runs): aggregate
+/// and per-stream tokens/s. The stream counts alternate within each repetition, so a
+/// load change on the machine touches them alike.
+fn parallel<P: Platform>(
+    ctx: &mut Ctx<'_, '_, '_, P>,
+    toks: &[u32],
+    out: &mut Out<'_, P>,
+    json: &mut heapless::String<2048>,
+) -> Result<(), AppError> {
+    let (o, p) = (ctx.o, ctx.p);
+    let n_seq = ctx.sess.n_seq();
+    let n = o.n_predict.min(ctx.sess.opts.n_ctx.saturating_sub(1));
+    let mut counts: heapless::Vec<usize, 8> = heapless::Vec::new();
+    let mut c = 1;
+    while c < n_seq {
+        let _ = counts.push(c);
+        c *= 2;
+    }
+    let _ = counts.push(n_seq);
+    let reps = o.bench_reps.clamp(1, 32);
+    // Per repetition, per stream count.
+    let mut tps = [[0.0f64; 8]; 32];
+    // `--profile`: time per kind of operation and decode step, per stream count.
+    let mut prof = [[0u64; crate::model::Op::COUNT]; 8];
+    let t = ctx.sess.opts.threads;
+    for row in tps.iter_mut().take(reps) {
+        for (ci, &streams) in counts.iter().enumerate() {
+            // Every stream starts from one prompt token of its own.
+            for s in 0..streams {
+                ctx.sess.select_seq(s)?;
+                ctx.sess.reset();
+                ctx.sess
+                    .eval(p, &toks[s..s + 1], Logits::Last, &mut |_, _| {})?;
+            }
+            let mut rows: heapless::Vec<(usize, u32), { crate::model::forward::MAX_SEQS }> =
+                heapless::Vec::new();
+            let before = ctx.sess.profile;
+            let t0 = p.now_ns();
+            for i in 0..n {
+                rows.clear();
+                for s in 0..streams {
+                    let _ = rows.push((s, toks[(i * streams + s + 1) % toks.len()]));
+                }
+                ctx.sess.decode_seqs(p, &rows, &mut |_, _| {})?;
+            }
+            row[ci] = (streams * n) as f64 / secs(t0, p.now_ns()).max(1e-9);
+            for (acc, (a, b)) in prof[ci]
+                .iter_mut()
+                .zip(ctx.sess.profile.ns.iter().zip(before.ns))
+            {
+                *acc += a - b;
+            }
+        }
+    }
+    if o.profile {
+        let _ = writeln!(out, "\nms per decode step, by operation and stream count:");
+        for (ci, &streams) in counts.iter().enumerate() {
+            let _ = write!(out, "{streams} streams:");
+            for op in crate::model::Op::ALL {
+                let ms = prof[ci][op as usize] as f64 / 1e6 / (reps * n).max(1) as f64;
+                if ms >= 0.005 {
+                    let _ = write!(out, " {} {ms:.2};", op.name());
+                }
+            }
+            let _ = writeln!(out);
+        }
+    }
+    ctx.sess.select_seq(0)?;
+    let _ = writeln!(
+        out,
+        "\n| model | threads | streams | test | aggregate t/s | per-stream t/s | vs 1 stream |"
+    );
+    let _ = writeln!(out, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let column = |ci: usize| -> [f64; 32] { core::array::from_fn(|r| tps[r][ci]) };
+    let one = mean_sd(&column(0)[..reps]).0.max(1e-9);
+    for (ci, &streams) in counts.iter().enumerate() {
+        let (m, sd) = mean_sd(&column(ci)[..reps]);
+        let _ = writeln!(
+            out,
+            "| {} | {t} | {streams} | tg{n} | {m:.2} ± {sd:.2} | {:.2} | {:.2}x |",
+            ctx.cfg.arch.name(),
+            m / streams as f64,
+            m / one
+        );
+        let _ = write!(
+            json,
+            ",{{\"test\":\"tg{n}\",\"threads\":{t},\"streams\":{streams},\"tps\":{m:.3},\"sd\":{sd:.3}}}"
+        );
+    }
+    out.flush();
     Ok(())
 }
 

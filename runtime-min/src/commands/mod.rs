@@ -20,6 +20,7 @@ use crate::cli::{Command, Opts, USAGE};
 use crate::engine::{self, OverBudget, Plan};
 use crate::gguf::{Gguf, GgufError};
 use crate::header_len::{header_len, HeaderLenError};
+use crate::model::forward::MAX_SEQS;
 use crate::model::{Config, Loader, ModelError, Session, SessionOptions, Weights};
 use crate::platform::{Platform, PlatformError};
 use crate::tokenizer::{Tokenizer, TokenizerError};
@@ -232,6 +233,19 @@ pub fn session_options<P: Platform>(p: &P, o: &Opts, cfg: &Config) -> SessionOpt
         (0, _) => 2048.min(cfg.n_ctx_train.max(1)),
         (n, _) => n,
     };
+    // `bench --parallel N`: N sequences share the context as llama-server's slots do,
+    // `n_ctx / N` each, rounded up to a multiple of 256. (`serve` still runs one
+    // generation at a time on one sequence: its `--parallel` only sets the slots it
+    // reports.)
+    let n_seq = match o.command {
+        Command::Bench => o.serve.parallel.clamp(1, MAX_SEQS),
+        _ => 1,
+    };
+    let n_ctx = if n_seq > 1 {
+        (n_ctx / n_seq).next_multiple_of(256)
+    } else {
+        n_ctx
+    };
     SessionOptions {
         n_ctx,
         n_batch: o.n_batch,
@@ -243,6 +257,7 @@ pub fn session_options<P: Platform>(p: &P, o: &Opts, cfg: &Config) -> SessionOpt
         attn_skip: o.attn_skip.unwrap_or(o.command != Command::Ppl),
         swa_ring: !o.swa_full,
         state_f16: o.state_f16,
+        n_seq,
         cpu: p.cpu(),
     }
 }

@@ -17,7 +17,7 @@ use pinch_kernels::quant::q8_0::{BLOCK_BYTES, QK};
 use pinch_kernels::CpuFeatures;
 
 use crate::model::config::Config;
-use crate::model::forward::MAX_WORKERS;
+use crate::model::forward::{Placement, MAX_WORKERS};
 use crate::model::kv::{KvPlane, Rows};
 use crate::model::layer::Cx;
 use crate::model::weights::{Loader, Names, Tensor, Vector};
@@ -48,10 +48,19 @@ pub struct Attention<'a> {
     pub gated: bool,
 }
 
-/// One attention layer's state: its keys and values for every position.
+/// One attention layer's state: its keys and values for every position (of every
+/// sequence).
 pub struct KvState<'a> {
     pub k: KvPlane<'a>,
     pub v: KvPlane<'a>,
+}
+
+impl KvState<'_> {
+    /// Reads and writes go to sequence `seq`'s rows.
+    pub fn select(&mut self, seq: usize) {
+        self.k.select(seq);
+        self.v.select(seq);
+    }
 }
 
 impl<'a> Attention<'a> {
@@ -136,14 +145,16 @@ impl<'a> Attention<'a> {
         f(o, &mut self.wo);
     }
 
-    /// `cx.s.xn` (the normed input of `n` tokens at positions `pos0..`) → `cx.s.xn`
-    /// (the attention output), writing this layer's keys and values into `kv`.
+    /// `cx.s.xn` (the normed input of `n` tokens placed by `at`) → `cx.s.xn` (the
+    /// attention output), writing this layer's keys and values into `kv`. The
+    /// projections take all rows at once; with one row per sequence, each row's keys go
+    /// to its sequence's region and its queries attend over that region alone.
     pub fn run<P: Platform>(
         &self,
         cx: &mut Cx<'_, '_, '_, P>,
         kv: &mut KvState<'_>,
         n: usize,
-        pos0: usize,
+        at: Placement<'_>,
     ) -> Result<(), ModelError> {
         let c = cx.cfg;
         let hd = c.head_dim;
@@ -185,7 +196,10 @@ impl<'a> Attention<'a> {
             ops::rms_norm_rows_inplace(&mut s.k[..n * kvd], g, c.rms_eps, hd);
         }
         for t in 0..n {
-            let pos = pos0 + t;
+            let pos = at.pos(t);
+            if let Some(seq) = at.seq(t) {
+                kv.select(seq);
+            }
             let table = (2 * t + self.swa as usize) * nr;
             let angles = &s.rope[table..table + nr];
             for h in s.q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
@@ -200,26 +214,39 @@ impl<'a> Attention<'a> {
             kv.k.write(pos, &s.k[t * kvd..(t + 1) * kvd]);
             kv.v.write(pos, &s.v[t * kvd..(t + 1) * kvd]);
         }
-        let at = Attend {
-            n_head: c.n_head,
-            n_head_kv: self.n_head_kv,
-            head_dim: hd,
-            window: if self.swa { c.n_swa } else { 0 },
-            k: &kv.k,
-            v: &kv.v,
-            pos0,
-            kq_scale: if c.scale_q { 1.0 } else { q_scale },
-            skip: cx.opts.attn_skip,
-            cpu: cx.opts.cpu,
-        };
         cx.clock.lap(Op::RopeAndCache);
-        at.run(
-            cx.p,
-            cx.opts.threads,
-            &s.q[..n * qd],
-            &mut s.att[..n * qd],
-            s.scores,
-        );
+        // Consecutive positions attend together; rows of different sequences one by one,
+        // each over its own region.
+        let (runs, per_run) = match at {
+            Placement::Run { .. } => (1, n),
+            Placement::Seqs(_) => (n, 1),
+        };
+        for r in 0..runs {
+            let t0 = r * per_run;
+            if let Some(seq) = at.seq(t0) {
+                kv.select(seq);
+            }
+            let attend = Attend {
+                n_head: c.n_head,
+                n_head_kv: self.n_head_kv,
+                head_dim: hd,
+                window: if self.swa { c.n_swa } else { 0 },
+                k: &kv.k,
+                v: &kv.v,
+                pos0: at.pos(t0),
+                kq_scale: if c.scale_q { 1.0 } else { q_scale },
+                skip: cx.opts.attn_skip,
+                cpu: cx.opts.cpu,
+            };
+            let rows = t0 * qd..(t0 + per_run) * qd;
+            attend.run(
+                cx.p,
+                cx.opts.threads,
+                &s.q[rows.clone()],
+                &mut s.att[rows],
+                s.scores,
+            );
+        }
         if self.gated {
             pinch_kernels::recurrent::mul_sigmoid(&mut s.att[..n * qd], &s.mixer[..n * qd]);
         }

@@ -14,7 +14,7 @@ use pinch_kernels::ops::{self, rms_norm, rope_angles};
 use pinch_kernels::CpuFeatures;
 
 use crate::arena::Arena;
-use crate::model::config::Config;
+use crate::model::config::{Config, MixerKind};
 use crate::model::hybrid::Checkpoint;
 use crate::model::kv::KvType;
 use crate::model::layer::{Clock, Cx, LayerState};
@@ -31,6 +31,38 @@ pub const MAX_HEAD_DIM: usize = 256;
 
 /// Most workers a matmul is split across.
 pub const MAX_WORKERS: usize = 16;
+
+/// Most sequences a session holds (`--parallel`).
+pub const MAX_SEQS: usize = 16;
+
+/// Where the rows of a pass go.
+#[derive(Clone, Copy, Debug)]
+pub enum Placement<'r> {
+    /// Row t at position `pos0 + t` of the selected sequence.
+    Run { pos0: usize },
+    /// Row t is the token of sequence `rows[t].0` at its position `rows[t].1`.
+    Seqs(&'r [(usize, usize)]),
+}
+
+impl Placement<'_> {
+    /// Position of row `t`.
+    #[inline]
+    pub fn pos(&self, t: usize) -> usize {
+        match self {
+            Placement::Run { pos0 } => pos0 + t,
+            Placement::Seqs(rows) => rows[t].1,
+        }
+    }
+
+    /// Sequence of row `t`, when the rows name theirs.
+    #[inline]
+    pub fn seq(&self, t: usize) -> Option<usize> {
+        match self {
+            Placement::Run { .. } => None,
+            Placement::Seqs(rows) => Some(rows[t].0),
+        }
+    }
+}
 
 /// How the arithmetic is done.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,6 +105,27 @@ pub struct SessionOptions {
     /// Recurrent layers keep their delta-rule matrices in f16 (`--state-f16`: half the
     /// bytes; see [`crate::model::hybrid::StateMatrix`]).
     pub state_f16: bool,
+    /// Sequences (conversations) the session holds, each with `n_ctx` positions of its
+    /// own (`--parallel`; at most [`MAX_SEQS`]); [`Session::decode_seqs`] steps several
+    /// in one weight pass.
+    pub n_seq: usize,
+}
+
+impl SessionOptions {
+    /// The options a session really runs with: at least one sequence, token per batch
+    /// and head row, and a head group that holds one row per sequence (so one pass
+    /// over the LM head serves every sequence of a [`Session::decode_seqs`]).
+    pub fn clamped(&self) -> SessionOptions {
+        let mut o = *self;
+        o.n_seq = o.n_seq.clamp(1, MAX_SEQS);
+        o.n_batch = o.n_batch.max(o.n_seq);
+        o.head_group = o
+            .head_group
+            .max(1)
+            .max(if o.n_seq > 1 { o.n_seq } else { 1 });
+        o.threads = o.threads.clamp(1, MAX_WORKERS);
+        o
+    }
 }
 
 /// Where the time of `eval` goes, by kind of operation (nanoseconds, cumulative).
@@ -151,8 +204,13 @@ pub struct Session<'w, 'a> {
     /// Per layer: what it keeps from token to token (an attention layer's KV plane).
     state: heapless::Vec<LayerState<'a>, MAX_LAYERS>,
     pub opts: SessionOptions,
-    /// Positions already in the cache: changed only by `eval`, `reset` and `truncate`.
+    /// Positions already in the cache of the selected sequence: changed only by
+    /// `eval`, `reset`, `truncate` and `decode_seqs`.
     n_past: usize,
+    /// The selected sequence (the one `eval`, `truncate`, `reset` act on).
+    seq: usize,
+    /// Per sequence, its positions in the cache (the selected one's is `n_past`).
+    positions: heapless::Vec<usize, MAX_SEQS>,
     /// Time per kind of operation since the session was made.
     pub profile: Profile,
     /// What weight streaming read and waited for since the session was made.
@@ -177,6 +235,7 @@ impl<'w, 'a> Session<'w, 'a> {
     /// Bytes of the per-layer state (KV planes, recurrent state) a session with `o`
     /// keeps.
     pub fn state_bytes_needed(cfg: &Config, o: &SessionOptions) -> usize {
+        let o = &o.clamped();
         (0..cfg.n_layer)
             .map(|il| LayerState::bytes_needed(cfg, il, o))
             .sum()
@@ -186,7 +245,7 @@ impl<'w, 'a> Session<'w, 'a> {
     /// plan).
     pub fn bytes_needed(cfg: &Config, o: &SessionOptions) -> usize {
         let state = Self::state_bytes_needed(cfg, o);
-        Scratch::bytes_needed(cfg, o) + state
+        Scratch::bytes_needed(cfg, &o.clamped()) + state
     }
 
     pub fn new(
@@ -195,10 +254,11 @@ impl<'w, 'a> Session<'w, 'a> {
         arena: &mut Arena<'a>,
         opts: SessionOptions,
     ) -> Result<Session<'w, 'a>, ModelError> {
-        let mut opts = opts;
-        opts.n_batch = opts.n_batch.max(1);
-        opts.head_group = opts.head_group.max(1);
-        opts.threads = opts.threads.clamp(1, MAX_WORKERS);
+        let opts = opts.clamped();
+        if opts.n_seq > 1 && (0..cfg.n_layer).any(|il| cfg.layer(il).mixer != MixerKind::Attention)
+        {
+            return Err(ModelError::ParallelRecurrent);
+        }
         if cfg.head_dim > MAX_HEAD_DIM {
             return Err(ModelError::BadShape(
                 "head_dim above 256 (attention scratch)",
@@ -251,6 +311,8 @@ impl<'w, 'a> Session<'w, 'a> {
             state,
             opts,
             n_past: 0,
+            seq: 0,
+            positions: (0..opts.n_seq).map(|_| 0).collect(),
             profile: Profile::default(),
             stream: StreamStats::default(),
             s,
@@ -309,6 +371,94 @@ impl<'w, 'a> Session<'w, 'a> {
     /// The loaded weights.
     pub fn weights(&self) -> &'w Weights<'a> {
         self.w
+    }
+
+    /// Sequences the session holds.
+    pub fn n_seq(&self) -> usize {
+        self.positions.len()
+    }
+
+    /// The selected sequence.
+    pub fn seq(&self) -> usize {
+        self.seq
+    }
+
+    /// Make sequence `seq` the selected one: `eval`, `truncate`, `reset`, `n_past` and
+    /// `give_back` act on it from now on.
+    pub fn select_seq(&mut self, seq: usize) -> Result<(), ModelError> {
+        let n_seq = self.n_seq();
+        if seq >= n_seq {
+            return Err(ModelError::BadSeq { seq, n_seq });
+        }
+        self.positions[self.seq] = self.n_past;
+        self.n_past = self.positions[seq];
+        self.seq = seq;
+        for st in self.state.iter_mut() {
+            st.select(seq);
+        }
+        Ok(())
+    }
+
+    /// Positions in the cache of sequence `seq` (0 for a sequence the session lacks).
+    pub fn n_past_of(&self, seq: usize) -> usize {
+        if seq == self.seq {
+            self.n_past
+        } else {
+            self.positions.get(seq).copied().unwrap_or(0)
+        }
+    }
+
+    /// One token for each of several sequences in one weight pass: `rows[i]` is
+    /// (sequence, token), the token going to the sequence's next position. Every matrix
+    /// is read once for all rows; each row attends over its own sequence's cache, so its
+    /// logits are those it gets alone. `on_logits(i, logits)` for each row `i`.
+    pub fn decode_seqs<P: Platform>(
+        &mut self,
+        p: &P,
+        rows: &[(usize, u32)],
+        on_logits: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<(), ModelError> {
+        let n_seq = self.n_seq();
+        self.positions[self.seq] = self.n_past;
+        let mut places: heapless::Vec<(usize, usize), MAX_SEQS> = heapless::Vec::new();
+        let mut tokens: heapless::Vec<u32, MAX_SEQS> = heapless::Vec::new();
+        for &(seq, t) in rows {
+            let twice = places.iter().any(|&(s, _)| s == seq);
+            if seq >= n_seq || twice {
+                return Err(ModelError::BadSeq { seq, n_seq });
+            }
+            if t as usize >= self.cfg.n_vocab {
+                return Err(ModelError::BadToken {
+                    id: t,
+                    n_vocab: self.cfg.n_vocab,
+                });
+            }
+            let pos = self.positions[seq];
+            if pos + 1 > self.opts.n_ctx {
+                return Err(ModelError::ContextFull {
+                    n_ctx: self.opts.n_ctx,
+                    needed: pos + 1,
+                });
+            }
+            // Fits: rows are distinct sequences, at most MAX_SEQS.
+            let _ = places.push((seq, pos));
+            let _ = tokens.push(t);
+        }
+        if places.is_empty() {
+            return Ok(());
+        }
+        let n = places.len();
+        let res = self.pass(p, &tokens, Placement::Seqs(&places), 0..n, 0, on_logits);
+        // The pass left the planes on the last row's sequence.
+        for st in self.state.iter_mut() {
+            st.select(self.seq);
+        }
+        res?;
+        for &(seq, pos) in &places {
+            self.positions[seq] = pos + 1;
+        }
+        self.n_past = self.positions[self.seq];
+        Ok(())
     }
 
     /// Forget the conversation (the cache is overwritten from position 0).
@@ -421,7 +571,8 @@ impl<'w, 'a> Session<'w, 'a> {
                 Logits::Last if last_chunk => chunk.len() - 1..chunk.len(),
                 _ => 0..0,
             };
-            self.pass(p, chunk, sel, start, on_logits)?;
+            let at = Placement::Run { pos0: self.n_past };
+            self.pass(p, chunk, at, sel, start, on_logits)?;
             self.n_past += chunk.len();
             if end == cut && cut < tokens.len() {
                 if let Some(c) = &mut self.checkpoint {
@@ -439,6 +590,7 @@ impl<'w, 'a> Session<'w, 'a> {
         &mut self,
         p: &P,
         chunk: &[u32],
+        at: Placement<'_>,
         sel: Range<usize>,
         base: usize,
         on_logits: &mut dyn FnMut(usize, &[f32]),
@@ -449,7 +601,7 @@ impl<'w, 'a> Session<'w, 'a> {
         };
         if sched.is_empty() {
             let mut src = Source::<P>::None;
-            self.layers(p, chunk, &mut src)?;
+            self.layers(p, chunk, at, &mut src)?;
             return self.head(p, sel, base, on_logits, &mut src);
         }
         let read = self.read.ok_or(ModelError::NoReader)?;
@@ -470,7 +622,7 @@ impl<'w, 'a> Session<'w, 'a> {
                         wait_ns: 0,
                     };
                     res = self
-                        .layers(p, chunk, &mut src)
+                        .layers(p, chunk, at, &mut src)
                         .and_then(|()| self.head(p, sel.clone(), base, on_logits, &mut src));
                     if let Source::Async { wait_ns: w, .. } = src {
                         wait_ns = w;
@@ -495,7 +647,7 @@ impl<'w, 'a> Session<'w, 'a> {
                 stats: StreamStats::default(),
             };
             let res = self
-                .layers(p, chunk, &mut src)
+                .layers(p, chunk, at, &mut src)
                 .and_then(|()| self.head(p, sel, base, on_logits, &mut src));
             if let Source::Sync { mut stats, .. } = src {
                 stats.passes = 1;
@@ -558,11 +710,11 @@ impl<'w, 'a> Session<'w, 'a> {
         &mut self,
         p: &P,
         tokens: &[u32],
+        at: Placement<'_>,
         src: &mut Source<'_, 'a, '_, '_, P>,
     ) -> Result<(), ModelError> {
         let c = self.cfg;
         let n = tokens.len();
-        let pos0 = self.n_past;
         let e = c.n_embd;
         let t0 = p.now_ns();
 
@@ -581,9 +733,9 @@ impl<'w, 'a> Session<'w, 'a> {
         // of every layer of a kind rotates by the same ones.
         let nr = c.n_rot;
         for t in 0..n {
-            let at = 2 * t * nr;
-            let (rope_global, rope_local) = self.s.rope[at..at + 2 * nr].split_at_mut(nr);
-            rope_angles(pos0 + t, nr, c.rope_base, c.rope_freq_scale, rope_global);
+            let row = 2 * t * nr;
+            let (rope_global, rope_local) = self.s.rope[row..row + 2 * nr].split_at_mut(nr);
+            rope_angles(at.pos(t), nr, c.rope_base, c.rope_freq_scale, rope_global);
             if let Some(still) = &c.rope_still {
                 for (sc, _) in rope_global
                     .chunks_exact_mut(2)
@@ -594,7 +746,7 @@ impl<'w, 'a> Session<'w, 'a> {
                     sc[1] = 1.0;
                 }
             }
-            rope_angles(pos0 + t, nr, c.rope_base_swa, 1.0, rope_local);
+            rope_angles(at.pos(t), nr, c.rope_base_swa, 1.0, rope_local);
         }
 
         let mut cx = Cx {
@@ -642,7 +794,7 @@ impl<'w, 'a> Session<'w, 'a> {
                 e,
             );
             cx.clock.lap(Op::NormsAndAdds);
-            layer.run_mixer(&mut cx, state, n, pos0)?;
+            layer.run_mixer(&mut cx, state, n, at)?;
             residual_add(cx.s, layer.post_mixer_norm, c.rms_eps, n * e, e);
 
             // Feed-forward.

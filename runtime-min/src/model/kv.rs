@@ -4,6 +4,10 @@
 //! The ring keeps every row twice, at `pos % ring` and `pos % ring + ring`: any run of at
 //! most `ring` consecutive positions is then one contiguous slice, so attention reads a
 //! window exactly as it reads a full cache (same values, same order, same bits).
+//!
+//! A plane holds one region of rows per sequence (`--parallel`); reads and writes go to
+//! the region [`KvPlane::select`] chose, so a sequence sees exactly the rows it would
+//! see alone.
 use pinch_kernels::attn::{KvRow, KvRows};
 use pinch_kernels::attn_q8::{self, Q8Rows};
 use pinch_kernels::f16::f32_to_f16;
@@ -62,25 +66,35 @@ pub enum Rows<'k> {
     Q8(Q8Rows<'k>),
 }
 
-/// One layer's K or V: `n_ctx` rows of `dim` values, or a doubled ring of `ring` rows.
+/// One layer's K or V: per sequence, `n_ctx` rows of `dim` values, or a doubled ring
+/// of `ring` rows.
 pub struct KvPlane<'a> {
     store: Store<'a>,
     dim: usize,
     /// Ring length in positions (0: one row per position of the context).
     ring: usize,
+    /// Rows of one sequence's region.
+    region: usize,
+    /// The sequence whose region reads and writes use.
+    seq: usize,
 }
 
 impl<'a> KvPlane<'a> {
+    /// A plane of `n_ctx` rows for each of `n_seq` sequences.
     pub fn new(
         arena: &mut Arena<'a>,
         ty: KvType,
         n_ctx: usize,
         dim: usize,
+        n_seq: usize,
     ) -> Result<KvPlane<'a>, ArenaError> {
         const OVERFLOW: ArenaError = ArenaError::Overflow {
             account: "kv cache",
         };
-        let n = n_ctx.checked_mul(dim).ok_or(OVERFLOW)?;
+        let n = n_ctx
+            .checked_mul(n_seq.max(1))
+            .and_then(|r| r.checked_mul(dim))
+            .ok_or(OVERFLOW)?;
         let store = match ty {
             KvType::F32 => Store::F32(arena.slice("kv cache", n)?),
             KvType::F16 => Store::F16(arena.slice("kv cache", n)?),
@@ -91,18 +105,28 @@ impl<'a> KvPlane<'a> {
             store,
             dim,
             ring: 0,
+            region: n_ctx,
+            seq: 0,
         })
     }
 
+    /// Reads and writes go to sequence `seq`'s region from now on (`seq` below the
+    /// plane's sequence count).
+    pub fn select(&mut self, seq: usize) {
+        self.seq = seq;
+    }
+
     /// A plane that keeps only the last `ring` positions (as a doubled ring: `2 * ring`
-    /// rows). Reads of up to `ring` consecutive positions ending at the newest are valid.
+    /// rows) in each of `n_seq` regions. Reads of up to `ring` consecutive positions
+    /// ending at the newest are valid.
     pub fn new_ring(
         arena: &mut Arena<'a>,
         ty: KvType,
         ring: usize,
         dim: usize,
+        n_seq: usize,
     ) -> Result<KvPlane<'a>, ArenaError> {
-        let mut plane = KvPlane::new(arena, ty, 2 * ring, dim)?;
+        let mut plane = KvPlane::new(arena, ty, 2 * ring, dim, n_seq)?;
         plane.ring = ring;
         Ok(plane)
     }
@@ -121,10 +145,11 @@ impl<'a> KvPlane<'a> {
     /// Physical row of position `pos`.
     #[inline]
     fn slot(&self, pos: usize) -> usize {
+        let base = self.seq * self.region;
         if self.ring == 0 {
-            pos
+            base + pos
         } else {
-            pos % self.ring
+            base + pos % self.ring
         }
     }
 
@@ -153,23 +178,30 @@ impl<'a> KvPlane<'a> {
         }
     }
 
-    /// The bytes of positions `from..` (nothing there is needed once `from` is the
-    /// number of positions in use). A ring has no such tail: it is small, and reused.
+    /// The bytes of the selected sequence's positions `from..` (nothing there is
+    /// needed once `from` is the number of positions in use). A ring has no such tail:
+    /// it is small, and reused.
     pub fn tail_bytes_mut(&mut self, from: usize) -> &mut [u8] {
-        let from = if self.ring > 0 { usize::MAX / 2 } else { from };
-        let start = from.saturating_mul(self.dim);
+        let end = (self.seq + 1) * self.region;
+        let from = if self.ring > 0 {
+            end
+        } else {
+            (self.seq * self.region + from).min(end)
+        };
+        let (start, end) = (from.saturating_mul(self.dim), end.saturating_mul(self.dim));
         match &mut self.store {
             Store::F32(s) => {
-                let start = start.min(s.len());
-                pinch_kernels::blocks::bytes_of_mut(&mut s[start..])
+                let end = end.min(s.len());
+                pinch_kernels::blocks::bytes_of_mut(&mut s[start.min(end)..end])
             }
             Store::F16(s) => {
-                let start = start.min(s.len());
-                pinch_kernels::blocks::bytes_of_mut(&mut s[start..])
+                let end = end.min(s.len());
+                pinch_kernels::blocks::bytes_of_mut(&mut s[start.min(end)..end])
             }
             Store::Q8(s) => {
-                let start = (start / QK).saturating_mul(BLOCK_BYTES).min(s.len());
-                &mut s[start..]
+                let b = |v: usize| (v / QK).saturating_mul(BLOCK_BYTES).min(s.len());
+                let (start, end) = (b(start), b(end));
+                &mut s[start..end]
             }
         }
     }

@@ -18,7 +18,7 @@ use crate::model::config::{Config, FfnKind, MixerKind};
 use crate::model::deltanet::DeltaNet;
 use crate::model::ffn_dense::DenseFfn;
 use crate::model::ffn_moe::MoeFfn;
-use crate::model::forward::{Profile, SessionOptions};
+use crate::model::forward::{Placement, Profile, SessionOptions};
 use crate::model::hybrid::{recurrent_floats, RecurrentState};
 use crate::model::kv::{KvPlane, KvType};
 use crate::model::matmul::MatMul;
@@ -176,8 +176,8 @@ impl<'a> LayerState<'a> {
             MixerKind::Attention => {
                 let dim = kind.n_head_kv * c.head_dim;
                 let plane = |arena: &mut Arena<'a>, ty| match Self::kv_rows(c, il, o) {
-                    (_, 0) => KvPlane::new(arena, ty, o.n_ctx, dim),
-                    (_, ring) => KvPlane::new_ring(arena, ty, ring, dim),
+                    (_, 0) => KvPlane::new(arena, ty, o.n_ctx, dim, o.n_seq),
+                    (_, ring) => KvPlane::new_ring(arena, ty, ring, dim, o.n_seq),
                 };
                 Ok(LayerState::Kv(KvState {
                     k: plane(arena, o.kv)?,
@@ -213,7 +213,7 @@ impl<'a> LayerState<'a> {
             MixerKind::Attention => {
                 let (rows, _) = Self::kv_rows(c, il, o);
                 let row = |t: KvType| t.row_bytes(kind.n_head_kv * c.head_dim).unwrap_or(0);
-                rows * (row(o.kv) + row(o.kv_v))
+                o.n_seq.max(1) * rows * (row(o.kv) + row(o.kv_v))
             }
             MixerKind::GatedDeltaNet | MixerKind::ShortConv => {
                 let (conv, matrix) = recurrent_floats(c, kind.mixer);
@@ -231,6 +231,13 @@ impl<'a> LayerState<'a> {
             }
             // Fixed size, all of it in use.
             LayerState::Recurrent(_) => 0,
+        }
+    }
+
+    /// Reads and writes of an attention layer go to sequence `seq`'s rows.
+    pub fn select(&mut self, seq: usize) {
+        if let LayerState::Kv(kv) = self {
+            kv.select(seq);
         }
     }
 
@@ -295,12 +302,17 @@ impl Layer<'_> {
         cx: &mut Cx<'_, '_, '_, P>,
         state: &mut LayerState<'_>,
         n: usize,
-        pos0: usize,
+        at: Placement<'_>,
     ) -> Result<(), ModelError> {
+        // A recurrent state holds one sequence (Session::new refuses several).
+        let recurrent_at = match at {
+            Placement::Run { pos0 } => Ok(pos0),
+            Placement::Seqs(_) => Err(ModelError::ParallelRecurrent),
+        };
         match (&self.mixer, state) {
-            (Mixer::Attention(a), LayerState::Kv(kv)) => a.run(cx, kv, n, pos0),
-            (Mixer::DeltaNet(d), LayerState::Recurrent(st)) => d.run(cx, st, n, pos0),
-            (Mixer::ShortConv(sc), LayerState::Recurrent(st)) => sc.run(cx, st, n, pos0),
+            (Mixer::Attention(a), LayerState::Kv(kv)) => a.run(cx, kv, n, at),
+            (Mixer::DeltaNet(d), LayerState::Recurrent(st)) => d.run(cx, st, n, recurrent_at?),
+            (Mixer::ShortConv(sc), LayerState::Recurrent(st)) => sc.run(cx, st, n, recurrent_at?),
             _ => Err(ModelError::BadShape("layer state does not match its mixer")),
         }
     }

@@ -37,7 +37,7 @@ pub mod weights;
 use pinch_kernels::GgmlType;
 
 pub use config::{Arch, Config};
-pub use forward::{Logits, Math, Op, Session, SessionOptions};
+pub use forward::{Logits, Math, Op, Placement, Session, SessionOptions};
 pub use kv::KvType;
 pub use weights::{Loader, Tensor, Weights};
 
@@ -98,6 +98,14 @@ pub enum ModelError {
     TruncateRecurrent {
         to: usize,
         n_past: usize,
+    },
+    /// Several sequences (`--parallel` above 1) of a model with recurrent layers: a
+    /// session keeps one recurrent state.
+    ParallelRecurrent,
+    /// A sequence id at or above the session's sequence count, or twice in one pass.
+    BadSeq {
+        seq: usize,
+        n_seq: usize,
     },
 }
 
@@ -166,6 +174,14 @@ impl core::fmt::Display for ModelError {
             ModelError::TruncateRecurrent { to, n_past } => write!(
                 f,
                 "cannot return the session to position {to} of {n_past}: the model's recurrent state holds only the latest position (start again from 0)"
+            ),
+            ModelError::ParallelRecurrent => write!(
+                f,
+                "--parallel above 1 needs a model without recurrent layers: qwen35 and lfm2 keep one recurrent state, for one sequence"
+            ),
+            ModelError::BadSeq { seq, n_seq } => write!(
+                f,
+                "sequence {seq} is not one of the session's {n_seq} sequences, or appears twice in one pass"
             ),
             ModelError::NoReader => write!(
                 f,
