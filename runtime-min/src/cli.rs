@@ -285,8 +285,6 @@ flags (llama.cpp names):
                           (fewer reads, inexact: prints the KL cost on a short text)
   --experts N             use N experts per token instead of the model's (inexact)
   --moe-readers N         expert reads at once on I/O threads (default 4; 1: one by one)
-  --moe-repack            repack paged experts in their slots as they are read (Q2_K:
-                          Q2Kx8 on aarch64); same output; pays at high hit rates only
   --repack-cache DIR      Q8_0 matrices are repacked at load (row-interleaved, the faster
                           kernel layout); keep them in DIR/<model>.pinch-repack: the first
                           run writes it, later runs read it; rebuilt when the model changes
@@ -310,8 +308,6 @@ pub struct MoeOpts<'s> {
     pub experts: Option<usize>,
     /// `--moe-readers N`.
     pub readers: Option<usize>,
-    /// `--moe-repack`: paged experts repacked in their slots as they are read.
-    pub repack: bool,
 }
 
 /// `pinch chat` and `pinch serve` penalize the last 256 tokens by 1.15 unless told
@@ -578,7 +574,6 @@ impl<'s> Opts<'s> {
                 "--moe-trace" => o.moe.trace = Some(val()?),
                 "--moe-warm" => o.moe.warm = Some(val()?),
                 "--moe-prefetch" => o.moe.prefetch = true,
-                "--moe-repack" => o.moe.repack = true,
                 "--moe-bias" => o.moe.bias = num!(),
                 "--experts" => o.moe.experts = Some(num!()),
                 "--moe-readers" => o.moe.readers = Some(num!()),
@@ -817,7 +812,6 @@ mod tests {
             "lru",
             "--moe-readers",
             "2",
-            "--moe-repack",
         ])
         .unwrap();
         let want = MoeOpts {
@@ -827,7 +821,6 @@ mod tests {
             bias: 0.3,
             experts: Some(4),
             readers: Some(2),
-            repack: true,
         };
         assert_eq!(o.moe, want);
         assert_eq!(o.moe_policy, crate::pager::Policy::Lru);

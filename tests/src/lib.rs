@@ -541,7 +541,7 @@ pub fn with_session<R>(
 
 /// [`with_session`] with the weights planned into `weight_budget` bytes (MoE models: the
 /// expert pager's pools); `f` also gets the arena's accounts after the session was made.
-/// `repack`: loaded as `pinch run --moe-repack` loads, the resident weights repacked into this CPU's
+/// `repack`: loaded as `pinch run` loads, the resident weights repacked into this CPU's
 /// layouts and the paged experts repacked in their slots as they are read
 /// (`ExpertPager::repack_slots`).
 pub fn with_session_budget<R>(

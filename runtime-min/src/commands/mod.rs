@@ -358,12 +358,7 @@ fn with_model<P: Platform>(
     let read = |off: u64, buf: &mut [u8], direct: bool| p.read_at(&file, off, buf, direct);
     let mut sess = Session::new(cfg, &weights, &mut arena, sopts)?;
     sess.set_reader(&read);
-    // Off by default: each read then costs a repack, which under qemu measured more
-    // than the repacked kernels save at a 25 % pool (README, issue 13).
-    if let Some(x) = sess
-        .experts_mut()
-        .filter(|x| repack && o.moe.repack && x.pages())
-    {
+    if let Some(x) = sess.experts_mut().filter(|x| repack && x.pages()) {
         let n = x.repack_slots(&p.cpu(), &mut arena)?;
         if n > 0 && (o.verbose || o.budget.is_some()) {
             let _ = writeln!(

@@ -23,9 +23,7 @@
 //! Q4_K in Q4Kx4, ...); the reader that brings a part in rearranges its rows in place in
 //! the slot, through one of a few small scratch buffers, so every later use of the expert
 //! runs the repacked kernels. Repacked products are the plain kernels' bits
-//! (`pinch_kernels::repack`), so this changes the speed, not the output. `pinch run`
-//! does it with `--moe-repack` only: every read then costs a repack, which pays back
-//! only when a slot is used several times (a high hit rate).
+//! (`pinch_kernels::repack`), so this changes the speed, not the output.
 //!
 //! Pre-gated prefetch ([`ExpertPager::prefetch_into`]): the next MoE layer's router
 //! applied to the current layer's input guesses its picks; the guessed experts that
