@@ -541,9 +541,9 @@ pub fn with_session<R>(
 
 /// [`with_session`] with the weights planned into `weight_budget` bytes (MoE models: the
 /// expert pager's pools); `f` also gets the arena's accounts after the session was made.
-/// `repack`: loaded as `pinch run` loads, the resident weights repacked into this CPU's
-/// layouts and the paged experts repacked in their slots as they are read
-/// (`ExpertPager::repack_slots`).
+/// `repack`: the resident weights repacked into this CPU's layouts as `pinch run` loads
+/// them, and the paged experts of every type with a layout repacked in their slots as
+/// they are read (`ExpertPager::repack_slots`; `pinch run` does it for Q2_K only).
 pub fn with_session_budget<R>(
     gguf_bytes: &[u8],
     spec: RunSpec,
@@ -637,7 +637,9 @@ fn session_on<P: Platform<File = ()>, R>(
     let mut sess = Session::new(cfg, &weights, &mut arena, opts)?;
     sess.set_reader(&read);
     if let Some(x) = sess.experts_mut().filter(|x| repack && x.pages()) {
-        x.repack_slots(&plat.cpu(), &mut arena)?;
+        // Every type with a layout (not only those `pinch run` repacks in slots): the
+        // bits must hold for all.
+        x.repack_slots(&plat.cpu(), &|_| true, &mut arena)?;
     }
     let accounts: Vec<_> = arena.accounts().to_vec();
     Ok(f(&mut sess, plat, &accounts))

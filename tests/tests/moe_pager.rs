@@ -3,11 +3,11 @@
 //! run's bit for bit (one token at a time and in batches, LFU and LRU, with prefetch,
 //! with and without an I/O thread reading experts while the compute runs);
 //! the weights and pools stay under the budget; the simulator replaying the pager's own
-//! trace counts the same hits and misses. Loaded as `pinch run` loads (resident weights
-//! repacked, paged experts repacked in their slots as they are read: Q2_K experts in
-//! Q2Kx8 on aarch64, Q8_0 in Q8_0x4 on x86, ...), the logits are still the plain
-//! all-resident run's bit for bit (`tests/data/pager/tiny-qwen3moe-Q2_K.gguf`: every
-//! expert matrix Q2_K).
+//! trace counts the same hits and misses. With the resident weights repacked and the
+//! paged experts of every type repacked in their slots as they are read (Q2_K experts in
+//! Q2Kx8 on aarch64, Q8_0 in Q8_0x4 on x86, ...; `pinch run` does it for Q2_K), the
+//! logits are still the plain all-resident run's bit for bit
+//! (`tests/data/pager/tiny-qwen3moe-Q2_K.gguf`: every expert matrix Q2_K).
 use pinch_kernels::repack::{self, Layout};
 use pinch_runtime_min::gguf::Gguf;
 use pinch_runtime_min::model::{Config, KvType, Logits, Math, ModelError, Session};
@@ -127,8 +127,8 @@ fn run(
 }
 
 /// [`run`], `threaded`: on a platform with an I/O thread (the expert reads overlap the
-/// compute); `repack`: loaded as `pinch run` loads (resident weights repacked, expert
-/// slots repacked as they are read).
+/// compute); `repack`: resident weights repacked, expert slots of every type repacked
+/// as they are read.
 fn run_on(
     threaded: bool,
     repack: bool,

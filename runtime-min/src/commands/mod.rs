@@ -359,7 +359,7 @@ fn with_model<P: Platform>(
     let mut sess = Session::new(cfg, &weights, &mut arena, sopts)?;
     sess.set_reader(&read);
     if let Some(x) = sess.experts_mut().filter(|x| repack && x.pages()) {
-        let n = x.repack_slots(&p.cpu(), &mut arena)?;
+        let n = x.repack_slots(&p.cpu(), &crate::pager::paged::repack_pays, &mut arena)?;
         if n > 0 && (o.verbose || o.budget.is_some()) {
             let _ = writeln!(
                 Out::stderr(p),

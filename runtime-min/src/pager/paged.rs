@@ -23,7 +23,9 @@
 //! Q4_K in Q4Kx4, ...); the reader that brings a part in rearranges its rows in place in
 //! the slot, through one of a few small scratch buffers, so every later use of the expert
 //! runs the repacked kernels. Repacked products are the plain kernels' bits
-//! (`pinch_kernels::repack`), so this changes the speed, not the output.
+//! (`pinch_kernels::repack`), so this changes the speed, not the output. Each read then
+//! costs a repack, so `pinch run` does it only where that was measured to pay
+//! ([`repack_pays`]: Q2_K).
 //!
 //! Pre-gated prefetch ([`ExpertPager::prefetch_into`]): the next MoE layer's router
 //! applied to the current layer's input guesses its picks; the guessed experts that
@@ -233,6 +235,15 @@ pub fn repack_scratch_bytes(group_bytes: u64) -> u64 {
     REPACK_SCRATCH as u64 * group_bytes + 64
 }
 
+/// The expert types whose slots `pinch run` repacks as they are read: Q2_K, whose pack
+/// costs about 1.5 instructions per weight under qemu and saves 1.2 per weight on each
+/// later use (README, issue 13). The other layouts' packs are per-weight code that costs
+/// more than a read saves at low hit rates in the size-optimised build (tiny Q4_K_M MoE,
+/// every pick a read: 0.74 -> 1.80 M instructions per token): plain slots for them.
+pub fn repack_pays(ty: pinch_kernels::GgmlType) -> bool {
+    ty == pinch_kernels::GgmlType::Q2_K
+}
+
 /// The repack scratch buffers, shared by the readers: a reader takes a free one (or waits
 /// for the first), so more readers than buffers are slower, never wrong.
 #[derive(Default)]
@@ -428,16 +439,18 @@ impl<'a> ExpertPager<'a> {
         })
     }
 
-    /// Give every paged part whose type has a repacked layout with a kernel on `cpu`
-    /// (`Layout::preferred`, at least one group of rows per expert) that layout: from now
-    /// on a part is repacked in its slot as soon as it is read, and computed by the
-    /// layout's kernels (the plain kernels' bits). Takes the scratch buffers from `arena`
-    /// (within what the plan reserved: [`repack_scratch_bytes`]) and empties the pools,
-    /// whose slots held plain parts. Returns how many parts (of all layers) are repacked;
-    /// a second call changes nothing.
+    /// Give every paged part whose type `which` accepts and has a repacked layout with a
+    /// kernel on `cpu` (`Layout::preferred`, at least one group of rows per expert) that
+    /// layout: from now on a part is repacked in its slot as soon as it is read, and
+    /// computed by the layout's kernels (the plain kernels' bits). Takes the scratch
+    /// buffers from `arena` (within what the plan reserved: [`repack_scratch_bytes`]) and
+    /// empties the pools, whose slots held plain parts. Returns how many parts (of all
+    /// layers) are repacked; a second call changes nothing. `pinch run` passes
+    /// [`repack_pays`].
     pub fn repack_slots(
         &mut self,
         cpu: &pinch_kernels::CpuFeatures,
+        which: &dyn Fn(pinch_kernels::GgmlType) -> bool,
         arena: &mut Arena<'a>,
     ) -> Result<usize, ModelError> {
         if !self.scratch.bufs.is_empty() {
@@ -446,7 +459,7 @@ impl<'a> ExpertPager<'a> {
         let (mut n, mut need) = (0, 0);
         for lp in self.pages.iter_mut() {
             for p in lp.parts.iter_mut() {
-                let Some(l) = Layout::preferred(p.ty, cpu) else {
+                let Some(l) = Layout::preferred(p.ty, cpu).filter(|_| which(p.ty)) else {
                     continue;
                 };
                 if !repack::has_fast_kernel(l, cpu) || p.rows < l.group_rows() {
