@@ -25,9 +25,15 @@ that is what lets the next layer's router, applied to this layer's input, guess 
 next layer's picks (pre-gated prefetch).
 
     python3 tools/gen_moe_scaled.py OUT_DIR   # OUT_DIR/moe-scaled-Q2_K.gguf
+    python3 tools/gen_moe_scaled.py OUT_DIR --layers 4   # moe-scaled-4l-Q2_K.gguf
+    python3 tools/gen_moe_scaled.py OUT_DIR --tiny   # moe-tiny-Q2_K.gguf
 
 `cargo xtask bench --moe-scaled` makes it on first use (in .cache/, never committed).
-Needs numpy and gguf (gguf-py).
+`--layers N` keeps the shapes and writes N layers (instruction counts under qemu);
+`--tiny` writes the same design at test size (n_embd 256, 2 layers of 8 experts of
+width 256, top-2, 4/2 heads x 64, vocab 512, every expert matrix Q2_K: 1.4 MB), the
+fixture `tests/data/tiny/tiny-qwen3moe-Q2_K.gguf` of the expert pager's repacked-slot
+tests. Needs numpy and gguf (gguf-py).
 """
 import sys
 from pathlib import Path
@@ -92,10 +98,21 @@ def router_scales(rng):
 
 
 def main(argv):
-    if len(argv) != 2:
+    global N_EMBD, N_LAYER, N_HEAD, N_KV, HD, N_EXP, N_USED, FF_EXP, N_VOCAB, CTX
+    if len(argv) == 3 and argv[2] == "--tiny":
+        N_EMBD, N_LAYER, N_HEAD, N_KV, HD = 256, 2, 4, 2, 64
+        N_EXP, N_USED, FF_EXP = 8, 2, 256
+        N_VOCAB, CTX = 512, 256
+        name = "moe-tiny-Q2_K.gguf"
+    elif len(argv) == 4 and argv[2] == "--layers":
+        N_LAYER = int(argv[3])
+        name = f"moe-scaled-{N_LAYER}l-Q2_K.gguf"
+    elif len(argv) == 2:
+        name = "moe-scaled-Q2_K.gguf"
+    else:
         print(__doc__)
         return 2
-    out = Path(argv[1]) / "moe-scaled-Q2_K.gguf"
+    out = Path(argv[1]) / name
     out.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(2026)
     w = gguf.GGUFWriter(str(out), ARCH)

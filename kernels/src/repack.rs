@@ -37,10 +37,13 @@
 //!
 //! Every product over a repacked matrix ([`matmul_rows`]) gives, per (row, token), the
 //! plain kernels' bits for the same CPU features: the same blocks in the same order with
-//! the same float steps ([`crate::quant::q8_0::Order`]); except where
-//! [`Layout::keeps_plain_bits`] says otherwise (the 2-bit layouts of [`crate::repack_lowbit`],
-//! whose kernels sum a block's integer lanes before the float steps: exact against their
-//! own scalar reference, [`dot_row_scalar`], and within float rounding of the plain one).
+//! the same float steps ([`crate::quant::q8_0::Order`]). The K-quant layouts (Q4Kx4,
+//! Q6Kx4, Q2Kx8) sum each block exactly before one float step per block, which is the
+//! plain kernels' order wherever they have kernels (aarch64 NEON,
+//! [`crate::quant::q8_k::order_of`]); elsewhere only their scalar loop runs, and
+//! [`has_fast_kernel`] keeps them from being chosen. So any layout can hold any copy of a
+//! matrix (a resident stack of experts, an expert paged into a slot) without changing a
+//! bit.
 use core::ops::Range;
 
 pub mod kquant;
@@ -187,11 +190,15 @@ impl Layout {
             Layout::Q6Kx4 => Some(GgmlType::Q6_K),
         }
     }
-    /// Whether products over this layout give the plain kernels' bits for the same CPU
-    /// features (all but [`Layout::Q2Kx8`], whose kernels sum each block's eight integer
-    /// lanes before the float steps: the same sums, other roundings).
-    pub fn keeps_plain_bits(self) -> bool {
-        !matches!(self, Layout::Q2Kx8)
+    /// The most rows a group of any repacked layout of `ty` has (1: none), whatever the
+    /// CPU: what a plan sizes repack scratch by before it knows the layout.
+    pub fn max_group_rows(ty: GgmlType) -> usize {
+        (1..=u8::MAX as u32)
+            .filter_map(Layout::from_id)
+            .filter(|l| l.ty() == Some(ty))
+            .map(Layout::group_rows)
+            .max()
+            .unwrap_or(1)
     }
     /// Whether tensors of type `ty` can have this layout.
     pub fn fits(self, ty: GgmlType) -> bool {
@@ -718,8 +725,9 @@ pub fn dot_row_scalar(
 }
 
 /// [`dot_row_scalar`] for [`Layout::Q2Kx8`]: rows in whole groups in the block-sum
-/// arithmetic of its kernels, the plain tail rows in the plain one (as the kernels, which
-/// hand them to the plain row kernel).
+/// arithmetic of its kernels (the plain NEON kernels' order too:
+/// [`q2_k::vec_dot_block_sum`] is [`q8_k::kquant_dot_blocksum`] for Q2_K), the plain tail
+/// rows in the plain one (as the kernels, which hand them to the plain row kernel).
 fn q2_kx8_dot_scalar(
     order: Order,
     w: &[u8],
@@ -883,6 +891,15 @@ mod tests {
             );
         }
         (a, n_tok * nb * BLOCK_BYTES)
+    }
+
+    #[test]
+    fn max_group_rows_is_the_largest_group_of_the_types_layouts() {
+        assert_eq!(Layout::max_group_rows(GgmlType::Q2_K), 8);
+        assert_eq!(Layout::max_group_rows(GgmlType::TQ2_0), 16);
+        assert_eq!(Layout::max_group_rows(GgmlType::Q4_K), 4);
+        assert_eq!(Layout::max_group_rows(GgmlType::Q8_0), 4);
+        assert_eq!(Layout::max_group_rows(GgmlType::F32), 1);
     }
 
     #[test]

@@ -47,22 +47,40 @@ impl Group for BlockQ2Kx8 {
     const ROWS: usize = 8;
     type Plain = BlockQ2K;
     fn pack(rows: &[&BlockQ2K]) -> Self {
-        let q: [[i8; q2_k::QK]; 8] = core::array::from_fn(|r| rows[r].quants());
-        BlockQ2Kx8 {
-            qs: core::array::from_fn(|g| {
-                core::array::from_fn(|h| {
-                    core::array::from_fn(|i| {
-                        let (r, j) = (4 * h + i / 4, i % 4);
-                        (0..4).fold(0u8, |b, k| b | (q[r][16 * g + 4 * k + j] as u8) << (2 * k))
-                    })
-                })
-            }),
-            scales: core::array::from_fn(|p| {
-                core::array::from_fn(|i| rows[i % 8].scales[2 * p + i / 8])
-            }),
-            d: core::array::from_fn(|r| rows[r].d),
-            dmin: core::array::from_fn(|r| rows[r].dmin),
+        // Written with 32-bit words, not per weight: the expert pager repacks each Q2_K
+        // expert it reads (`--moe-repack`), so this runs per read, not once per load.
+        let mut x = BlockQ2Kx8 {
+            qs: [[[0; 16]; 2]; 16],
+            scales: [[0; 16]; 8],
+            d: [[0; 2]; 8],
+            dmin: [[0; 2]; 8],
+        };
+        for (r, row) in rows.iter().enumerate().take(8) {
+            let (h, at) = (r / 4, 4 * (r % 4));
+            // Group g = 8c + 2k' + s (weights 128c + 32k' + 16s ..) is bit pair k' of
+            // plain bytes 32c + 16s + 4k + j; byte j of word k holds weight 4k + j of the
+            // group, and field k of output byte j is word k's.
+            for (c, s) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+                let base = 32 * c + 16 * s;
+                let w: [u32; 4] = core::array::from_fn(|k| {
+                    let b = &row.qs[base + 4 * k..base + 4 * k + 4];
+                    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+                });
+                for kp in 0..4 {
+                    let mut v = 0u32;
+                    for (k, wk) in w.iter().enumerate() {
+                        v |= ((wk >> (2 * kp)) & 0x0303_0303) << (2 * k);
+                    }
+                    x.qs[8 * c + 2 * kp + s][h][at..at + 4].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            for (g, &sc) in row.scales.iter().enumerate() {
+                x.scales[g / 2][8 * (g % 2) + r] = sc;
+            }
+            x.d[r] = row.d;
+            x.dmin[r] = row.dmin;
         }
+        x
     }
     fn unpack(&self, r: usize) -> BlockQ2K {
         let (h, i) = (r / 4, 4 * (r % 4));

@@ -4,12 +4,16 @@
 //! `q2_k::vec_dot` for the tail rows), **bit for bit** per (row, token), for every feature
 //! set of the running CPU (on x86 the scalar loop runs and must agree too). Odd row counts,
 //! unaligned ranges, several tokens, extreme activations. The block-sum arithmetic itself
-//! is checked against the plain reference within a tolerance (other float roundings).
+//! is checked against the plain x86-order reference within a tolerance (other float
+//! roundings), and against the plain kernels bit for bit wherever the layout has kernels
+//! (aarch64 NEON, whose plain K-quant kernels sum blocks the same way), one token and
+//! prompt tiles: so paged experts repacked into their slots and resident stacks repacked
+//! at load compute the plain run's bits.
 //! Repacking, reading rows back and the kernel running on NEON are checked with the other
 //! 2-bit layouts in `ternary_pack.rs`.
 mod common;
 use common::{feature_sets, Rng};
-use pinch_kernels::matvec::{quantize_activation, vec_dot_scalar};
+use pinch_kernels::matvec::{self, quantize_activation, vec_dot_scalar};
 use pinch_kernels::quant::q8_0::Order;
 use pinch_kernels::quant::q8_k::order_of;
 use pinch_kernels::repack::{self, Layout};
@@ -144,5 +148,76 @@ fn block_sum_arithmetic_is_the_plain_one_up_to_rounding() {
     assert!(
         worst > 0.0 || rows == 0,
         "not one rounding differed: is the test live?"
+    );
+}
+
+/// Whole groups in `Order::BlockSum` are the plain Q2_K reference in that order, bit for
+/// bit (the scalar side of the claim below, on every host).
+#[test]
+fn block_sum_reference_is_the_plain_block_sum_order_bits() {
+    let mut rng = Rng(77);
+    let (rows, cols) = (24usize, 2048usize);
+    let rb = TY.row_bytes(cols as u64).unwrap() as usize;
+    let w = weights(&mut rng, rows, cols);
+    let wr = repacked(&w, rb);
+    for n in 0..4 {
+        let a = acts(&mut rng, 1, cols, 1.0 + n as f32);
+        for r in 0..rows {
+            let plain = pinch_kernels::quant::q2_k::vec_dot_in(
+                Order::BlockSum,
+                &w[r * rb..(r + 1) * rb],
+                &a,
+            );
+            let packed = repack::dot_row_scalar(L, Order::BlockSum, &wr, rb, r, &a);
+            assert_eq!(
+                plain.to_bits(),
+                packed.to_bits(),
+                "row {r}: {plain} vs {packed}"
+            );
+        }
+    }
+}
+
+/// Where Q2Kx8 has kernels (aarch64 NEON, with and without dotprod), its products are the
+/// plain kernels' bit for bit, for one token and for prompt tiles, aligned and unaligned
+/// row ranges; elsewhere it has none, so nothing repacks Q2_K there.
+#[test]
+fn repacked_q2_k_gives_the_plain_kernels_bits() {
+    let mut rng = Rng(0x5eed_0013);
+    let mut checked = 0;
+    for feat in feature_sets() {
+        if !repack::has_fast_kernel(L, &feat) {
+            continue;
+        }
+        checked += 1;
+        for (rows, cols) in [(8usize, 256usize), (21, 768), (40, 2048), (768, 2048)] {
+            let rb = TY.row_bytes(cols as u64).unwrap() as usize;
+            let w = weights(&mut rng, rows, cols);
+            let wr = repacked(&w, rb);
+            for n_tok in [1usize, 2, 4, 5, 9] {
+                let a = acts(&mut rng, n_tok, cols, 3.0);
+                let arb = a.len() / n_tok;
+                for range in [0..rows, 3.min(rows)..rows, 8.min(rows)..rows.min(17)] {
+                    let n = range.len() * n_tok;
+                    let (mut plain, mut packed) = (vec![f32::NAN; n], vec![f32::NAN; n]);
+                    matvec::matmul_rows(TY, &feat, &w, rb, range.clone(), &a, arb, &mut plain)
+                        .unwrap();
+                    repack::matmul_rows(L, TY, &feat, &wr, rb, range.clone(), &a, arb, &mut packed)
+                        .unwrap();
+                    for (i, (p, q)) in plain.iter().zip(&packed).enumerate() {
+                        assert_eq!(
+                            p.to_bits(),
+                            q.to_bits(),
+                            "{feat:?} {rows}x{cols} {range:?} tokens {n_tok}: out {i}: {p} vs {q}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(
+        checked > 0,
+        cfg!(target_arch = "aarch64"),
+        "Q2Kx8 kernels exactly on aarch64 NEON"
     );
 }

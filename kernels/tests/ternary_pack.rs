@@ -186,7 +186,6 @@ fn two_bit_layouts_repack_and_read_back() {
             assert_eq!(w, wr);
         }
         assert_eq!(Layout::from_id(l.id()), Some(l));
-        assert_eq!(l.keeps_plain_bits(), l != Layout::Q2Kx8);
     }
 }
 

@@ -442,12 +442,6 @@ impl<'p, 's, P: Platform> Repacking<'p, 's, P> {
             if rows < layout.group_rows() || !stack_ok || t.dims[3] != 1 {
                 continue;
             }
-            // The expert pager computes paged experts from their plain file bytes: a stack
-            // goes into a layout only if that keeps the plain bits (Q2Kx8 does not), so a
-            // paged run stays the all-resident one bit for bit.
-            if t.dims[2] != 1 && !layout.keeps_plain_bits() {
-                continue;
-            }
             let row_bytes = t.bytes as usize / rows;
             scratch = scratch.max(layout.scratch_bytes(row_bytes));
             let e = Eligible {

@@ -88,8 +88,9 @@ pub struct ResidencyPlan {
 }
 
 /// The expert pager's share of the plan: a pool of `slots` expert slots in each of the
-/// `layers` MoE layers, plus staging slots (`crate::pager::paged::staging_slots`) and one
-/// transient slot for experts the pools do not admit.
+/// `layers` MoE layers, plus staging slots (`crate::pager::paged::staging_slots`), one
+/// transient slot for experts the pools do not admit, and the repack scratch
+/// (`crate::pager::paged::repack_scratch_bytes`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct ExpertPlan {
     /// MoE layers whose experts are paged (0: every expert resident).
@@ -105,7 +106,7 @@ pub struct ExpertPlan {
     pub slot_bytes_max: u64,
     /// Bytes one expert read fetches (three aligned reads), summed over paged layers.
     pub read_bytes_sum: u64,
-    /// Pools, staging and transient slots and the pools' bookkeeping.
+    /// Pools, staging and transient slots, repack scratch and the pools' bookkeeping.
     pub bytes: u64,
 }
 
@@ -136,16 +137,30 @@ pub fn is_expert_stack(t: &TensorInfo) -> bool {
     t.dims[2] > 1 && t.name.ends_with("_exps.weight")
 }
 
-/// One paged layer's expert sizes: (slot bytes, bytes of one expert's aligned reads,
-/// resident bytes of its stacks) from its three stacks, or `None` for a dense layer.
-fn expert_sizes(g: &Gguf, il: usize, file_len: u64) -> Option<(u64, u64, u64)> {
+/// One paged layer's expert sizes from its three stacks: slot bytes, bytes of one
+/// expert's aligned reads, resident bytes of its stacks, and the largest group of rows
+/// any layout of theirs can repack at once (the repack scratch); `None` for a dense
+/// layer.
+struct ExpertSizes {
+    slot: u64,
+    read: u64,
+    resident: u64,
+    group_bytes: u64,
+}
+
+fn expert_sizes(g: &Gguf, il: usize, file_len: u64) -> Option<ExpertSizes> {
     let mut slot = 0;
     let mut read = 0;
     let mut resident = 0;
+    let mut group_bytes = 0;
     let mut n = 0;
     for t in layer_matrices(g, il).filter(is_expert_stack) {
         let ne = t.dims[2].max(1);
         let eb = t.bytes / ne;
+        let group_rows = pinch_kernels::repack::Layout::max_group_rows(t.ty) as u64;
+        if group_rows > 1 {
+            group_bytes = group_bytes.max(group_rows * (eb / t.dims[1].max(1)));
+        }
         slot += slot_part_bytes(eb);
         // Expert 1's aligned read (a middle expert: neither end of the file).
         let e1 = Span {
@@ -156,7 +171,12 @@ fn expert_sizes(g: &Gguf, il: usize, file_len: u64) -> Option<(u64, u64, u64)> {
         resident += t.bytes + SLACK;
         n += 1;
     }
-    (n > 0).then_some((slot, read, resident))
+    (n > 0).then_some(ExpertSizes {
+        slot,
+        read,
+        resident,
+        group_bytes,
+    })
 }
 
 /// Every paged layer's (layer index, slot bytes, bytes one expert read fetches).
@@ -164,7 +184,7 @@ pub fn expert_layers<'g>(
     g: &'g Gguf<'g>,
     n_layer: usize,
 ) -> impl Iterator<Item = (usize, u64, u64)> + 'g {
-    (0..n_layer).filter_map(move |il| expert_sizes(g, il, g.file_len).map(|(s, r, _)| (il, s, r)))
+    (0..n_layer).filter_map(move |il| expert_sizes(g, il, g.file_len).map(|x| (il, x.slot, x.read)))
 }
 
 /// The expert-paged plan under `budget`, from the all-resident one; `Err` holds the
@@ -184,13 +204,15 @@ fn expert_plan(
         ..ExpertPlan::default()
     };
     let mut stacks = 0;
+    let mut group_bytes = 0;
     for il in 0..cfg.n_layer {
-        if let Some((slot, read, resident)) = expert_sizes(g, il, g.file_len) {
+        if let Some(x) = expert_sizes(g, il, g.file_len) {
             e.layers += 1;
-            e.slot_bytes_sum += slot;
-            e.slot_bytes_max = e.slot_bytes_max.max(slot);
-            e.read_bytes_sum += read;
-            stacks += resident;
+            e.slot_bytes_sum += x.slot;
+            e.slot_bytes_max = e.slot_bytes_max.max(x.slot);
+            e.read_bytes_sum += x.read;
+            stacks += x.resident;
+            group_bytes = group_bytes.max(x.group_bytes);
         }
     }
     if e.layers == 0 {
@@ -198,9 +220,11 @@ fn expert_plan(
     }
     let book =
         e.layers as u64 * (crate::pager::PoolMem::bytes_needed(m.n_expert) as u64 + IO_ALIGN);
-    // The transient slot and the staging slots, each as large as the largest slot.
-    let extra =
-        (1 + crate::pager::paged::staging_slots(m.n_expert, m.n_used) as u64) * e.slot_bytes_max;
+    // The transient slot and the staging slots, each as large as the largest slot, and
+    // the scratch the readers repack parts through.
+    let extra = (1 + crate::pager::paged::staging_slots(m.n_expert, m.n_used) as u64)
+        * e.slot_bytes_max
+        + crate::pager::paged::repack_scratch_bytes(group_bytes);
     let base = all.bytes() - stacks + book + extra + IO_ALIGN;
     if base > budget {
         return Err(base);

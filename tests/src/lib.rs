@@ -536,18 +536,26 @@ pub fn with_session<R>(
     spec: RunSpec,
     f: impl FnOnce(&mut Session<'_, '_>, &MemPlatform<'_>) -> R,
 ) -> Result<R, ModelError> {
-    with_session_budget(gguf_bytes, spec, None, |s, p, _| f(s, p))
+    with_session_budget(gguf_bytes, spec, None, false, |s, p, _| f(s, p))
 }
 
 /// [`with_session`] with the weights planned into `weight_budget` bytes (MoE models: the
 /// expert pager's pools); `f` also gets the arena's accounts after the session was made.
+/// `repack`: the resident weights repacked into this CPU's layouts as `pinch run` loads
+/// them, and the paged experts of every type with a layout repacked in their slots as
+/// they are read (`ExpertPager::repack_slots`; `pinch run` does it for Q2_K only).
 pub fn with_session_budget<R>(
     gguf_bytes: &[u8],
     spec: RunSpec,
     weight_budget: Option<u64>,
+    repack: bool,
     f: impl FnOnce(&mut Session<'_, '_>, &MemPlatform<'_>, &[(&'static str, usize)]) -> R,
 ) -> Result<R, ModelError> {
-    with_session_reads(gguf_bytes, spec, weight_budget, None, f)
+    let plat = MemPlatform {
+        bytes: gguf_bytes,
+        cpu: host_cpu(),
+    };
+    session_on(&plat, gguf_bytes, spec, weight_budget, None, repack, f)
 }
 
 /// Which session reads fail: `(offset, len) -> true` for an I/O error.
@@ -567,7 +575,7 @@ pub fn with_session_reads<R>(
         bytes: gguf_bytes,
         cpu: host_cpu(),
     };
-    session_on(&plat, gguf_bytes, spec, weight_budget, fail, f)
+    session_on(&plat, gguf_bytes, spec, weight_budget, fail, false, f)
 }
 
 /// [`with_session_budget`] on [`ThreadedMem`]: the expert pager reads on the I/O thread
@@ -576,21 +584,25 @@ pub fn with_session_threaded<R>(
     gguf_bytes: &[u8],
     spec: RunSpec,
     weight_budget: Option<u64>,
+    repack: bool,
     f: impl FnOnce(&mut Session<'_, '_>, &ThreadedMem<'_>, &[(&'static str, usize)]) -> R,
 ) -> Result<R, ModelError> {
     let plat = ThreadedMem(MemPlatform {
         bytes: gguf_bytes,
         cpu: host_cpu(),
     });
-    session_on(&plat, gguf_bytes, spec, weight_budget, None, f)
+    session_on(&plat, gguf_bytes, spec, weight_budget, None, repack, f)
 }
 
+/// The session behind the helpers above; `repack`: as `pinch run` (resident weights
+/// and paged experts in this CPU's layouts).
 fn session_on<P: Platform<File = ()>, R>(
     plat: &P,
     gguf_bytes: &[u8],
     spec: RunSpec,
     weight_budget: Option<u64>,
     fail: Option<FailRead<'_>>,
+    repack: bool,
     f: impl FnOnce(&mut Session<'_, '_>, &P, &[(&'static str, usize)]) -> R,
 ) -> Result<R, ModelError> {
     let g = Gguf::parse(gguf_bytes, gguf_bytes.len() as u64)
@@ -601,13 +613,16 @@ fn session_on<P: Platform<File = ()>, R>(
     let mut arena = Arena::new(region);
     let plan = residency::plan(&g, &cfg, weight_budget, None)
         .map_err(|_| ModelError::BadShape("no residency plan fits"))?;
-    let weights = Loader {
-        platform: plat,
+    let rp = Repacking::new(plat, &(), &g, "model.gguf", None, repack, &mut arena)
+        .map_err(|_| ModelError::BadShape("repack scratch"))?;
+    let mut weights = Loader {
+        platform: &rp,
         file: &(),
         gguf: &g,
         arena: &mut arena,
     }
     .load_planned(&cfg, None, &plan)?;
+    repack_cache::apply(&rp, &g, &mut weights, &mut arena)?;
     let opts = session_options(&spec, 0, true, plat.cpu());
     let read = |off: u64, buf: &mut [u8], d: bool| {
         if fail.is_some_and(|fail| fail(off, buf.len())) {
@@ -621,6 +636,11 @@ fn session_on<P: Platform<File = ()>, R>(
     };
     let mut sess = Session::new(cfg, &weights, &mut arena, opts)?;
     sess.set_reader(&read);
+    if let Some(x) = sess.experts_mut().filter(|x| repack && x.pages()) {
+        // Every type with a layout (not only those `pinch run` repacks in slots): the
+        // bits must hold for all.
+        x.repack_slots(&plat.cpu(), &|_| true, &mut arena)?;
+    }
     let accounts: Vec<_> = arena.accounts().to_vec();
     Ok(f(&mut sess, plat, &accounts))
 }

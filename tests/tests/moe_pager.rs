@@ -3,22 +3,31 @@
 //! run's bit for bit (one token at a time and in batches, LFU and LRU, with prefetch,
 //! with and without an I/O thread reading experts while the compute runs);
 //! the weights and pools stay under the budget; the simulator replaying the pager's own
-//! trace counts the same hits and misses.
+//! trace counts the same hits and misses. With the resident weights repacked and the
+//! paged experts of every type repacked in their slots as they are read (Q2_K experts in
+//! Q2Kx8 on aarch64, Q8_0 in Q8_0x4 on x86, ...; `pinch run` does it for Q2_K), the
+//! logits are still the plain all-resident run's bit for bit
+//! (`tests/data/pager/tiny-qwen3moe-Q2_K.gguf`: every expert matrix Q2_K).
+use pinch_kernels::repack::{self, Layout};
 use pinch_runtime_min::gguf::Gguf;
 use pinch_runtime_min::model::{Config, KvType, Logits, Math, ModelError, Session};
 use pinch_runtime_min::pager::{simulate, ExpertPager, PagerError, PagerStats, Policy, Trace};
 use pinch_runtime_min::platform::Platform;
 use pinch_runtime_min::residency::{self, ResidencyPlan};
 use pinch_tests::{
-    data_dir, with_session_budget, with_session_reads, with_session_threaded, RunSpec,
+    data_dir, host_cpu, with_session_budget, with_session_reads, with_session_threaded, RunSpec,
 };
 
-const MODELS: [&str; 4] = [
+const MODELS: [&str; 5] = [
     "tiny-qwen3moe-Q8_0.gguf",
     "tiny-qwen3moe-Q4_K_M.gguf",
     "tiny-bailingmoe2-Q8_0.gguf",
     "tiny-bailingmoe2-Q4_K_M.gguf",
+    Q2_K_MOE,
 ];
+
+/// Every expert matrix Q2_K (`tests/data/pager/README.md`).
+const Q2_K_MOE: &str = "tiny-qwen3moe-Q2_K.gguf";
 
 fn spec(batch: usize) -> RunSpec {
     RunSpec {
@@ -35,7 +44,23 @@ fn tokens(n: usize, n_vocab: usize) -> Vec<u32> {
 }
 
 fn load(name: &str) -> Vec<u8> {
-    std::fs::read(data_dir().join("tiny").join(name)).unwrap()
+    let dir = if name == Q2_K_MOE { "pager" } else { "tiny" };
+    std::fs::read(data_dir().join(dir).join(name)).unwrap()
+}
+
+/// The expert matrices (of all layers) `pinch run` repacks in their slots on this CPU:
+/// those whose type has a repacked layout with a kernel here, one group of rows at least.
+fn repackable_parts(bytes: &[u8]) -> usize {
+    let g = Gguf::parse(bytes, bytes.len() as u64).unwrap();
+    let cpu = host_cpu();
+    g.tensors()
+        .filter(|t| residency::is_expert_stack(t))
+        .filter(|t| {
+            Layout::preferred(t.ty, &cpu).is_some_and(|l| {
+                repack::has_fast_kernel(l, &cpu) && t.dims[1] as usize >= l.group_rows()
+            })
+        })
+        .count()
 }
 
 /// The weight budget whose plan gives each MoE layer `slots` expert slots, or `None`
@@ -87,6 +112,8 @@ struct Run {
     /// Arena bytes of the weights and the pools.
     weight_bytes: u64,
     trace: Option<Vec<u8>>,
+    /// Expert matrices repacked in their slots.
+    repacked: usize,
 }
 
 fn run(
@@ -96,13 +123,15 @@ fn run(
     budget: Option<u64>,
     setup: &dyn Fn(&mut ExpertPager),
 ) -> Run {
-    run_on(false, bytes, toks, batch, budget, setup)
+    run_on(false, false, bytes, toks, batch, budget, setup)
 }
 
 /// [`run`], `threaded`: on a platform with an I/O thread (the expert reads overlap the
-/// compute).
+/// compute); `repack`: resident weights repacked, expert slots of every type repacked
+/// as they are read.
 fn run_on(
     threaded: bool,
+    repack: bool,
     bytes: &[u8],
     toks: &[u32],
     batch: usize,
@@ -111,11 +140,11 @@ fn run_on(
 ) -> Run {
     let s = spec(batch);
     let got = if threaded {
-        with_session_threaded(bytes, s, budget, |x, p, a| {
+        with_session_threaded(bytes, s, budget, repack, |x, p, a| {
             run_in(x, p, a, toks, batch, setup)
         })
     } else {
-        with_session_budget(bytes, s, budget, |x, p, a| {
+        with_session_budget(bytes, s, budget, repack, |x, p, a| {
             run_in(x, p, a, toks, batch, setup)
         })
     };
@@ -152,6 +181,7 @@ fn run_in<P: Platform>(
             layers: x.layers().map(|(il, s, _, st)| (il, s, st)).collect(),
             weight_bytes,
             trace: x.trace_bytes().map(|b| b.to_vec()),
+            repacked: x.repacked_parts(),
         }
     }
 }
@@ -181,31 +211,43 @@ fn paged_experts_give_the_resident_logits_bit_for_bit() {
         let toks = tokens(20, cfg.n_vocab);
         let want = run(&bytes, &toks, 1, None, &|_| {});
         assert!(want.layers.is_empty(), "{name}: paged without a budget");
+        // All resident with the stacks repacked at load: the plain bits too.
+        let packed = run_on(false, true, &bytes, &toks, 1, None, &|_| {});
+        assert_same_bits(name, "resident, repacked", &want.logits, &packed.logits);
         for slots in pool_sizes(&bytes, ne) {
             let (budget, plan) = budget_for(&bytes, slots);
             // Batches up to 16 tokens may compute experts out of order (with an I/O
             // thread: as their reads come in); the batch of 20 computes them in order.
-            for (batch, policy, prefetch, threaded) in [
-                (1, Policy::LFU, false, false),
-                (4, Policy::LFU, false, false),
-                (1, Policy::Lru, false, false),
-                (1, Policy::LFU, true, false),
-                (5, Policy::Lru, true, false),
-                (20, Policy::LFU, true, false),
-                (1, Policy::LFU, false, true),
-                (1, Policy::Lru, true, true),
-                (5, Policy::LFU, true, true),
-                (20, Policy::Lru, true, true),
+            for (batch, policy, prefetch, threaded, repack) in [
+                (1, Policy::LFU, false, false, false),
+                (4, Policy::LFU, false, false, false),
+                (1, Policy::Lru, false, false, false),
+                (1, Policy::LFU, true, false, false),
+                (5, Policy::Lru, true, false, false),
+                (20, Policy::LFU, true, false, false),
+                (1, Policy::LFU, false, true, false),
+                (1, Policy::Lru, true, true, false),
+                (5, Policy::LFU, true, true, false),
+                (20, Policy::Lru, true, true, false),
+                (1, Policy::LFU, false, false, true),
+                (5, Policy::Lru, true, false, true),
+                (1, Policy::LFU, true, true, true),
+                (20, Policy::Lru, true, true, true),
             ] {
                 let what = format!(
-                    "{slots} slots, batch {batch}, {policy:?}, prefetch {prefetch}, I/O thread {threaded}"
+                    "{slots} slots, batch {batch}, {policy:?}, prefetch {prefetch}, I/O thread {threaded}, repacked {repack}"
                 );
                 let setup = |x: &mut ExpertPager| {
                     x.set_policy(policy);
                     x.prefetch = prefetch;
                 };
-                let got = run_on(threaded, &bytes, &toks, batch, Some(budget), &setup);
+                let got = run_on(threaded, repack, &bytes, &toks, batch, Some(budget), &setup);
                 assert_same_bits(name, &what, &want.logits, &got.logits);
+                let expect = if repack { repackable_parts(&bytes) } else { 0 };
+                assert_eq!(
+                    got.repacked, expect,
+                    "{name} {what}: expert matrices repacked"
+                );
                 // Every MoE layer is paged, with a pool smaller than its experts.
                 assert_eq!(got.layers.len(), moe_layers(&bytes), "{name} {what}");
                 assert_eq!(got.layers.len(), plan.experts.layers);
@@ -468,4 +510,21 @@ fn moe_bias_cost_is_measured_from_full_pools() {
     assert!(line.contains("% -> 100.0 %"), "{line}");
     // The exact pass from the same pools misses: the bias did change the routing.
     assert!(number_after(line, "expert reads ") > 0.0, "{line}");
+}
+
+/// The Q2_K fixture's six expert matrices are what `pinch run` repacks in their slots on
+/// aarch64 (Q2Kx8, with and without dotprod), so the bit-for-bit test above runs the
+/// repacked Q2_K kernels on paged experts there; x86 has no Q2_K layout.
+#[test]
+fn q2_k_experts_are_repacked_where_q2kx8_has_kernels() {
+    let bytes = load(Q2_K_MOE);
+    let want = if cfg!(target_arch = "aarch64") { 6 } else { 0 };
+    assert_eq!(repackable_parts(&bytes), want);
+    let g = Gguf::parse(&bytes, bytes.len() as u64).unwrap();
+    let stacks: Vec<_> = g
+        .tensors()
+        .filter(|t| residency::is_expert_stack(t))
+        .collect();
+    assert_eq!(stacks.len(), 6);
+    assert!(stacks.iter().all(|t| t.ty == pinch_kernels::GgmlType::Q2_K));
 }

@@ -319,7 +319,9 @@ fn test_aarch64(cpu: &'static str) -> Result<Outcome> {
     platform.env("QEMU_CPU", cpu);
     counts.add(run_tests(&mut platform)?);
     // The tiny fixtures against llama.cpp's logits on ARM arithmetic (NEON sums Q8_0/Q5_0
-    // per block, unlike x86): release, as a debug build takes minutes under emulation.
+    // per block, unlike x86), and the expert pager's paged and repacked slots (Q2Kx8 and
+    // the other ARM layouts) against the all-resident plain run (about 25 s each):
+    // release, as a debug build takes minutes under emulation.
     let mut golden = cargo([
         "test",
         "--release",
@@ -327,6 +329,8 @@ fn test_aarch64(cpu: &'static str) -> Result<Outcome> {
         "pinch-tests",
         "--test",
         "golden_tiny",
+        "--test",
+        "moe_pager",
         "--target",
         LINUX_ARM,
     ]);

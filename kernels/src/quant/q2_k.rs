@@ -112,7 +112,10 @@ pub fn terms(x: &BlockQ2K, y: &q8_k::BlockQ8K) -> q8_k::KTerms {
 ///
 /// It is the arithmetic of [`vec_dot`] with the eight integer lanes of each block summed
 /// before the conversion (two fused steps per block instead of eight): the same integers,
-/// other float roundings (not bit for bit; `tests/q2k_pack.rs` bounds the difference).
+/// other float roundings than llama.cpp's x86 order (`tests/q2k_pack.rs` bounds the
+/// difference), and exactly [`vec_dot_in`] in [`crate::quant::q8_0::Order::BlockSum`]
+/// ([`q8_k::kquant_dot_blocksum`], the plain aarch64 NEON kernels' order), which
+/// `tests/q2k_pack.rs` checks bit for bit.
 pub fn vec_dot_block_sum<'a>(blocks: impl Iterator<Item = (BlockQ2K, &'a q8_k::BlockQ8K)>) -> f32 {
     let (mut acc, mut macc) = (0f32, 0f32);
     for (x, y) in blocks {

@@ -342,15 +342,16 @@ fn with_model<P: Platform>(
     }
     drop(err);
     engine::check_budget(&plan, &g, &cfg, &sopts, pruned).map_err(AppError::Budget)?;
+    // The row-interleaved layouts pay for one token at a time; `ppl` computes the head
+    // for 16 positions at once, where the plain layout's tiles are faster.
+    let repack = o.math == crate::model::Math::Fast && !o.no_repack && o.command != Command::Ppl;
     let rp = crate::repack_cache::Repacking::new(
         p,
         &file,
         &g,
         path,
         o.repack_cache,
-        // The row-interleaved layout pays for one token at a time; `ppl` computes the
-        // head for 16 positions at once, where the plain layout's tiles are faster.
-        o.math == crate::model::Math::Fast && !o.no_repack && o.command != Command::Ppl,
+        repack,
         &mut arena,
     )?;
     let mut weights: Weights = {
@@ -372,6 +373,15 @@ fn with_model<P: Platform>(
     let read = |off: u64, buf: &mut [u8], direct: bool| p.read_at(&file, off, buf, direct);
     let mut sess = Session::new(cfg, &weights, &mut arena, sopts)?;
     sess.set_reader(&read);
+    if let Some(x) = sess.experts_mut().filter(|x| repack && x.pages()) {
+        let n = x.repack_slots(&p.cpu(), &crate::pager::paged::repack_pays, &mut arena)?;
+        if n > 0 && (o.verbose || o.budget.is_some()) {
+            let _ = writeln!(
+                Out::stderr(p),
+                "  paged experts: {n} expert matrices (all layers) repacked in their slots as they are read"
+            );
+        }
+    }
     if o.verify_stream {
         sess.set_verify(arena.bytes("stream verify", crate::model::stream::VERIFY_CHUNK)?);
         if let Some(x) = sess.experts_mut().filter(|x| x.pages()) {

@@ -18,6 +18,15 @@
 //! whichever way they came, and the block adds the experts' outputs in a fixed order,
 //! so its output is the all-resident one bit for bit.
 //!
+//! Repacked slots ([`ExpertPager::repack_slots`]): each part (gate, up, down) may have a
+//! layout of the CPU's kernels (`Layout::preferred`: Q2_K experts in Q2Kx8 on aarch64,
+//! Q4_K in Q4Kx4, ...); the reader that brings a part in rearranges its rows in place in
+//! the slot, through one of a few small scratch buffers, so every later use of the expert
+//! runs the repacked kernels. Repacked products are the plain kernels' bits
+//! (`pinch_kernels::repack`), so this changes the speed, not the output. Each read then
+//! costs a repack, so `pinch run` does it only where that was measured to pay
+//! ([`repack_pays`]: Q2_K).
+//!
 //! Pre-gated prefetch ([`ExpertPager::prefetch_into`]): the next MoE layer's router
 //! applied to the current layer's input guesses its picks; the guessed experts that
 //! are missing are read, after the batch's misses, into a slot the pool gives them or
@@ -42,6 +51,7 @@ use crate::model::stream::{fill, ReadFn};
 use crate::model::weights::Tensor;
 use crate::model::ModelError;
 use crate::residency::{slot_part_bytes, Span, IO_ALIGN};
+use pinch_kernels::repack::{self, Layout};
 
 /// Why the pager could not read or place an expert.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,6 +161,8 @@ struct Part {
     bytes: u64,
     /// Where the part starts in a slot.
     at: usize,
+    /// How the part's rows are arranged in a slot once read ([`ExpertPager::repack_slots`]).
+    layout: Layout,
 }
 
 impl Part {
@@ -206,6 +218,63 @@ pub fn staging_slots(n_expert: usize, n_used: usize) -> usize {
         return 0;
     }
     (2 * n_used).min(n_expert / 4).min(MAX_STAGE)
+}
+
+/// Scratch buffers paged parts are repacked through ([`ExpertPager::repack_slots`]): one
+/// per reader at once (a fifth for the transient slot), each one group of rows.
+pub const REPACK_SCRATCH: usize = READERS + 1;
+
+/// Bytes the plan reserves for repacking paged parts: `group_bytes` is the largest group
+/// of rows any part's layouts can have (`Layout::max_group_rows` x row bytes), 0 when no
+/// part's type has a layout.
+pub fn repack_scratch_bytes(group_bytes: u64) -> u64 {
+    if group_bytes == 0 {
+        return 0;
+    }
+    // The arena's 64-byte alignment of the one allocation.
+    REPACK_SCRATCH as u64 * group_bytes + 64
+}
+
+/// The expert types whose slots `pinch run` repacks as they are read: Q2_K, whose pack
+/// costs about 1.5 instructions per weight under qemu and saves 1.2 per weight on each
+/// later use (README, issue 13). The other layouts' packs are per-weight code that costs
+/// more than a read saves at low hit rates in the size-optimised build (tiny Q4_K_M MoE,
+/// every pick a read: 0.74 -> 1.80 M instructions per token): plain slots for them.
+pub fn repack_pays(ty: pinch_kernels::GgmlType) -> bool {
+    ty == pinch_kernels::GgmlType::Q2_K
+}
+
+/// The repack scratch buffers, shared by the readers: a reader takes a free one (or waits
+/// for the first), so more readers than buffers are slower, never wrong.
+#[derive(Default)]
+struct RepackScratch<'a> {
+    bufs: heapless::Vec<spin::Mutex<&'a mut [u8]>, REPACK_SCRATCH>,
+}
+
+impl RepackScratch<'_> {
+    /// Part `p` of expert `e`, just read into `dst` (its aligned read), rearranged in
+    /// place into the part's layout.
+    fn repack(&self, p: &Part, e: u16, dst: &mut [u8]) -> Result<(), ModelError> {
+        if p.layout == Layout::Plain {
+            return Ok(());
+        }
+        let exact = p.exact(e);
+        let lead = (exact.offset - exact.aligned().offset) as usize;
+        let data = dst
+            .get_mut(lead..lead + p.bytes as usize)
+            .ok_or(ModelError::BadShape("expert part past its slot"))?;
+        let row_bytes = p.bytes as usize / p.rows.max(1);
+        let first = self.bufs.first().ok_or(ModelError::BadShape(
+            "repacked expert parts without repack scratch",
+        ))?;
+        let mut buf = self
+            .bufs
+            .iter()
+            .find_map(|b| b.try_lock())
+            .unwrap_or_else(|| first.lock());
+        repack::repack_in_place(p.layout, p.ty, data, row_bytes, &mut buf)?;
+        Ok(())
+    }
 }
 
 /// Where one of the batch's experts is, or is being read to.
@@ -269,6 +338,8 @@ pub struct ExpertPager<'a> {
     n_moe: usize,
     /// Experts per MoE layer.
     n_expert: usize,
+    /// What the readers repack parts through (empty: every part plain).
+    scratch: RepackScratch<'a>,
 }
 
 impl<'a> ExpertPager<'a> {
@@ -306,6 +377,7 @@ impl<'a> ExpertPager<'a> {
                 offset: t.file.offset,
                 bytes: t.file.len / ne.max(1) as u64,
                 at: 0,
+                layout: Layout::Plain,
             });
             let mut sb = 0;
             for p in parts.iter_mut() {
@@ -363,7 +435,57 @@ impl<'a> ExpertPager<'a> {
             moe_order,
             n_moe,
             n_expert,
+            scratch: RepackScratch::default(),
         })
+    }
+
+    /// Give every paged part whose type `which` accepts and has a repacked layout with a
+    /// kernel on `cpu` (`Layout::preferred`, at least one group of rows per expert) that
+    /// layout: from now on a part is repacked in its slot as soon as it is read, and
+    /// computed by the layout's kernels (the plain kernels' bits). Takes the scratch
+    /// buffers from `arena` (within what the plan reserved: [`repack_scratch_bytes`]) and
+    /// empties the pools, whose slots held plain parts. Returns how many parts (of all
+    /// layers) are repacked; a second call changes nothing. `pinch run` passes
+    /// [`repack_pays`].
+    pub fn repack_slots(
+        &mut self,
+        cpu: &pinch_kernels::CpuFeatures,
+        which: &dyn Fn(pinch_kernels::GgmlType) -> bool,
+        arena: &mut Arena<'a>,
+    ) -> Result<usize, ModelError> {
+        if !self.scratch.bufs.is_empty() {
+            return Ok(0);
+        }
+        let (mut n, mut need) = (0, 0);
+        for lp in self.pages.iter_mut() {
+            for p in lp.parts.iter_mut() {
+                let Some(l) = Layout::preferred(p.ty, cpu).filter(|_| which(p.ty)) else {
+                    continue;
+                };
+                if !repack::has_fast_kernel(l, cpu) || p.rows < l.group_rows() {
+                    continue;
+                }
+                p.layout = l;
+                n += 1;
+                need = need.max(l.scratch_bytes(p.bytes as usize / p.rows.max(1)));
+            }
+        }
+        if need == 0 {
+            return Ok(0);
+        }
+        let all = arena.bytes("expert pool", REPACK_SCRATCH * need)?;
+        for b in all.chunks_exact_mut(need) {
+            let _ = self.scratch.bufs.push(spin::Mutex::new(b));
+        }
+        self.abandon_pending();
+        for lp in self.pages.iter_mut() {
+            let policy = lp.pool.policy();
+            lp.pool.reset(policy);
+            lp.prefetched.fill(0);
+        }
+        self.transient_holds = None;
+        self.stage_holds = [None; MAX_STAGE];
+        Ok(n)
     }
 
     /// MoE layers (paged or not): the trace's layer count.
@@ -400,6 +522,13 @@ impl<'a> ExpertPager<'a> {
         self.batch_layer = il;
         self.each(io, true, &mut |_, _| Ok(()))?;
         Ok(n)
+    }
+
+    /// Expert matrices (of all paged layers) repacked in their slots
+    /// ([`Self::repack_slots`]).
+    pub fn repacked_parts(&self) -> usize {
+        let parts = self.pages.iter().flat_map(|p| p.parts.iter());
+        parts.filter(|p| p.layout != Layout::Plain).count()
     }
 
     /// Whether any layer is paged.
@@ -737,8 +866,10 @@ impl<'a> ExpertPager<'a> {
             stage_holds,
             batch,
             verify,
+            scratch,
             ..
         } = self;
+        let scratch = &*scratch;
         let pn = pending.iter().map(|r| r.page as usize).find(|&p| p != pi);
         let (cur, next) = two_pages(pages, pi, pn);
         let (cur_parts, cur_sb) = (cur.parts, cur.slot_bytes);
@@ -823,7 +954,7 @@ impl<'a> ExpertPager<'a> {
             let i = taken.fetch_add(1, Ordering::Relaxed);
             let Some(j) = jobs.get(i / 3) else { break };
             let (l, parts) = parts_of(j);
-            j.run_part(io, l, &parts, i % 3, verifying.then_some(&verify));
+            j.run_part(io, l, &parts, i % 3, verifying.then_some(&verify), scratch);
             io_end.fetch_max((io.now)(), Ordering::Relaxed);
         };
         let mut waited = 0u64;
@@ -860,6 +991,7 @@ impl<'a> ExpertPager<'a> {
                                 e,
                                 transient,
                                 v.as_deref_mut(),
+                                scratch,
                             )?;
                             drop(v);
                             let dt = (io.now)().saturating_sub(t0);
@@ -1069,14 +1201,16 @@ impl<'d> ReadJob<'d> {
         parts: &[Part; 3],
         k: usize,
         verify: Option<&VerifyBuf<'_>>,
+        scratch: &RepackScratch<'_>,
     ) {
         let e = self.what.e;
         let mut dst = self.dst[k].lock();
+        let p = &parts[k];
         let outcome = match (dst.as_deref_mut(), verify) {
             (Some(buf), Some(v)) => {
-                read_part(io.read, &parts[k], il, e, buf, v.lock().as_deref_mut())
+                read_part(io.read, p, il, e, buf, v.lock().as_deref_mut(), scratch)
             }
-            (Some(buf), None) => read_part(io.read, &parts[k], il, e, buf, None),
+            (Some(buf), None) => read_part(io.read, p, il, e, buf, None, scratch),
             (None, _) => Err(ModelError::Pager(PagerError::NotPrepared {
                 layer: il,
                 expert: e,
@@ -1229,7 +1363,7 @@ fn view<'b>(p: &Part, part: &'b [u8], e: u16) -> Tensor<'b> {
         cols: p.cols,
         rows: p.rows,
         data: &part[lead..lead + p.bytes as usize],
-        layout: pinch_kernels::repack::Layout::Plain,
+        layout: p.layout,
         file: exact,
     }
 }
@@ -1244,7 +1378,8 @@ fn views<'b>(parts: &[Part; 3], bytes: [&'b [u8]; 3], e: u16) -> SwiGlu<'b> {
     }
 }
 
-/// Read expert `e`'s part `p` (one aligned read) into `dst`; returns the bytes.
+/// Read expert `e`'s part `p` (one aligned read) into `dst` and put it in the part's
+/// layout (after `verify` compared the file's bytes); returns the bytes read.
 fn read_part(
     read: &ReadFn,
     p: &Part,
@@ -1252,10 +1387,13 @@ fn read_part(
     e: u16,
     dst: &mut [u8],
     verify: Option<&mut [u8]>,
+    scratch: &RepackScratch<'_>,
 ) -> Result<u64, ModelError> {
     let span = p.exact(e).aligned();
     let dst = &mut dst[..slot_part_bytes(p.bytes) as usize];
-    fill(read, dst, span, verify).map_err(|err| read_err(err, il, e, span))
+    let n = fill(read, dst, span, verify).map_err(|err| read_err(err, il, e, span))?;
+    scratch.repack(p, e, dst)?;
+    Ok(n)
 }
 
 /// Read expert `e`'s three parts into `slot`, one after another; returns the bytes.
@@ -1266,11 +1404,12 @@ fn read_expert(
     e: u16,
     slot: &mut [u8],
     mut verify: Option<&mut [u8]>,
+    scratch: &RepackScratch<'_>,
 ) -> Result<u64, ModelError> {
     let mut n = 0;
     let sb = parts[2].at + slot_part_bytes(parts[2].bytes) as usize;
     for (p, dst) in parts.iter().zip(split_mut(parts, &mut slot[..sb])) {
-        n += read_part(read, p, il, e, dst, verify.as_deref_mut())?;
+        n += read_part(read, p, il, e, dst, verify.as_deref_mut(), scratch)?;
     }
     Ok(n)
 }
