@@ -400,3 +400,28 @@ fn held_out_english_is_not_in_the_selection_corpus() {
         assert_eq!(found, 0, "{name}: {found} windows occur in the corpus");
     }
 }
+
+/// A corpus that cannot be read is named in the error, not the model (a directory
+/// without files.txt used to give "MODEL: read failed at offset 0").
+#[test]
+fn unreadable_corpus_is_named_in_the_error() {
+    let model = path("tests/data/tiny/tiny-llama-Q4_K_M.gguf");
+    let dir = tmp("no-list-corpus");
+    std::fs::create_dir_all(&dir).unwrap();
+    let missing = tmp("missing-corpus.txt");
+    for corpus in [dir.to_str().unwrap(), missing.to_str().unwrap()] {
+        let o = pinch(&[
+            "head-select",
+            "-m",
+            &model,
+            "--corpus",
+            corpus,
+            "--rows",
+            "64",
+        ]);
+        assert!(!o.status.success());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(corpus), "{err}");
+        assert!(!err.contains("tiny-llama"), "{err}");
+    }
+}

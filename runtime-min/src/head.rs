@@ -182,8 +182,8 @@ pub const CHARSET_WORDS: usize = CHARSET_CODEPOINTS / 64;
 /// Code points per block of [`CharSet::in_block`] (a Unicode block is 128 or more).
 pub const CHARSET_BLOCK: u32 = 128;
 
-/// The characters a selection corpus uses, plus printable ASCII, tab and line feed
-/// (digits and punctuation every language's text has), and the 128-code-point blocks
+/// The characters a selection corpus uses, plus printable ASCII, tab, line feed and
+/// General Punctuation's marks (digits and punctuation every language's text has), and the 128-code-point blocks
 /// they fall in (the corpus's scripts). See [`char_prior`] for how a token ranks by it.
 pub struct CharSet<'a> {
     bits: &'a mut [u64],
@@ -192,7 +192,7 @@ pub struct CharSet<'a> {
 
 impl<'a> CharSet<'a> {
     /// A set over `bits` ([`CHARSET_WORDS`] words, or fewer to track fewer code points)
-    /// holding printable ASCII, tab and line feed.
+    /// holding printable ASCII, tab, line feed and U+2010-2027, U+2030-205E.
     pub fn new(bits: &'a mut [u64]) -> CharSet<'a> {
         bits.fill(0);
         let mut s = CharSet {
@@ -202,6 +202,13 @@ impl<'a> CharSet<'a> {
         s.add_text(b"\t\n");
         for c in 0x20u8..0x7F {
             s.add(c as u32);
+        }
+        // General Punctuation's printable marks (dashes, curly quotes, bullets, the
+        // ellipsis, per-mille, prime): every script's text uses them, yet a corpus may not
+        // (the 2.5 MB shared corpus's English text has no en dash, so 65K English heads
+        // dropped Gemma's `–`, id 1271, and every dash became bytes).
+        for c in (0x2010..=0x2027).chain(0x2030..=0x205E) {
+            s.add(c);
         }
         s
     }

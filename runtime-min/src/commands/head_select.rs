@@ -46,7 +46,7 @@ use crate::arena::Arena;
 use crate::cli::Opts;
 use crate::head::{self, CharSet, HeadError, CHARSET_WORDS};
 use crate::head_rank::{self, CharModel, Signals, CHAR_MODEL_WORDS};
-use crate::model::{Logits, ModelError};
+use crate::model::Logits;
 use crate::platform::Platform;
 use crate::tokenizer::Tokenizer;
 
@@ -66,14 +66,16 @@ pub(crate) fn read_file<'a, P: Platform>(
     arena: &mut Arena<'a>,
     path: &str,
 ) -> Result<&'a [u8], AppError> {
-    let f = open_model(p, path)?;
+    let f = p
+        .open(path)
+        .map_err(|e| AppError::Input(file_name(path), e))?;
     let n = p.file_size(&f) as usize;
     let buf = arena.bytes("corpus", n)?;
     let mut done = 0;
     while done < n {
         let got = p
             .read_at(&f, done as u64, &mut buf[done..], false)
-            .map_err(|e| AppError::Model(ModelError::Platform(e)))?;
+            .map_err(|e| AppError::Input(file_name(path), e))?;
         if got == 0 {
             break;
         }

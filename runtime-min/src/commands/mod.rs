@@ -51,6 +51,8 @@ pub enum AppError {
     Pool(crate::pager::PoolError),
     /// Writing an output file (`-o`) failed.
     Output(heapless::String<80>, PlatformError),
+    /// Reading an input file other than the model (a corpus file, an ids list) failed.
+    Input(heapless::String<80>, PlatformError),
     /// `--chat-template(-file)` names no built-in template and no readable file.
     TemplateFile(heapless::String<80>, PlatformError),
     /// `pinch tune` found nothing to recommend.
@@ -90,7 +92,7 @@ impl core::fmt::Display for AppError {
             AppError::Trace(e) => write!(f, "{e}"),
             AppError::Pool(e) => write!(f, "{e}"),
             AppError::Stopped(e) => write!(f, "{e}"),
-            AppError::Output(file, e) => write!(f, "{file}: {e}"),
+            AppError::Output(file, e) | AppError::Input(file, e) => write!(f, "{file}: {e}"),
             AppError::Tune(e) => write!(f, "{e}"),
             AppError::TemplateFile(file, e) => write!(
                 f,
@@ -162,7 +164,8 @@ pub fn main<P: Platform>(p: &P, args: &[&str], region: &mut [u8]) -> i32 {
     };
     match res {
         Ok(()) => 0,
-        Err(e @ AppError::Stopped(_)) => {
+        // these name their own file (not the model's)
+        Err(e @ (AppError::Stopped(_) | AppError::Input(..) | AppError::Output(..))) => {
             let _ = writeln!(err, "pinch: {e}");
             1
         }
