@@ -321,9 +321,62 @@ pub fn silu(x: f32) -> f32 {
 
 /// `gate[i] = silu(gate[i]) * up[i]`.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
-    for (g, u) in gate.iter_mut().zip(up) {
-        *g = silu(*g) * u;
+    swiglu_on(&crate::CpuFeatures::SCALAR, gate, up)
+}
+
+/// What a SiLU pass does with each value `x` and its partner `y` (when there is one).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum SiluMode {
+    /// `x = silu(x)`.
+    Alone,
+    /// `x = silu(x) * y` (SwiGLU: `x` the gate, `y` the up projection).
+    TimesOther,
+    /// `x = x * silu(y)` (`y` the gate).
+    GatedBy,
+}
+
+impl SiluMode {
+    /// The scalar reference of one value.
+    #[inline]
+    fn apply(self, x: f32, y: f32) -> f32 {
+        match self {
+            SiluMode::Alone => silu(x),
+            SiluMode::TimesOther => silu(x) * y,
+            SiluMode::GatedBy => x * silu(y),
+        }
     }
+}
+
+/// `x` through [`SiluMode`] `mode` with partner values `other` (ignored when alone; the
+/// pass stops at the shorter slice otherwise), eight lanes at a time where `feat`
+/// allows (same bits as the scalar loop).
+pub fn silu_on(feat: &crate::CpuFeatures, mode: SiluMode, x: &mut [f32], other: &[f32]) {
+    let len = if mode == SiluMode::Alone {
+        x.len()
+    } else {
+        x.len().min(other.len())
+    };
+    let x = &mut x[..len];
+    #[cfg(target_arch = "x86_64")]
+    let done = crate::arch::x86_act::silu_blocks(feat, mode, x, other, &|a, b| mode.apply(a, b));
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = {
+        let _ = feat;
+        0
+    };
+    for (i, v) in x.iter_mut().enumerate().skip(done) {
+        let y = if mode == SiluMode::Alone {
+            0.0
+        } else {
+            other[i]
+        };
+        *v = mode.apply(*v, y);
+    }
+}
+
+/// [`swiglu`] on the best path `feat` allows (same bits).
+pub fn swiglu_on(feat: &crate::CpuFeatures, gate: &mut [f32], up: &[f32]) {
+    silu_on(feat, SiluMode::TimesOther, gate, up)
 }
 
 /// `gate[i] = gelu(gate[i]) * up[i]` with ggml's f16-table GELU.
@@ -381,6 +434,52 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every SiLU mode on the detected CPU gives the scalar loop's bits: random values,
+    /// values whose exponential leaves the normal range (a block of them goes to the
+    /// scalar path), zeros of both signs, odd lengths (a scalar tail).
+    #[test]
+    fn simd_silu_gives_the_scalar_bits() {
+        extern crate std;
+        use std::vec::Vec;
+        let feat = crate::CpuFeatures::detect();
+        let mut rng = crate::testutil::Rng(9);
+        for n in [1usize, 7, 8, 17, 64, 255, 1023] {
+            let mut x = std::vec![0f32; n];
+            rng.fill_f32(&mut x, 12.0);
+            let mut y = std::vec![0f32; n];
+            rng.fill_f32(&mut y, 12.0);
+            for (i, v) in [0.0f32, -0.0, -95.0, 100.0, -200.0, 1e-30]
+                .iter()
+                .enumerate()
+            {
+                if i * 5 < n {
+                    x[i * 5] = *v;
+                    y[(i * 3) % n] = *v;
+                }
+            }
+            for mode in [SiluMode::Alone, SiluMode::TimesOther, SiluMode::GatedBy] {
+                let want: Vec<f32> = x.iter().zip(&y).map(|(a, b)| mode.apply(*a, *b)).collect();
+                let mut got = x.clone();
+                silu_on(&feat, mode, &mut got, &y);
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "{mode:?} n {n} at {i}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if feat.avx2() {
+            // Guard: the vector path runs (it reports the values it took).
+            let mut x = [0.5f32; 16];
+            let done =
+                crate::arch::x86_act::silu_blocks(&feat, SiluMode::Alone, &mut x, &[], &|a, _| a);
+            assert_eq!(done, 16);
+        }
+    }
 
     #[test]
     fn rms_norm_of_constant_is_one() {

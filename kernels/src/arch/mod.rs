@@ -58,6 +58,8 @@ pub mod x86_act;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_attn;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod x86_delta;
+#[cfg(target_arch = "x86_64")]
 pub mod x86_f16;
 #[cfg(target_arch = "x86_64")]
 mod x86_gemm;

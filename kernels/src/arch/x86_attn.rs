@@ -110,42 +110,10 @@ pub fn exp16_minus(_: Avx2, x: &[f32], max: f32, out: &mut [f32; 16]) -> bool {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn exp8_avx2(x: &[f32], max: f32, out: &mut [f32]) -> bool {
-    let c = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));
     let v = _mm256_sub_ps(_mm256_loadu_ps(x[..8].as_ptr()), _mm256_set1_ps(max));
-    let r = c(0x4b40_0000);
-    let z = _mm256_fmadd_ps(v, c(0x3fb8_aa3b), r);
-    let n = _mm256_sub_ps(z, r);
-    // Normal range of 2^n only: -126 <= n <= 127 (the scalar path handles the rest).
-    let ok = _mm256_and_ps(
-        _mm256_cmp_ps::<_CMP_GE_OQ>(n, _mm256_set1_ps(-126.0)),
-        _mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_set1_ps(127.0)),
-    );
-    if _mm256_movemask_ps(ok) != 0xff {
+    let Some(res) = super::x86_act::exp8_ggml(v) else {
         return false;
-    }
-    let neg_n = _mm256_sub_ps(_mm256_setzero_ps(), n);
-    let b = _mm256_fmadd_ps(
-        neg_n,
-        c(0x35bf_be8e),
-        _mm256_fmadd_ps(neg_n, c(0x3f31_7200), v),
-    );
-    let u = _mm256_mul_ps(b, b);
-    let j = _mm256_fmadd_ps(
-        _mm256_fmadd_ps(
-            _mm256_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
-            u,
-            _mm256_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
-        ),
-        u,
-        _mm256_fmadd_ps(c(0x3f7f_fff6), b, _mm256_set1_ps(1.0)),
-    );
-    // 2^n as a float built from its exponent bits; j * 2^n is exact for normal results
-    // (j is within [0.7, 1.5]), and results below 2^-126 are excluded above.
-    let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(
-        _mm256_cvtps_epi32(n),
-        _mm256_set1_epi32(127),
-    ));
-    let res = _mm256_mul_ps(j, _mm256_castsi256_ps(e));
+    };
     _mm256_storeu_ps(out[..8].as_mut_ptr(), res);
     true
 }

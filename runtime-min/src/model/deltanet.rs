@@ -13,12 +13,14 @@
 //! [`pinch_kernels::recurrent`]; the state lives in a [`RecurrentState`], updated in
 //! place, zeroed when a pass starts at position 0; with `--state-f16` its matrices are
 //! stored in f16 and widened per head for the call.
+use pinch_kernels::f16;
+use pinch_kernels::ops::{self, SiluMode};
 use pinch_kernels::recurrent::{self, DeltaDims};
-use pinch_kernels::{f16, ops};
 
 use crate::model::config::Config;
 use crate::model::hybrid::{DeltaNetHparams, RecurrentState, StateMatrix};
 use crate::model::layer::Cx;
+use crate::model::matmul::par_chunks_pair;
 use crate::model::weights::{Loader, Names, Tensor, Vector};
 use crate::model::{ModelError, Op};
 use crate::platform::Platform;
@@ -100,11 +102,11 @@ impl<'a> DeltaNet<'a> {
         f(out, &mut self.w_out);
     }
 
-    /// Scratch floats a pass of `nb` tokens needs (see [`Self::run`]; one head's
-    /// matrix widened from f16 included).
+    /// Scratch floats a pass of `nb` tokens needs (see [`Self::run`]; the outputs
+    /// head-major and one head's matrix widened from f16 included).
     pub fn scratch_floats(hp: &DeltaNetHparams, nb: usize) -> usize {
         let d = hp.dims;
-        nb * (d.conv_dim() + 2 * d.v_dim() + 2 * d.n_v_heads)
+        nb * (d.conv_dim() + 3 * d.v_dim() + 2 * d.n_v_heads)
             + 2 * d.conv_dim() * hp.conv_kernel
             + d.head_dim * d.head_dim
     }
@@ -128,6 +130,7 @@ impl<'a> DeltaNet<'a> {
         let (beta, rest) = rest.split_at_mut(n * nv);
         let (g, rest) = rest.split_at_mut(n * nv);
         let (o, rest) = rest.split_at_mut(n * vd);
+        let (o_heads, rest) = rest.split_at_mut(n * vd);
         let (wconv, rest) = rest.split_at_mut(2 * cd * k);
         let wide = &mut rest[..hd * hd];
         cx.mm.linear_many(
@@ -145,9 +148,8 @@ impl<'a> DeltaNet<'a> {
         )?;
         cx.clock.lap(Op::QkvProj);
         st.conv_inplace(&self.conv, wconv, qkv, n, cd, pos0)?;
-        for v in qkv.iter_mut() {
-            *v = ops::silu(*v);
-        }
+        let cpu = cx.opts.cpu;
+        ops::silu_on(&cpu, SiluMode::Alone, qkv, &[]);
         let eps = c.rms_eps;
         for row in qkv.chunks_exact_mut(cd) {
             for head in row[..2 * d.qk_dim()].chunks_exact_mut(hd) {
@@ -163,23 +165,61 @@ impl<'a> DeltaNet<'a> {
         }
         cx.clock.lap(Op::RopeAndCache);
         match &mut st.matrix {
+            // Heads split across the workers (each head's tokens stay on one worker,
+            // its state in that core's cache), outputs head-major: for one token that
+            // is the token-major layout itself, for more it is transposed after.
             StateMatrix::F32(m) => {
-                recurrent::delta_rule(d, 0..nv, n, qkv, cd, g, beta, m, o, vd, hd);
+                let m = m.get_mut(..nv * hd * hd).ok_or(ModelError::BadShape(
+                    "DeltaNet state shorter than its heads",
+                ))?;
+                let by_head = if n == 1 { &mut *o } else { &mut *o_heads };
+                let (qkv, g, beta) = (&*qkv, &*g, &*beta);
+                let step = |heads: core::ops::Range<usize>, mh: &mut [f32], oh: &mut [f32]| {
+                    recurrent::delta_rule_on(
+                        &cpu,
+                        d,
+                        heads,
+                        n,
+                        qkv,
+                        cd,
+                        g,
+                        beta,
+                        mh,
+                        oh,
+                        hd,
+                        n * hd,
+                    );
+                };
+                par_chunks_pair(
+                    cx.p,
+                    cx.opts.threads,
+                    nv,
+                    (m, hd * hd),
+                    (by_head, n * hd),
+                    &step,
+                );
+                if n > 1 {
+                    for (h, head) in o_heads.chunks_exact(n * hd).enumerate() {
+                        for (t, src) in head.chunks_exact(hd).enumerate() {
+                            o[t * vd + h * hd..][..hd].copy_from_slice(src);
+                        }
+                    }
+                }
             }
             // f16 state: each head's matrix is widened, run over the call's tokens in
             // f32 and rounded back once (a prompt rounds once, not once per token).
             StateMatrix::F16(m) => {
-                let cpu = &cx.opts.cpu;
                 for (h, mh) in m.chunks_exact_mut(hd * hd).enumerate().take(nv) {
-                    f16::widen_slice(cpu, mh, wide);
+                    f16::widen_slice(&cpu, mh, wide);
                     let oh = &mut o[h * hd..];
-                    recurrent::delta_rule(d, h..h + 1, n, qkv, cd, g, beta, wide, oh, vd, hd);
-                    f16::narrow_slice(cpu, wide, mh);
+                    let hs = h..h + 1;
+                    recurrent::delta_rule_on(&cpu, d, hs, n, qkv, cd, g, beta, wide, oh, vd, hd);
+                    f16::narrow_slice(&cpu, wide, mh);
                 }
             }
         }
         ops::rms_norm_rows_inplace(o, self.norm, eps, hd);
-        recurrent::mul_silu(o, z);
+        recurrent::mul_silu_on(&cpu, o, z);
         cx.clock.lap(Op::Attention);
         cx.mm.linear(
             &self.w_out,

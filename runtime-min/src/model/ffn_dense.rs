@@ -70,7 +70,7 @@ impl<'a> DenseFfn<'a> {
         let act = |ts: Range<usize>, g: &mut [f32]| {
             let u = &up[ts.start * f..ts.end * f];
             match c.ffn_act {
-                FfnAct::Silu => ops::swiglu(g, u),
+                FfnAct::Silu => ops::swiglu_on(&cpu, g, u),
                 FfnAct::GeluTanh => ops::geglu_with_table(&cpu, g, u, gelu),
             }
         };

@@ -52,6 +52,10 @@ pub trait Products {
     }
     /// Charge the time since the last lap to `op` (the session's profile).
     fn lap(&mut self, _op: Op) {}
+    /// The CPU features the activations may use (the scalar path unless told).
+    fn cpu(&self) -> pinch_kernels::CpuFeatures {
+        pinch_kernels::CpuFeatures::SCALAR
+    }
 }
 
 /// [`Products`] of the session: its `MatMul`, work buffers and profile clock.
@@ -88,6 +92,9 @@ impl<P: Platform> Products for SessionProducts<'_, '_, '_, '_, P> {
     }
     fn lap(&mut self, op: Op) {
         self.clock.lap(op);
+    }
+    fn cpu(&self) -> pinch_kernels::CpuFeatures {
+        self.mm.cpu
     }
 }
 
@@ -487,7 +494,7 @@ fn swiglu_ffn(
     let (g, u) = (&mut b.gate[..n * f], &mut b.up[..n * f]);
     mm.linear_pair(gate, up, x, n, g, u)?;
     mm.lap(Op::FfnGateUp);
-    pinch_kernels::ops::swiglu(g, u);
+    pinch_kernels::ops::swiglu_on(&mm.cpu(), g, u);
     mm.lap(Op::FfnAct);
     mm.linear(down, g, n, &mut b.down[..n * down.rows])?;
     mm.lap(Op::FfnDown);

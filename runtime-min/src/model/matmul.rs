@@ -236,27 +236,46 @@ pub fn par_chunks<P: Platform, T: Send>(
     width: usize,
     f: &(dyn Fn(Range<usize>, &mut [T]) + Sync),
 ) {
+    let none: &mut [u8] = &mut [];
+    par_chunks_pair(p, threads, n, (out, width), (none, 0), &|r, a, _| f(r, a));
+}
+
+/// The work of [`par_chunks_pair`]: items, then their elements of each buffer.
+pub type PairFn<'f, T, U> = dyn Fn(Range<usize>, &mut [T], &mut [U]) + Sync + 'f;
+
+/// [`par_chunks`] over two buffers of `n` items each (`a.0` of `a.1` elements per item,
+/// `b.0` of `b.1`): `f(items, their elements of a, their elements of b)`.
+pub fn par_chunks_pair<P: Platform, T: Send, U: Send>(
+    p: &P,
+    threads: usize,
+    n: usize,
+    a: (&mut [T], usize),
+    b: (&mut [U], usize),
+    f: &PairFn<'_, T, U>,
+) {
+    let ((a, wa), (b, wb)) = (a, b);
     let nt = threads.min(p.workers()).clamp(1, MAX_WORKERS).min(n.max(1));
     if nt == 1 || n < 4 {
-        f(0..n, out);
+        f(0..n, a, b);
         return;
     }
-    let mut parts: heapless::Vec<spin::Mutex<(Range<usize>, &mut [T])>, MAX_WORKERS> =
-        heapless::Vec::new();
-    let mut rest = out;
+    type Part<'x, T, U> = spin::Mutex<(Range<usize>, &'x mut [T], &'x mut [U])>;
+    let mut parts: heapless::Vec<Part<'_, T, U>, MAX_WORKERS> = heapless::Vec::new();
+    let (mut rest_a, mut rest_b) = (a, b);
     let mut start = 0;
     for i in 0..nt {
         let end = n * (i + 1) / nt;
-        let (a, b) = core::mem::take(&mut rest).split_at_mut((end - start) * width);
-        let _ = parts.push(spin::Mutex::new((start..end, a)));
-        rest = b;
+        let (pa, ta) = core::mem::take(&mut rest_a).split_at_mut((end - start) * wa);
+        let (pb, tb) = core::mem::take(&mut rest_b).split_at_mut((end - start) * wb);
+        let _ = parts.push(spin::Mutex::new((start..end, pa, pb)));
+        (rest_a, rest_b) = (ta, tb);
         start = end;
     }
     p.parallel(nt, &|i| {
         let mut g = parts[i].lock();
-        let (r, o) = &mut *g;
+        let (r, pa, pb) = &mut *g;
         if r.start < r.end {
-            f(r.clone(), o);
+            f(r.clone(), pa, pb);
         }
     });
 }
