@@ -2,12 +2,12 @@
 //! `decode_seqs` pass per token for all, with prompts admitted while others generate,
 //! are token for token (and end for end) the answers the server's single generation
 //! (`generate::generate` with the server's settings) gives each request alone.
-use pinch_runtime_min::generate::{self, Emit, End, Settings};
+use pinch_runtime_min::generate::{self, Adjust, Emit, End, Settings};
 use pinch_runtime_min::guard::MemoryGuard;
 use pinch_runtime_min::model::{KvType, Math, Session, SessionOptions};
 use pinch_runtime_min::platform::MemPlatform;
 use pinch_runtime_min::sampler::{Sampler, SamplerParams};
-use pinch_runtime_min::server::slots::{self, Stream};
+use pinch_runtime_min::server::slots::{self, Stream, Turn};
 use pinch_runtime_min::tokenizer::Tokenizer;
 use pinch_tests::*;
 
@@ -26,7 +26,21 @@ struct Req {
     max_new: usize,
     ignore_eos: bool,
     sp: SamplerParams,
+    /// Presence and frequency penalties (and a ban of the prompt's first token) when set.
+    penalties: Option<(f32, f32)>,
     joins_at: usize,
+}
+
+/// The request's logit adjustments over `scratch`, as the server makes them.
+fn adjust<'b>(r: &Req, tokens: &[u32], scratch: &'b mut [f32]) -> Option<Adjust<'b>> {
+    let (presence, frequency) = r.penalties?;
+    let mut a = Adjust::new(scratch);
+    a.bias
+        .push((tokens[r.prompt.0], f32::NEG_INFINITY))
+        .unwrap();
+    a.presence = presence;
+    a.frequency = frequency;
+    Some(a)
 }
 
 fn requests() -> Vec<Req> {
@@ -46,6 +60,7 @@ fn requests() -> Vec<Req> {
             max_new: 24,
             ignore_eos: true,
             sp: greedy,
+            penalties: None,
             joins_at: 0,
         },
         Req {
@@ -53,6 +68,7 @@ fn requests() -> Vec<Req> {
             max_new: 9,
             ignore_eos: false,
             sp: greedy,
+            penalties: Some((1.5, 0.0)),
             joins_at: 0,
         },
         Req {
@@ -60,6 +76,7 @@ fn requests() -> Vec<Req> {
             max_new: 16,
             ignore_eos: true,
             sp: warm(7),
+            penalties: None,
             joins_at: 4,
         },
         Req {
@@ -67,6 +84,7 @@ fn requests() -> Vec<Req> {
             max_new: 12,
             ignore_eos: true,
             sp: warm(11),
+            penalties: Some((0.0, 0.7)),
             joins_at: 10,
         },
     ]
@@ -99,10 +117,12 @@ fn alone(bytes: &[u8], tokens: &[u32], r: &Req) -> (Vec<u32>, End) {
     with_session(bytes, 1, |sess, tok, plat| {
         let mut sampler = Sampler::new(r.sp);
         let mut guard = MemoryGuard::new(0);
+        let mut scratch = vec![0.0f32; tok.n_vocab() as usize];
+        let mut adjust = adjust(r, tokens, &mut scratch);
         let settings = Settings {
             sampler: &mut sampler,
             guard: &mut guard,
-            adjust: None,
+            adjust: adjust.as_mut(),
             max_new: r.max_new,
             ignore_eos: r.ignore_eos,
             feed_last: false,
@@ -127,23 +147,58 @@ fn alone(bytes: &[u8], tokens: &[u32], r: &Req) -> (Vec<u32>, End) {
 /// All requests in one session, one sequence each, joining at their step.
 fn together(bytes: &[u8], tokens: &[u32], reqs: &[Req]) -> Vec<(Vec<u32>, End)> {
     with_session(bytes, reqs.len(), |sess, tok, plat| {
-        let mut streams: Vec<Stream> = Vec::new();
-        let mut index: Vec<usize> = Vec::new();
-        let mut out = vec![Vec::new(); reqs.len()];
+        let n = reqs.len();
+        let mut samplers: Vec<Sampler> = reqs.iter().map(|r| Sampler::new(r.sp)).collect();
+        let mut guards: Vec<MemoryGuard> = (0..n).map(|_| MemoryGuard::new(0)).collect();
+        let mut scratch = vec![vec![0.0f32; tok.n_vocab() as usize]; n];
+        let mut adjusts: Vec<Option<Adjust>> = reqs
+            .iter()
+            .zip(scratch.iter_mut())
+            .map(|(r, sc)| adjust(r, tokens, sc))
+            .collect();
+        let mut out: Vec<Vec<u32>> = vec![Vec::new(); n];
+        let mut streams: Vec<Option<Stream>> = (0..n).map(|_| None).collect();
         let mut passes_with = std::collections::BTreeSet::new();
         for step in 0.. {
+            let mut sinks: Vec<_> = out
+                .iter_mut()
+                .map(|o| Emit(move |id, _: &[u8]| o.push(id)))
+                .collect();
+            let mut settings: Vec<Settings> = samplers
+                .iter_mut()
+                .zip(guards.iter_mut())
+                .zip(adjusts.iter_mut())
+                .zip(reqs)
+                .map(|(((sampler, guard), adjust), r)| Settings {
+                    sampler,
+                    guard,
+                    adjust: adjust.as_mut(),
+                    max_new: r.max_new,
+                    ignore_eos: r.ignore_eos,
+                    feed_last: false,
+                    draft: None,
+                    grammar: None,
+                })
+                .collect();
             for (k, r) in reqs.iter().enumerate().filter(|(_, r)| r.joins_at == step) {
-                let mut s = Stream::new(k, Sampler::new(r.sp), r.max_new, r.ignore_eos);
-                let (a, n) = r.prompt;
-                s.start(plat, sess, &tokens[a..a + n]).unwrap();
-                streams.push(s);
-                index.push(k);
+                let (a, len) = r.prompt;
+                let prompt = &tokens[a..a + len];
+                let s = Stream::start(plat, sess, tok, k, &mut settings[k], prompt, &mut sinks[k]);
+                streams[k] = Some(s.unwrap());
             }
-            let live = slots::step(plat, sess, tok, &mut streams, &mut |s, id, _| {
-                out[index[s]].push(id);
-                true
-            })
-            .unwrap();
+            let mut turns: Vec<Turn> = streams
+                .iter_mut()
+                .zip(settings)
+                .zip(sinks.iter_mut())
+                .filter_map(|((st, settings), sink)| {
+                    Some(Turn {
+                        stream: st.as_mut()?,
+                        settings,
+                        sink,
+                    })
+                })
+                .collect();
+            let live = slots::step(plat, sess, tok, &mut turns).unwrap();
             passes_with.insert(live);
             let waiting = reqs.iter().any(|r| r.joins_at > step);
             if live == 0 && !waiting {
@@ -155,10 +210,11 @@ fn together(bytes: &[u8], tokens: &[u32], reqs: &[Req]) -> Vec<(Vec<u32>, End)> 
             passes_with.iter().any(|&n| n >= 3),
             "passes carried {passes_with:?} streams"
         );
-        let mut ends = vec![End::Length; reqs.len()];
-        for s in &streams {
-            ends[s.seq] = s.end.unwrap();
-        }
+        let ends = streams.iter().map(|s| {
+            let s = s.as_ref().unwrap();
+            assert!(s.done);
+            s.st.end
+        });
         out.into_iter().zip(ends).collect::<Vec<_>>()
     })
 }
