@@ -90,6 +90,26 @@ fn requests() -> Vec<Req> {
     ]
 }
 
+/// The settings `serve` generates request `r` with (no drafts: a batched pass holds
+/// one token of each stream).
+fn server_settings<'s, 'b>(
+    r: &Req,
+    sampler: &'s mut Sampler,
+    guard: &'s mut MemoryGuard,
+    adjust: Option<&'s mut Adjust<'b>>,
+) -> Settings<'s, 'b, 'static, 'static> {
+    Settings {
+        sampler,
+        guard,
+        adjust,
+        max_new: r.max_new,
+        ignore_eos: r.ignore_eos,
+        feed_last: false,
+        draft: None,
+        grammar: None,
+    }
+}
+
 fn with_session<R>(
     bytes: &[u8],
     n_seq: usize,
@@ -119,16 +139,7 @@ fn alone(bytes: &[u8], tokens: &[u32], r: &Req) -> (Vec<u32>, End) {
         let mut guard = MemoryGuard::new(0);
         let mut scratch = vec![0.0f32; tok.n_vocab() as usize];
         let mut adjust = adjust(r, tokens, &mut scratch);
-        let settings = Settings {
-            sampler: &mut sampler,
-            guard: &mut guard,
-            adjust: adjust.as_mut(),
-            max_new: r.max_new,
-            ignore_eos: r.ignore_eos,
-            feed_last: false,
-            draft: None,
-            grammar: None,
-        };
+        let settings = server_settings(r, &mut sampler, &mut guard, adjust.as_mut());
         let (a, n) = r.prompt;
         let mut out = vec![];
         let st = generate::generate(
@@ -169,15 +180,8 @@ fn together(bytes: &[u8], tokens: &[u32], reqs: &[Req]) -> Vec<(Vec<u32>, End)> 
                 .zip(guards.iter_mut())
                 .zip(adjusts.iter_mut())
                 .zip(reqs)
-                .map(|(((sampler, guard), adjust), r)| Settings {
-                    sampler,
-                    guard,
-                    adjust: adjust.as_mut(),
-                    max_new: r.max_new,
-                    ignore_eos: r.ignore_eos,
-                    feed_last: false,
-                    draft: None,
-                    grammar: None,
+                .map(|(((sampler, guard), adjust), r)| {
+                    server_settings(r, sampler, guard, adjust.as_mut())
                 })
                 .collect();
             for (k, r) in reqs.iter().enumerate().filter(|(_, r)| r.joins_at == step) {
