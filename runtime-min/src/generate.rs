@@ -267,7 +267,7 @@ pub struct Settings<'s, 'b, 'd, 'c> {
 /// Sample the next token from `logits` (after the request's adjustments); where a
 /// draft proposed a token, through [`Sampler::sample_with_draft`], which keeps the
 /// distribution of plain sampling (and greedy picks are the same).
-fn pick(
+pub fn pick(
     s: &mut Settings<'_, '_, '_, '_>,
     tok: &Tokenizer<'_>,
     sink: &mut dyn Sink,
@@ -305,7 +305,7 @@ fn pick(
 /// Hand `id` (just sampled) to the sink and make it part of the text, or say why the
 /// generation ends instead: an end-of-generation token (not handed on), the sink's
 /// wish, or the token limit without `feed_last`.
-fn emit(
+pub fn emit(
     s: &mut Settings<'_, '_, '_, '_>,
     tok: &Tokenizer<'_>,
     sink: &mut dyn Sink,
@@ -403,6 +403,60 @@ pub fn drafter<'a>(
     Ok(Some(Drafter::new(lookup, hist)))
 }
 
+/// The prompt part of a generation: `prompt`'s tokens go into the sampler's and the
+/// adjustments' history, the guard is checked, the prompt is evaluated at the selected
+/// sequence's position in passes of `n_batch` tokens, and the first token is sampled
+/// from the last logits. `None` when the guard or the sink stopped it (`st.end` says
+/// which); `st.prompt_s` is set either way.
+///
+/// # Errors
+/// The model's error when a pass fails.
+pub fn begin<P: Platform>(
+    p: &P,
+    tok: &Tokenizer<'_>,
+    sess: &mut Session<'_, '_>,
+    s: &mut Settings<'_, '_, '_, '_>,
+    prompt: &[u32],
+    sink: &mut dyn Sink,
+    st: &mut GenStats,
+) -> Result<Option<u32>, AppError> {
+    for &t in prompt {
+        s.sampler.accept(t);
+        if let Some(a) = s.adjust.as_deref_mut() {
+            a.accept(t);
+        }
+    }
+    let nb = sess.opts.n_batch.max(1);
+    let mut next = 0u32;
+    let t0 = p.now_ns();
+    if let Err(g) = s.guard.watch(p, &mut || sess.give_back(p)) {
+        st.prompt_tokens = 0;
+        st.stopped = Some(g);
+        st.end = End::Stopped(g);
+        return Ok(None);
+    }
+    let mut start = 0;
+    while start < prompt.len() {
+        let end = (start + nb).min(prompt.len());
+        let which = if end == prompt.len() {
+            Logits::Last
+        } else {
+            Logits::None
+        };
+        sess.eval(p, &prompt[start..end], which, &mut |_, l| {
+            next = pick(s, tok, sink, l, None)
+        })?;
+        start = end;
+        if !sink.prompt_batch(end, prompt.len()) {
+            st.prompt_s = secs(t0, p.now_ns());
+            st.end = End::Sink;
+            return Ok(None);
+        }
+    }
+    st.prompt_s = secs(t0, p.now_ns());
+    Ok(Some(next))
+}
+
 /// Evaluate `prompt` at the session's current position (in passes of the session's
 /// `n_batch` tokens) and generate up to `s.max_new` tokens into `sink`. The guard is
 /// checked before the prompt and before each token's pass.
@@ -422,46 +476,16 @@ pub fn generate<P: Platform>(
         prompt_tokens: prompt.len(),
         ..Default::default()
     };
-    for &t in prompt {
-        s.sampler.accept(t);
-        if let Some(a) = s.adjust.as_deref_mut() {
-            a.accept(t);
-        }
-    }
     if s.grammar.is_some() {
         // Drafted tokens would have to be checked against the grammar too.
         s.draft = None;
     }
     let n_ctx = sess.opts.n_ctx;
     let nb = sess.opts.n_batch.max(1);
-    let mut next = 0u32;
-    let t0 = p.now_ns();
-    if let Err(g) = s.guard.watch(p, &mut || sess.give_back(p)) {
-        st.prompt_tokens = 0;
-        st.stopped = Some(g);
-        st.end = End::Stopped(g);
+    let Some(mut next) = begin(p, tok, sess, &mut s, prompt, sink, &mut st)? else {
         return Ok(st);
-    }
-    let mut start = 0;
-    while start < prompt.len() {
-        let end = (start + nb).min(prompt.len());
-        let which = if end == prompt.len() {
-            Logits::Last
-        } else {
-            Logits::None
-        };
-        sess.eval(p, &prompt[start..end], which, &mut |_, l| {
-            next = pick(&mut s, tok, sink, l, None)
-        })?;
-        start = end;
-        if !sink.prompt_batch(end, prompt.len()) {
-            st.prompt_s = secs(t0, p.now_ns());
-            st.end = End::Sink;
-            return Ok(st);
-        }
-    }
+    };
     let t1 = p.now_ns();
-    st.prompt_s = secs(t0, t1);
     let s0 = sess.stream;
     let io0 = p.storage_read_bytes();
     let x0 = sess.experts().map(|x| x.total()).unwrap_or_default();

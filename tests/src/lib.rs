@@ -708,3 +708,46 @@ fn session_options(
         cpu,
     }
 }
+
+/// Run `f` with the model's tokenizer and a session over `gguf_bytes` whose weights are
+/// planned into `budget` (the least any plan needs when that is below it, so the rest
+/// streams), with the options `opts` makes for the host CPU; `f` also gets the arena,
+/// for what the generation needs beside the session (a draft history).
+pub fn with_tokenizer_session<R>(
+    gguf_bytes: &[u8],
+    budget: Option<u64>,
+    opts: impl FnOnce(CpuFeatures) -> SessionOptions,
+    f: impl FnOnce(
+        &mut Session<'_, '_>,
+        &pinch_runtime_min::tokenizer::Tokenizer<'_>,
+        &MemPlatform<'_>,
+        &mut Arena<'_>,
+    ) -> R,
+) -> R {
+    let plat = MemPlatform {
+        bytes: gguf_bytes,
+        cpu: host_cpu(),
+    };
+    let g = Gguf::parse(gguf_bytes, gguf_bytes.len() as u64).unwrap();
+    let cfg = Config::from_gguf(&g).unwrap();
+    let mut region = vec![0u64; (gguf_bytes.len() * 2 + (96 << 20)) / 8];
+    let region = pinch_kernels::blocks::bytes_of_mut(&mut region[..]);
+    let mut arena = Arena::new(region);
+    let tok = pinch_runtime_min::tokenizer::Tokenizer::from_gguf(&g, &mut arena).unwrap();
+    let plan = residency::plan(&g, &cfg, budget, None)
+        .or_else(|e| residency::plan(&g, &cfg, Some(e.min_bytes), None))
+        .unwrap();
+    let weights = Loader {
+        platform: &plat,
+        file: &(),
+        gguf: &g,
+        arena: &mut arena,
+    }
+    .load_planned(&cfg, None, &plan)
+    .unwrap();
+    let opts = opts(plat.cpu());
+    let read = |off: u64, buf: &mut [u8], d: bool| plat.read_at(&(), off, buf, d);
+    let mut sess = Session::new(cfg, &weights, &mut arena, opts).unwrap();
+    sess.set_reader(&read);
+    f(&mut sess, &tok, &plat, &mut arena)
+}

@@ -3,16 +3,13 @@
 //! on tiny fixtures of three architectures; and the drafts were really used. The same
 //! through the generation driver `run`, `chat` and `serve` share (`generate`), with
 //! weights resident and streamed, on six tiny fixtures and Gemma 3 270M.
-use pinch_runtime_min::arena::Arena;
 use pinch_runtime_min::draft::{verify, PromptLookup};
 use pinch_runtime_min::generate::{self, Emit, GenStats, Settings};
 use pinch_runtime_min::gguf::Gguf;
 use pinch_runtime_min::guard::MemoryGuard;
-use pinch_runtime_min::model::{Config, KvType, Loader, Logits, Math, Session, SessionOptions};
-use pinch_runtime_min::platform::{MemPlatform, Platform};
-use pinch_runtime_min::residency;
+use pinch_runtime_min::model::{Config, KvType, Logits, Math, SessionOptions};
+use pinch_runtime_min::platform::MemPlatform;
 use pinch_runtime_min::sampler::{Sampler, SamplerParams};
-use pinch_runtime_min::tokenizer::Tokenizer;
 use pinch_tests::*;
 
 fn greedy_params(repeat_penalty: f32) -> SamplerParams {
@@ -162,78 +159,59 @@ fn drive(
     draft: usize,
     sp: SamplerParams,
 ) -> Gen {
-    let plat = MemPlatform {
+    with_tokenizer_session(
         bytes,
-        cpu: host_cpu(),
-    };
-    let g = Gguf::parse(bytes, bytes.len() as u64).unwrap();
-    let cfg = Config::from_gguf(&g).unwrap();
-    let mut region = vec![0u64; (bytes.len() * 2 + (96 << 20)) / 8];
-    let region = pinch_kernels::blocks::bytes_of_mut(&mut region[..]);
-    let mut arena = Arena::new(region);
-    let tok = Tokenizer::from_gguf(&g, &mut arena).unwrap();
-    // A budget below the least any plan needs: that least (everything streamed).
-    let plan = residency::plan(&g, &cfg, budget, None)
-        .or_else(|e| residency::plan(&g, &cfg, Some(e.min_bytes), None))
-        .unwrap();
-    let weights = Loader {
-        platform: &plat,
-        file: &(),
-        gguf: &g,
-        arena: &mut arena,
-    }
-    .load_planned(&cfg, None, &plan)
-    .unwrap();
-    let opts = SessionOptions {
-        n_ctx: 512,
-        n_batch: 32,
-        kv: KvType::F16,
-        kv_v: KvType::F16,
-        math: Math::Fast,
-        threads: 2,
-        head_group: draft + 1,
-        attn_skip: true,
-        swa_ring: true,
-        state_f16: false,
-        n_seq: 1,
-        cpu: plat.cpu(),
-    };
-    let read = |off: u64, buf: &mut [u8], d: bool| plat.read_at(&(), off, buf, d);
-    let mut sess = Session::new(cfg, &weights, &mut arena, opts).unwrap();
-    sess.set_reader(&read);
-    let mut drafter = generate::drafter(draft, opts.n_ctx, &mut arena).unwrap();
-    let mut scratch = vec![0u8; tok.scratch_bytes(text.len())];
-    let mut prompt = vec![0u32; 512];
-    let np = tok
-        .encode(text, true, true, &mut scratch, &mut prompt)
-        .unwrap();
-    let mut sampler = Sampler::new(sp);
-    let mut guard = MemoryGuard::new(0);
-    let settings = Settings {
-        sampler: &mut sampler,
-        guard: &mut guard,
-        adjust: None,
-        max_new: n,
-        ignore_eos: !serve,
-        feed_last: !serve,
-        draft: drafter.as_mut(),
-        grammar: None,
-    };
-    let mut tokens = vec![];
-    let stats = generate::generate(
-        &plat,
-        &tok,
-        &mut sess,
-        settings,
-        &prompt[..np],
-        &mut Emit(|id, _: &[u8]| tokens.push(id)),
+        budget,
+        |cpu| SessionOptions {
+            n_ctx: 512,
+            n_batch: 32,
+            kv: KvType::F16,
+            kv_v: KvType::F16,
+            math: Math::Fast,
+            threads: 2,
+            head_group: draft + 1,
+            attn_skip: true,
+            swa_ring: true,
+            state_f16: false,
+            n_seq: 1,
+            cpu,
+        },
+        |sess, tok, plat, arena| {
+            let mut drafter = generate::drafter(draft, sess.opts.n_ctx, arena).unwrap();
+            let mut scratch = vec![0u8; tok.scratch_bytes(text.len())];
+            let mut prompt = vec![0u32; 512];
+            let np = tok
+                .encode(text, true, true, &mut scratch, &mut prompt)
+                .unwrap();
+            let mut sampler = Sampler::new(sp);
+            let mut guard = MemoryGuard::new(0);
+            let settings = Settings {
+                sampler: &mut sampler,
+                guard: &mut guard,
+                adjust: None,
+                max_new: n,
+                ignore_eos: !serve,
+                feed_last: !serve,
+                draft: drafter.as_mut(),
+                grammar: None,
+            };
+            let mut tokens = vec![];
+            let stats = generate::generate(
+                plat,
+                tok,
+                sess,
+                settings,
+                &prompt[..np],
+                &mut Emit(|id, _: &[u8]| tokens.push(id)),
+            )
+            .unwrap();
+            Gen {
+                tokens,
+                stats,
+                n_past: sess.n_past(),
+            }
+        },
     )
-    .unwrap();
-    Gen {
-        tokens,
-        stats,
-        n_past: sess.n_past(),
-    }
 }
 
 fn greedy() -> SamplerParams {

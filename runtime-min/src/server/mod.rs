@@ -42,6 +42,7 @@ pub mod http;
 pub mod jraw;
 pub mod json;
 pub mod metrics;
+pub mod slots;
 pub mod tools;
 
 use core::fmt::Write;
