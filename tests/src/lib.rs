@@ -555,7 +555,7 @@ pub fn with_session_budget<R>(
         bytes: gguf_bytes,
         cpu: host_cpu(),
     };
-    session_on(&plat, gguf_bytes, spec, weight_budget, None, repack, f)
+    session_on(&plat, gguf_bytes, spec, weight_budget, None, repack, 1, f)
 }
 
 /// Which session reads fail: `(offset, len) -> true` for an I/O error.
@@ -575,7 +575,7 @@ pub fn with_session_reads<R>(
         bytes: gguf_bytes,
         cpu: host_cpu(),
     };
-    session_on(&plat, gguf_bytes, spec, weight_budget, fail, false, f)
+    session_on(&plat, gguf_bytes, spec, weight_budget, fail, false, 1, f)
 }
 
 /// [`with_session_budget`] on [`ThreadedMem`]: the expert pager reads on the I/O thread
@@ -591,11 +591,12 @@ pub fn with_session_threaded<R>(
         bytes: gguf_bytes,
         cpu: host_cpu(),
     });
-    session_on(&plat, gguf_bytes, spec, weight_budget, None, repack, f)
+    session_on(&plat, gguf_bytes, spec, weight_budget, None, repack, 1, f)
 }
 
 /// The session behind the helpers above; `repack`: as `pinch run` (resident weights
-/// and paged experts in this CPU's layouts).
+/// and paged experts in this CPU's layouts); `n_seq` sequences.
+#[allow(clippy::too_many_arguments)]
 fn session_on<P: Platform<File = ()>, R>(
     plat: &P,
     gguf_bytes: &[u8],
@@ -603,6 +604,7 @@ fn session_on<P: Platform<File = ()>, R>(
     weight_budget: Option<u64>,
     fail: Option<FailRead<'_>>,
     repack: bool,
+    n_seq: usize,
     f: impl FnOnce(&mut Session<'_, '_>, &P, &[(&'static str, usize)]) -> R,
 ) -> Result<R, ModelError> {
     let g = Gguf::parse(gguf_bytes, gguf_bytes.len() as u64)
@@ -623,7 +625,8 @@ fn session_on<P: Platform<File = ()>, R>(
     }
     .load_planned(&cfg, None, &plan)?;
     repack_cache::apply(&rp, &g, &mut weights, &mut arena)?;
-    let opts = session_options(&spec, 0, true, plat.cpu());
+    let mut opts = session_options(&spec, 0, true, plat.cpu());
+    opts.n_seq = n_seq;
     let read = |off: u64, buf: &mut [u8], d: bool| {
         if fail.is_some_and(|fail| fail(off, buf.len())) {
             const EIO: i32 = 5;
@@ -659,30 +662,16 @@ pub fn with_session_seqs<R>(
         bytes: gguf_bytes,
         cpu: host_cpu(),
     };
-    let g = Gguf::parse(gguf_bytes, gguf_bytes.len() as u64)
-        .map_err(|_| ModelError::BadShape("gguf parse"))?;
-    let cfg = Config::from_gguf(&g)?;
-    let mut region = vec![0u64; (gguf_bytes.len() * 2 + (64 << 20)) / 8];
-    let region = pinch_kernels::blocks::bytes_of_mut(&mut region[..]);
-    let mut arena = Arena::new(region);
-    let rp = Repacking::new(&plat, &(), &g, "model.gguf", None, repack, &mut arena)
-        .map_err(|_| ModelError::BadShape("repack scratch"))?;
-    let plan = residency::plan(&g, &cfg, None, None)
-        .map_err(|_| ModelError::BadShape("no residency plan fits"))?;
-    let mut weights = Loader {
-        platform: &rp,
-        file: &(),
-        gguf: &g,
-        arena: &mut arena,
-    }
-    .load_planned(&cfg, None, &plan)?;
-    repack_cache::apply(&rp, &g, &mut weights, &mut arena)?;
-    let mut opts = session_options(&spec, 0, true, plat.cpu());
-    opts.n_seq = n_seq;
-    let read = |off: u64, buf: &mut [u8], d: bool| plat.read_at(&(), off, buf, d);
-    let mut sess = Session::new(cfg, &weights, &mut arena, opts)?;
-    sess.set_reader(&read);
-    Ok(f(&mut sess, &plat))
+    session_on(
+        &plat,
+        gguf_bytes,
+        spec,
+        None,
+        None,
+        repack,
+        n_seq,
+        |s, p, _| f(s, p),
+    )
 }
 
 /// The session options of the helpers above: context 256 (or `n_tokens` when longer),
