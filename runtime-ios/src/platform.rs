@@ -2,13 +2,14 @@
 //!
 //! Done: files with positioned reads, uncached reads through a second handle marked
 //! `F_NOCACHE`, the arena region (calloc: untouched pages cost nothing), the worker pool,
-//! CPU features, clock and output, and the memory guard's figures ([`crate::memory`]:
+//! CPU features, clock and output, the expert pager's reader threads, and the memory guard's figures ([`crate::memory`]:
 //! `available_memory` from `os_proc_available_memory` where iOS has it, else the host's
 //! free pages; `rss`/`peak_rss` from `task_info(TASK_VM_INFO)`'s footprint).
 //! Not yet: `map`.
 use crate::memory;
 use pinch_kernels::CpuFeatures;
 use pinch_linux::pool::Pool;
+use pinch_linux::readers::LazyReaders;
 use pinch_runtime_min::platform::{Platform, PlatformError};
 use std::fs::File;
 use std::io::{ErrorKind, Write};
@@ -25,6 +26,8 @@ pub struct IosFile {
 /// The iOS platform.
 pub struct IosPlatform {
     pool: Pool,
+    /// The expert pager's reader threads, made on its first read (shared with Linux).
+    readers: LazyReaders,
     base: Instant,
     cpu: CpuFeatures,
 }
@@ -38,6 +41,7 @@ impl IosPlatform {
         let n = std::thread::available_parallelism().map_or(1, |n| n.get());
         Ok(IosPlatform {
             pool: Pool::new(n)?,
+            readers: LazyReaders::default(),
             base: Instant::now(),
             cpu: detect_cpu(),
         })
@@ -195,6 +199,22 @@ impl Platform for IosPlatform {
         std::thread::yield_now();
     }
 
+    fn reader_pool(&self) -> bool {
+        true
+    }
+
+    fn with_readers(&self, n: usize, read: &(dyn Fn(usize) + Sync), work: &mut dyn FnMut()) {
+        self.readers.with_readers(n, read, work);
+    }
+
+    fn wait_while(&self, word: &std::sync::atomic::AtomicU32, value: u32) {
+        self.readers.wait_while(word, value);
+    }
+
+    fn wake_all(&self) {
+        self.readers.wake_all();
+    }
+
     fn cpu(&self) -> CpuFeatures {
         self.cpu
     }
@@ -244,5 +264,57 @@ mod tests {
         assert_eq!(r.len(), 100_000);
         assert_eq!(r.as_ptr() as usize % 16384, 0);
         assert!(r.iter().all(|&b| b == 0));
+    }
+    /// The expert reads run on reader threads while the caller works: the read waits
+    /// for a word that `work` publishes, which it only sees if both run at once (the
+    /// trait's default, reads first, times out and the test fails).
+    #[test]
+    fn expert_reads_overlap_the_callers_work() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let p = IosPlatform::new().unwrap();
+        assert!(p.reader_pool());
+        let started = AtomicU32::new(0);
+        let saw_work = AtomicU32::new(0);
+        let caller = std::thread::current().id();
+        let off_thread = AtomicU32::new(0);
+        p.with_readers(
+            2,
+            &|r| {
+                if std::thread::current().id() != caller {
+                    off_thread.fetch_add(1, Ordering::Relaxed);
+                }
+                if r == 0 {
+                    // wait (bounded) for the caller's work to start
+                    let t0 = std::time::Instant::now();
+                    while started.load(Ordering::Acquire) == 0
+                        && t0.elapsed() < std::time::Duration::from_secs(10)
+                    {
+                        std::thread::yield_now();
+                    }
+                    saw_work.store(started.load(Ordering::Acquire) + 1, Ordering::Release);
+                    p.wake_all();
+                }
+            },
+            &mut || {
+                started.store(1, Ordering::Release);
+                // bounded, so a platform without reader threads fails instead of hanging
+                let t0 = std::time::Instant::now();
+                while saw_work.load(Ordering::Acquire) == 0
+                    && t0.elapsed() < std::time::Duration::from_secs(10)
+                {
+                    std::thread::yield_now();
+                }
+            },
+        );
+        assert_eq!(
+            saw_work.load(Ordering::Acquire),
+            2,
+            "the read never saw the work start"
+        );
+        assert_eq!(
+            off_thread.load(Ordering::Relaxed),
+            2,
+            "reads ran on the caller"
+        );
     }
 }

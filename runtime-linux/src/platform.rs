@@ -17,14 +17,14 @@
 //!   expert pager's reads can be measured on a machine whose storage is a host's page
 //!   cache; reads in flight at once each wait their own delay (a device with a queue).
 use crate::pool::Pool;
-use crate::readers::ReaderPool;
+use crate::readers::LazyReaders;
 use pinch_kernels::CpuFeatures;
 use pinch_runtime_min::platform::{Platform, PlatformError, Recv, Socket};
 use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::Instant;
 
 /// `O_DIRECT` from the kernel's uapi headers; it differs per architecture.
@@ -67,7 +67,7 @@ pub struct LinuxPlatform {
     /// `PINCH_READ_DELAY_US`: emulated latency per direct read.
     read_delay: Option<std::time::Duration>,
     /// The expert readers, made on first use (`None`: they could not be started).
-    readers: OnceLock<Option<ReaderPool>>,
+    readers: LazyReaders,
 }
 
 impl LinuxPlatform {
@@ -103,7 +103,7 @@ impl LinuxPlatform {
             base: Instant::now(),
             cpu,
             read_delay,
-            readers: OnceLock::new(),
+            readers: LazyReaders::default(),
         })
     }
 }
@@ -394,37 +394,15 @@ impl Platform for LinuxPlatform {
     }
 
     fn with_readers(&self, n: usize, read: &(dyn Fn(usize) + Sync), work: &mut dyn FnMut()) {
-        let pool = self.readers.get_or_init(|| match ReaderPool::new(n.max(1)) {
-            Ok(p) => Some(p),
-            Err(e) => {
-                eprintln!("pinch: cannot start {n} expert reader threads ({e}); reading on the compute thread");
-                None
-            }
-        });
-        match pool {
-            Some(p) => p.run(n, read, work),
-            None => {
-                (0..n).for_each(read);
-                work();
-            }
-        }
+        self.readers.with_readers(n, read, work);
     }
 
     fn wait_while(&self, word: &std::sync::atomic::AtomicU32, value: u32) {
-        match self.readers.get() {
-            Some(Some(p)) => p.wait_while(word, value),
-            _ => {
-                while word.load(Ordering::Acquire) == value {
-                    std::thread::yield_now();
-                }
-            }
-        }
+        self.readers.wait_while(word, value);
     }
 
     fn wake_all(&self) {
-        if let Some(Some(p)) = self.readers.get() {
-            p.wake_all();
-        }
+        self.readers.wake_all();
     }
 
     fn cpu(&self) -> CpuFeatures {

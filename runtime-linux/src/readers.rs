@@ -212,6 +212,57 @@ impl Drop for ReaderPool {
     }
 }
 
+/// The reader pool as a platform holds it: made on the first
+/// [`LazyReaders::with_readers`] call, of that call's thread count, and kept for the
+/// run. Linux and iOS both delegate `Platform::with_readers`, `wait_while` and
+/// `wake_all` here, so the expert pager overlaps its reads the same way on both.
+#[derive(Default)]
+pub struct LazyReaders {
+    /// `None` once it could not be started: reads then run on the compute thread.
+    pool: std::sync::OnceLock<Option<ReaderPool>>,
+}
+
+impl LazyReaders {
+    /// Run `read(r)` for `r` in `0..n` on the reader threads while this thread runs
+    /// `work` (see [`ReaderPool::run`]); without a pool, the reads first, then `work`.
+    pub fn with_readers(&self, n: usize, read: &(dyn Fn(usize) + Sync), work: &mut dyn FnMut()) {
+        let pool = self.pool.get_or_init(|| match ReaderPool::new(n.max(1)) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("pinch: cannot start {n} expert reader threads ({e}); reading on the compute thread");
+                None
+            }
+        });
+        match pool {
+            Some(p) => p.run(n, read, work),
+            None => {
+                (0..n).for_each(read);
+                work();
+            }
+        }
+    }
+
+    /// Block while `word` holds `value` (see [`ReaderPool::wait_while`]); before the
+    /// pool exists nobody can change the word but this thread's own reads, so yield.
+    pub fn wait_while(&self, word: &AtomicU32, value: u32) {
+        match self.pool.get() {
+            Some(Some(p)) => p.wait_while(word, value),
+            _ => {
+                while word.load(Ordering::Acquire) == value {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+
+    /// Wake the threads in [`LazyReaders::wait_while`].
+    pub fn wake_all(&self) {
+        if let Some(Some(p)) = self.pool.get() {
+            p.wake_all();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
