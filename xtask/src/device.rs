@@ -235,7 +235,10 @@ pub fn ensure_armv7_toolchain() -> Result<()> {
             .args(["target", "add", ARMV7]);
         run(&mut add)?;
     }
-    if !have(ARMV7_GCC) {
+    // The gcc alone is not enough: installed for the musl build (musl-dev:armhf) it
+    // comes without the glibc sysroot, and links then fail on crt1.o.
+    let glibc_crt = Path::new("/usr/arm-linux-gnueabihf/lib/crt1.o");
+    if !have(ARMV7_GCC) || !glibc_crt.is_file() {
         if !have("apt-get") {
             return Err(format!(
                 "{ARMV7_GCC} is missing; install gcc-arm-linux-gnueabihf and libc6-dev-armhf-cross"
