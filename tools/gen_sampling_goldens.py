@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Tokens llama.cpp's sampler chain draws, for pinch's sampler tests.
 
-Writes tests/data/sampling/chain.txt (fixed logits) and tests/data/sampling/tiny-llama.txt
+Writes tests/data/sampling/chain.txt (fixed logits), chain-3000.txt (fixed logits over
+3000 tokens, for the cases without top-k) and tests/data/sampling/tiny-llama.txt
 (generation on tests/data/tiny/tiny-llama-F32.gguf). Needs llama-cpp-python 0.3.36
 (= llama.cpp 0c1e570):
 
@@ -177,6 +178,34 @@ def fixed_logits():
                 write_case(f, pr, seed, toks, ps, ms)
 
 
+def large_vocab():
+    """Fixed logits over 3000 tokens (more than pinch's 2048 candidates): the cases
+    without top-k, where llama.cpp works on the whole vocabulary."""
+    g = random.Random(3000)
+    logits = [float(ctypes.c_float(g.gauss(0.0, 1.5)).value) for _ in range(3000)]
+    prompt = [g.randrange(3000) for _ in range(12)]
+    with open(os.path.join(OUT, "chain-3000.txt"), "w") as f:
+        header(f, "fixed logits, 3000 tokens")
+        f.write("logits: %s\n" % " ".join("%.9g" % l for l in logits))
+        f.write("prompt: %s\n" % " ".join(map(str, prompt)))
+        for pr in PARAMS:
+            if pr[2] != 0:
+                continue
+            for seed in SEEDS:
+                ch = make_chain(len(logits), pr, seed)
+                rng = Mt19937(seed)
+                for t in prompt:
+                    llama_cpp.llama_sampler_accept(ch, t)
+                toks, ps, ms = [], [], []
+                for _ in range(STEPS):
+                    t, p, m = step(ch, logits, rng)
+                    toks.append(t)
+                    ps.append(p)
+                    ms.append(m)
+                llama_cpp.llama_sampler_free(ch)
+                write_case(f, pr, seed, toks, ps, ms)
+
+
 def tiny_model():
     """Generation on tiny-llama-F32 (f32kv: F32 KV cache, flash attention off, 1 thread)."""
     path = os.path.join(ROOT, "tests", "data", "tiny", "tiny-llama-F32.gguf")
@@ -212,6 +241,7 @@ def tiny_model():
 def main():
     os.makedirs(OUT, exist_ok=True)
     fixed_logits()
+    large_vocab()
     tiny_model()
 
 

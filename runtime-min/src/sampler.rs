@@ -27,8 +27,11 @@
 //! `k + d` when they only lower scores, and within that plus the recent tokens when a
 //! negative penalty raises some: the top-k is exact either way. Without top-k the
 //! candidate set is the whole vocabulary when it fits in [`MAX_CANDIDATES`], else its
-//! [`MAX_CANDIDATES`] best tokens (in id order): the one place pinch approximates
-//! llama.cpp, by the probability mass beyond them.
+//! [`MAX_CANDIDATES`] best tokens (in id order), and what needs the rest streams over
+//! the logits again: top-p's normaliser, and the draw when neither top-p nor min-p cut
+//! inside the candidates. pinch approximates llama.cpp only where a set larger than
+//! [`MAX_CANDIDATES`] must be kept sorted: a top-p nucleus beyond them (cut at them),
+//! or a top-k above them.
 use crate::mt19937::Mt19937;
 use core::cmp::Ordering;
 
@@ -138,6 +141,10 @@ pub struct Sampler {
     counts: heapless::Vec<(u32, u32), MAX_RECENT>,
     /// The candidates the chain left (after [`Self::chain`]).
     cands: heapless::Vec<Cand, MAX_CANDIDATES>,
+    /// `Some(floor)` when the chain left more tokens than `cands` holds (no top-k or
+    /// top-p on a vocabulary above [`MAX_CANDIDATES`]): all tokens whose penalised
+    /// logit is at least `floor`, which the draw walks over the logits for.
+    rest: Option<f32>,
 }
 
 /// Best first; equal logits by id (llama.cpp leaves their order to `std::partial_sort`).
@@ -156,6 +163,7 @@ impl Sampler {
             recent: heapless::Deque::new(),
             counts: heapless::Vec::new(),
             cands: heapless::Vec::new(),
+            rest: None,
         }
     }
 
@@ -221,7 +229,7 @@ impl Sampler {
             return self.greedy(logits);
         }
         let (n, sum) = self.chain(logits);
-        self.draw(n, sum)
+        self.draw(logits, n, sum)
     }
 
     /// Pick the next token where a draft proposed `draft` (speculative decoding with a
@@ -236,11 +244,14 @@ impl Sampler {
     /// The `dist` step: one uniform double, then the first candidate whose running f64
     /// sum of `e_i` reaches `u * sum`. A single candidate still takes a draw (as
     /// llama.cpp, which keeps its RNG in step with its backend sampler that way).
-    fn draw(&mut self, n: usize, sum: f64) -> u32 {
+    fn draw(&mut self, logits: &[f32], n: usize, sum: f64) -> u32 {
         if n == 0 {
             return 0;
         }
         let u = self.rng.next_f64();
+        if let Some(floor) = self.rest {
+            return self.draw_over_logits(logits, floor, sum * u);
+        }
         if n == 1 {
             return self.cands[0].id;
         }
@@ -255,6 +266,45 @@ impl Sampler {
         self.cands[n - 1].id
     }
 
+    /// The draw over every token with a penalised logit of at least `floor`, in id
+    /// order: the first whose running f64 sum of `e_i` reaches `target`.
+    fn draw_over_logits(&self, logits: &[f32], floor: f32, target: f64) -> u32 {
+        let (temp, max) = (self.params.temp, self.max_logit(false));
+        let mut run = 0.0f64;
+        let mut last = None;
+        let mut found = None;
+        self.for_each_penalised(logits, |id, l| {
+            if found.is_some() || l < floor {
+                return;
+            }
+            run += libm::expf(l / temp - max) as f64;
+            last = Some(id);
+            if run >= target {
+                found = Some(id);
+            }
+        });
+        found.or(last).unwrap_or(0)
+    }
+
+    /// `f(id, penalised logit)` for every token, in id order.
+    fn for_each_penalised(&self, logits: &[f32], mut f: impl FnMut(u32, f32)) {
+        let penalties = self.params.penalties_on() && !self.counts.is_empty();
+        let mut j = 0;
+        for (i, &l) in logits.iter().enumerate() {
+            let id = i as u32;
+            let mut v = l;
+            if penalties {
+                while j < self.counts.len() && self.counts[j].0 < id {
+                    j += 1;
+                }
+                if j < self.counts.len() && self.counts[j].0 == id {
+                    v = self.penalise(self.counts[j].1, l);
+                }
+            }
+            f(id, v);
+        }
+    }
+
     /// Run the chain up to the draw: the candidates left are `self.cands[..n]`, their
     /// logits divided by the temperature and their `e_i` in `p`; returns `n` and the
     /// f64 sum of the `e_i`.
@@ -262,7 +312,7 @@ impl Sampler {
         let p = self.params;
         let mut sorted = self.candidates(logits);
         if p.top_p < 1.0 && !self.cands.is_empty() {
-            self.top_p(sorted);
+            self.top_p(logits, sorted);
             sorted = true;
         }
         if p.min_p > 0.0 && !self.cands.is_empty() {
@@ -276,6 +326,16 @@ impl Sampler {
         for c in self.cands.iter_mut() {
             c.p = libm::expf(c.logit - max);
             sum += c.p as f64;
+        }
+        if let Some(floor) = self.rest {
+            // The sum over every token left, in id order (the candidates are in id
+            // order too, and hold the largest logit).
+            sum = 0.0;
+            self.for_each_penalised(logits, |_, l| {
+                if l >= floor {
+                    sum += libm::expf(l / p.temp - max) as f64;
+                }
+            });
         }
         (self.cands.len(), sum)
     }
@@ -296,27 +356,15 @@ impl Sampler {
         let penalties = p.penalties_on() && !self.counts.is_empty();
         let d = if penalties { self.counts.len() } else { 0 };
         let all = logits.len();
+        self.rest = None;
         if p.top_k == 0 && all <= MAX_CANDIDATES {
             // The whole vocabulary, in id order.
-            self.cands.clear();
-            let mut j = 0;
-            for (i, &l) in logits.iter().enumerate() {
-                let id = i as u32;
-                let mut count = 0;
-                if penalties {
-                    while j < self.counts.len() && self.counts[j].0 < id {
-                        j += 1;
-                    }
-                    if j < self.counts.len() && self.counts[j].0 == id {
-                        count = self.counts[j].1;
-                    }
-                }
-                let _ = self.cands.push(Cand {
-                    id,
-                    logit: self.penalise(count, l),
-                    p: 0.0,
-                });
-            }
+            let mut cands = core::mem::take(&mut self.cands);
+            cands.clear();
+            self.for_each_penalised(logits, |id, logit| {
+                let _ = cands.push(Cand { id, logit, p: 0.0 });
+            });
+            self.cands = cands;
             return false;
         }
         let k = if p.top_k == 0 {
@@ -355,21 +403,29 @@ impl Sampler {
         self.cands.sort_unstable_by(best_first);
         self.cands.truncate(k);
         if p.top_k == 0 {
-            // Without top-k llama.cpp keeps the vocabulary's order.
+            // Without top-k llama.cpp keeps the vocabulary's order; the rest of it
+            // stays reachable through `rest`.
             self.cands.sort_unstable_by_key(|c| c.id);
+            self.rest = Some(f32::NEG_INFINITY);
             return false;
         }
         true
     }
 
-    /// Top-p: softmax of the current logits (f32, summed in candidate order), then the
-    /// best-first prefix whose f32 running sum of probabilities reaches `top_p`.
-    fn top_p(&mut self, sorted: bool) {
+    /// Top-p: softmax of the current logits (f32, summed in candidate order: over the
+    /// whole vocabulary in id order when `rest` says the candidates are its best),
+    /// then the best-first prefix whose f32 running sum of probabilities reaches
+    /// `top_p`. A prefix longer than the candidates is cut at them (approximate).
+    fn top_p(&mut self, logits: &[f32], sorted: bool) {
         let max = self.max_logit(sorted);
         let mut sum = 0.0f32;
         for c in self.cands.iter_mut() {
             c.p = libm::expf(c.logit - max);
             sum += c.p;
+        }
+        if self.rest.take().is_some() {
+            sum = 0.0;
+            self.for_each_penalised(logits, |_, l| sum += libm::expf(l - max));
         }
         for c in self.cands.iter_mut() {
             c.p /= sum;
@@ -398,7 +454,13 @@ impl Sampler {
                 .count();
             self.cands.truncate(keep);
         } else {
+            let before = self.cands.len();
             self.cands.retain(|c| c.logit >= floor);
+            if self.rest.is_some() {
+                // Complete when it cut some candidates, else the rest is filtered in
+                // the draw.
+                self.rest = (self.cands.len() == before).then_some(floor);
+            }
         }
     }
 
@@ -431,18 +493,27 @@ impl Sampler {
             return (0.0, 0);
         }
         // As llama.cpp normalises them: e_i / sum in f64, stored as f32 (1 alone).
+        let alone = n == 1 && self.rest.is_none();
         for c in self.cands.iter_mut() {
-            c.p = if n == 1 {
+            c.p = if alone {
                 1.0
             } else {
                 (c.p as f64 / sum) as f32
             };
         }
-        let p_chosen = self
+        let mut p_chosen = self
             .cands
             .iter()
             .find(|c| c.id == chosen)
             .map_or(0.0, |c| c.p);
+        if let (0.0, Some(floor), Some(&l)) = (p_chosen, self.rest, logits.get(chosen as usize)) {
+            // A token beyond the candidates, still in the draw.
+            let l = self.penalise(self.count(chosen), l);
+            if l >= floor {
+                let max = self.max_logit(false);
+                p_chosen = (libm::expf(l / self.params.temp - max) as f64 / sum) as f32;
+            }
+        }
         self.cands.sort_unstable_by(|a, b| {
             b.p.partial_cmp(&a.p)
                 .unwrap_or(Ordering::Equal)
@@ -460,27 +531,15 @@ impl Sampler {
 
     /// Argmax of the penalised logits; the first maximum wins ties (as llama.cpp).
     pub fn greedy(&self, logits: &[f32]) -> u32 {
-        let penalties = self.params.penalties_on() && !self.counts.is_empty();
-        let mut best = 0usize;
+        let mut best = 0u32;
         let mut best_v = f32::NEG_INFINITY;
-        let mut j = 0;
-        for (i, &l) in logits.iter().enumerate() {
-            let mut v = l;
-            if penalties {
-                let id = i as u32;
-                while j < self.counts.len() && self.counts[j].0 < id {
-                    j += 1;
-                }
-                if j < self.counts.len() && self.counts[j].0 == id {
-                    v = self.penalise(self.counts[j].1, l);
-                }
-            }
+        self.for_each_penalised(logits, |id, v| {
             if v > best_v {
                 best_v = v;
-                best = i;
+                best = id;
             }
-        }
-        best as u32
+        });
+        best
     }
 
     /// Keep the `keep` largest raw logits in `self.cands` (a min-heap by logit).
