@@ -152,45 +152,18 @@ def write_case(f, pr, seed, toks, ps, margins):
     f.write("margin: %s\n" % " ".join("%.3g" % m for m in margins))
 
 
-def fixed_logits():
-    """Sampling on one fixed vector of 96 logits (the tokens drawn change the penalties)."""
-    g = random.Random(20261202)
+def on_fixed_logits(file, what, n_vocab, sigma, rng_seed, params):
+    """Sampling on one fixed vector of `n_vocab` logits (the tokens drawn change the
+    penalties), for each of `params` and SEEDS."""
+    g = random.Random(rng_seed)
     # f32 values, written with 9 significant digits (round-trip exact)
-    logits = [float(ctypes.c_float(g.gauss(0.0, 2.5)).value) for _ in range(96)]
-    prompt = [g.randrange(96) for _ in range(12)]
-    with open(os.path.join(OUT, "chain.txt"), "w") as f:
-        header(f, "fixed logits")
+    logits = [float(ctypes.c_float(g.gauss(0.0, sigma)).value) for _ in range(n_vocab)]
+    prompt = [g.randrange(n_vocab) for _ in range(12)]
+    with open(os.path.join(OUT, file), "w") as f:
+        header(f, what)
         f.write("logits: %s\n" % " ".join("%.9g" % l for l in logits))
         f.write("prompt: %s\n" % " ".join(map(str, prompt)))
-        for pr in PARAMS:
-            for seed in SEEDS:
-                ch = make_chain(len(logits), pr, seed)
-                rng = Mt19937(seed)
-                for t in prompt:
-                    llama_cpp.llama_sampler_accept(ch, t)
-                toks, ps, ms = [], [], []
-                for _ in range(STEPS):
-                    t, p, m = step(ch, logits, rng)
-                    toks.append(t)
-                    ps.append(p)
-                    ms.append(m)
-                llama_cpp.llama_sampler_free(ch)
-                write_case(f, pr, seed, toks, ps, ms)
-
-
-def large_vocab():
-    """Fixed logits over 3000 tokens (more than pinch's 2048 candidates): the cases
-    without top-k, where llama.cpp works on the whole vocabulary."""
-    g = random.Random(3000)
-    logits = [float(ctypes.c_float(g.gauss(0.0, 1.5)).value) for _ in range(3000)]
-    prompt = [g.randrange(3000) for _ in range(12)]
-    with open(os.path.join(OUT, "chain-3000.txt"), "w") as f:
-        header(f, "fixed logits, 3000 tokens")
-        f.write("logits: %s\n" % " ".join("%.9g" % l for l in logits))
-        f.write("prompt: %s\n" % " ".join(map(str, prompt)))
-        for pr in PARAMS:
-            if pr[2] != 0:
-                continue
+        for pr in params:
             for seed in SEEDS:
                 ch = make_chain(len(logits), pr, seed)
                 rng = Mt19937(seed)
@@ -240,8 +213,11 @@ def tiny_model():
 
 def main():
     os.makedirs(OUT, exist_ok=True)
-    fixed_logits()
-    large_vocab()
+    on_fixed_logits("chain.txt", "fixed logits", 96, 2.5, 20261202, PARAMS)
+    # More tokens than pinch's 2048 candidates: the cases without top-k, where llama.cpp
+    # works on the whole vocabulary.
+    on_fixed_logits("chain-3000.txt", "fixed logits, 3000 tokens", 3000, 1.5, 3000,
+                    [pr for pr in PARAMS if pr[2] == 0])
     tiny_model()
 
 
