@@ -1,7 +1,7 @@
 //! Command-line options, parsed without allocation. Flag names follow llama.cpp
 //! (`-m`, `-p`, `-n`, `-t`, `-c`, `-b`, `--temp`, `--top-k` ...) so users can reuse theirs.
 use crate::model::{KvType, Math};
-use crate::sampler::SamplerParams;
+use crate::sampler::{SamplerParams, RANDOM_SEED};
 
 /// The subcommand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -203,9 +203,12 @@ flags (llama.cpp names):
   -c, --ctx-size N        context length (default 2048, ppl 512, at most the model's;
                           a larger N is allowed, with a warning)
   -b, --batch-size N      prompt tokens per weight pass (default 64; ppl: the whole window)
-  --temp X --top-k N --top-p X --min-p X --repeat-penalty X --repeat-last-n N --seed N
-                          (llama.cpp's defaults; chat and serve: --repeat-penalty 1.15
-                          --repeat-last-n 256, which keeps long answers from looping)
+  --temp X --top-k N --top-p X --min-p X --repeat-penalty X --repeat-last-n N
+  --presence-penalty X --frequency-penalty X --seed N
+                          (llama.cpp's defaults and sampler chain, the same tokens for
+                          the same seed; -s -1: a random seed; default seed 24301;
+                          chat and serve: --repeat-penalty 1.15 --repeat-last-n 256,
+                          which keeps long answers from looping)
   --budget SIZE           memory cap, e.g. 700M or 1.2G: the plan must fit under it
   --guard SIZE            stop generating when available memory falls under SIZE
                           (default 180M; 0 = off); checked once per token
@@ -539,7 +542,17 @@ impl<'s> Opts<'s> {
                 "--min-p" => o.sampler.min_p = num!(),
                 "--repeat-penalty" => o.sampler.repeat_penalty = num!(),
                 "--repeat-last-n" => o.sampler.repeat_last_n = num!(),
-                "-s" | "--seed" => o.sampler.seed = num!(),
+                "--presence-penalty" => o.sampler.presence_penalty = num!(),
+                "--frequency-penalty" => o.sampler.frequency_penalty = num!(),
+                "-s" | "--seed" => {
+                    let v = val()?;
+                    o.sampler.seed = match v {
+                        "-1" => RANDOM_SEED,
+                        _ => v
+                            .parse()
+                            .map_err(|_| CliError::BadValue { flag, value: v })?,
+                    };
+                }
                 "-r" | "--repetitions" => o.bench_reps = num!(),
                 "-d" | "--n-depth" => o.bench_depth = num!(),
                 "--budget" => {

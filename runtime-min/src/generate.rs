@@ -18,9 +18,9 @@
 //! each position is sampled once from its own logits by [`Sampler::sample_with_draft`]
 //! with a draft fixed before the pass. The memory guard is checked once per pass.
 //!
-//! [`Adjust`] applies the request-level logit changes llama-server offers (`logit_bias`,
-//! presence and frequency penalties) on a copy of the logits, before the sampler; the
-//! sink sees the raw logits (log-probabilities are reported from the model's own
+//! [`Adjust`] applies llama-server's `logit_bias` on a copy of the logits, before the
+//! sampler (as llama.cpp's chain starts with it; the penalties, presence and frequency
+//! included, are the sampler's next step); the sink sees the raw logits (log-probabilities are reported from the model's own
 //! distribution, as llama-server and OpenAI do).
 use crate::commands::{secs, AppError};
 use crate::draft::{Drafter, PromptLookup, MAX_DRAFT};
@@ -34,9 +34,6 @@ use crate::tokenizer::Tokenizer;
 
 /// Most `logit_bias` entries per request.
 pub const MAX_BIAS: usize = 256;
-/// Window of recent tokens that presence and frequency penalties count (llama.cpp's
-/// default `penalty_last_n`).
-pub const PENALTY_WINDOW: usize = 64;
 
 /// Why a generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -149,40 +146,25 @@ impl<F: FnMut(u32, &[u8])> Sink for Emit<F> {
     }
 }
 
-/// Request-level logit changes, applied to a copy of the logits in `scratch`
-/// (`n_vocab` long, lent by the caller) before sampling.
+/// `logit_bias`, applied to a copy of the logits in `scratch` (`n_vocab` long, lent by
+/// the caller) before sampling.
 pub struct Adjust<'b> {
     /// (token, bias); `f32::NEG_INFINITY` bans the token.
     pub bias: heapless::Vec<(u32, f32), MAX_BIAS>,
-    /// Subtracted once from every token seen in the window.
-    pub presence: f32,
-    /// Subtracted per occurrence in the window.
-    pub frequency: f32,
     pub scratch: &'b mut [f32],
-    recent: heapless::Deque<u32, PENALTY_WINDOW>,
 }
 
 impl<'b> Adjust<'b> {
     pub fn new(scratch: &'b mut [f32]) -> Self {
         Adjust {
             bias: heapless::Vec::new(),
-            presence: 0.0,
-            frequency: 0.0,
             scratch,
-            recent: heapless::Deque::new(),
         }
     }
 
     /// Whether anything would change the logits.
     pub fn is_active(&self) -> bool {
-        !self.bias.is_empty() || self.presence != 0.0 || self.frequency != 0.0
-    }
-
-    fn accept(&mut self, id: u32) {
-        if self.recent.is_full() {
-            self.recent.pop_front();
-        }
-        let _ = self.recent.push_back(id);
+        !self.bias.is_empty()
     }
 
     /// The adjusted logits (`logits` itself when nothing changes them or the scratch is
@@ -196,18 +178,6 @@ impl<'b> Adjust<'b> {
         for &(id, b) in self.bias.iter() {
             if let Some(l) = out.get_mut(id as usize) {
                 *l += b;
-            }
-        }
-        if self.presence != 0.0 || self.frequency != 0.0 {
-            for (i, &id) in self.recent.iter().enumerate() {
-                // Count each token once, at its first occurrence in the window.
-                if self.recent.iter().take(i).any(|&r| r == id) {
-                    continue;
-                }
-                let n = self.recent.iter().filter(|&&r| r == id).count() as f32;
-                if let Some(l) = out.get_mut(id as usize) {
-                    *l -= self.presence + self.frequency * n;
-                }
             }
         }
         out
@@ -330,9 +300,6 @@ pub fn emit(
     let go = sink.token(id, tok.token_bytes(id));
     st.gen_tokens += 1;
     s.sampler.accept(id);
-    if let Some(a) = s.adjust.as_deref_mut() {
-        a.accept(id);
-    }
     if let Some(d) = s.draft.as_deref_mut() {
         d.push(id);
     }
@@ -422,9 +389,6 @@ pub fn begin<P: Platform>(
 ) -> Result<Option<u32>, AppError> {
     for &t in prompt {
         s.sampler.accept(t);
-        if let Some(a) = s.adjust.as_deref_mut() {
-            a.accept(t);
-        }
     }
     let nb = sess.opts.n_batch.max(1);
     let mut next = 0u32;
@@ -580,7 +544,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn bias_bans_and_penalties_count_occurrences_in_the_window() {
+    fn bias_adds_and_bans() {
         let mut scratch = [0.0f32; 4];
         let mut a = Adjust::new(&mut scratch);
         let logits = [1.0f32, 2.0, 3.0, 4.0];
@@ -588,29 +552,7 @@ mod tests {
         assert_eq!(a.apply(&logits), &logits);
         a.bias.push((3, f32::NEG_INFINITY)).unwrap();
         a.bias.push((0, 0.5)).unwrap();
-        a.presence = 0.25;
-        a.frequency = 1.0;
-        a.accept(1);
-        a.accept(1);
-        a.accept(2);
         let out = a.apply(&logits);
-        assert_eq!(out[0], 1.5);
-        assert_eq!(out[1], 2.0 - 0.25 - 2.0);
-        assert_eq!(out[2], 3.0 - 0.25 - 1.0);
-        assert_eq!(out[3], f32::NEG_INFINITY);
-    }
-
-    #[test]
-    fn penalty_window_forgets_old_tokens() {
-        let mut scratch = [0.0f32; 2];
-        let mut a = Adjust::new(&mut scratch);
-        a.frequency = 1.0;
-        a.accept(0);
-        for _ in 0..PENALTY_WINDOW {
-            a.accept(1);
-        }
-        let out = a.apply(&[0.0, 0.0]);
-        assert_eq!(out[0], 0.0);
-        assert_eq!(out[1], -(PENALTY_WINDOW as f32));
+        assert_eq!(out, [1.5, 2.0, 3.0, f32::NEG_INFINITY]);
     }
 }

@@ -34,6 +34,7 @@ pub mod head_rank;
 pub mod header_len;
 pub mod inspect;
 pub mod model;
+pub mod mt19937;
 pub mod pager;
 pub mod platform;
 pub mod repack_cache;

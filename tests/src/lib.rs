@@ -740,3 +740,26 @@ pub fn with_tokenizer_session<R>(
     sess.set_reader(&read);
     f(&mut sess, &tok, &plat, &mut arena)
 }
+
+/// The tokens [`pinch_runtime_min::generate::generate`] (the driver `run`, `chat` and
+/// `serve` share) emits for `prompt` under `settings`, and its statistics.
+pub fn generate_tokens(
+    plat: &MemPlatform<'_>,
+    tok: &pinch_runtime_min::tokenizer::Tokenizer<'_>,
+    sess: &mut Session<'_, '_>,
+    settings: pinch_runtime_min::generate::Settings<'_, '_, '_, '_>,
+    prompt: &[u32],
+) -> (Vec<u32>, pinch_runtime_min::generate::GenStats) {
+    use pinch_runtime_min::generate::{generate, Emit};
+    let mut tokens = vec![];
+    let stats = generate(
+        plat,
+        tok,
+        sess,
+        settings,
+        prompt,
+        &mut Emit(|id, _: &[u8]| tokens.push(id)),
+    )
+    .unwrap();
+    (tokens, stats)
+}

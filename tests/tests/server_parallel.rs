@@ -2,7 +2,7 @@
 //! `decode_seqs` pass per token for all, with prompts admitted while others generate,
 //! are token for token (and end for end) the answers the server's single generation
 //! (`generate::generate` with the server's settings) gives each request alone.
-use pinch_runtime_min::generate::{self, Adjust, Emit, End, Settings};
+use pinch_runtime_min::generate::{Adjust, Emit, End, Settings};
 use pinch_runtime_min::guard::MemoryGuard;
 use pinch_runtime_min::model::{KvType, Math, Session, SessionOptions};
 use pinch_runtime_min::platform::MemPlatform;
@@ -33,14 +33,24 @@ struct Req {
 
 /// The request's logit adjustments over `scratch`, as the server makes them.
 fn adjust<'b>(r: &Req, tokens: &[u32], scratch: &'b mut [f32]) -> Option<Adjust<'b>> {
-    let (presence, frequency) = r.penalties?;
+    r.penalties?;
     let mut a = Adjust::new(scratch);
     a.bias
         .push((tokens[r.prompt.0], f32::NEG_INFINITY))
         .unwrap();
-    a.presence = presence;
-    a.frequency = frequency;
     Some(a)
+}
+
+impl Req {
+    /// The sampler's settings, with the request's presence and frequency penalties.
+    fn params(&self) -> SamplerParams {
+        let (presence_penalty, frequency_penalty) = self.penalties.unwrap_or((0.0, 0.0));
+        SamplerParams {
+            presence_penalty,
+            frequency_penalty,
+            ..self.sp
+        }
+    }
 }
 
 fn requests() -> Vec<Req> {
@@ -135,22 +145,13 @@ fn with_session<R>(
 /// Each request alone, as `serve` runs it today.
 fn alone(bytes: &[u8], tokens: &[u32], r: &Req) -> (Vec<u32>, End) {
     with_session(bytes, 1, |sess, tok, plat| {
-        let mut sampler = Sampler::new(r.sp);
+        let mut sampler = Sampler::new(r.params());
         let mut guard = MemoryGuard::new(0);
         let mut scratch = vec![0.0f32; tok.n_vocab() as usize];
         let mut adjust = adjust(r, tokens, &mut scratch);
         let settings = server_settings(r, &mut sampler, &mut guard, adjust.as_mut());
         let (a, n) = r.prompt;
-        let mut out = vec![];
-        let st = generate::generate(
-            plat,
-            tok,
-            sess,
-            settings,
-            &tokens[a..a + n],
-            &mut Emit(|id, _: &[u8]| out.push(id)),
-        )
-        .unwrap();
+        let (out, st) = generate_tokens(plat, tok, sess, settings, &tokens[a..a + n]);
         (out, st.end)
     })
 }
@@ -159,7 +160,7 @@ fn alone(bytes: &[u8], tokens: &[u32], r: &Req) -> (Vec<u32>, End) {
 fn together(bytes: &[u8], tokens: &[u32], reqs: &[Req]) -> Vec<(Vec<u32>, End)> {
     with_session(bytes, reqs.len(), |sess, tok, plat| {
         let n = reqs.len();
-        let mut samplers: Vec<Sampler> = reqs.iter().map(|r| Sampler::new(r.sp)).collect();
+        let mut samplers: Vec<Sampler> = reqs.iter().map(|r| Sampler::new(r.params())).collect();
         let mut guards: Vec<MemoryGuard> = (0..n).map(|_| MemoryGuard::new(0)).collect();
         let mut scratch = vec![vec![0.0f32; tok.n_vocab() as usize]; n];
         let mut adjusts: Vec<Option<Adjust>> = reqs

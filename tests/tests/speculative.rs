@@ -4,7 +4,7 @@
 //! through the generation driver `run`, `chat` and `serve` share (`generate`), with
 //! weights resident and streamed, on six tiny fixtures and Gemma 3 270M.
 use pinch_runtime_min::draft::{verify, PromptLookup};
-use pinch_runtime_min::generate::{self, Emit, GenStats, Settings};
+use pinch_runtime_min::generate::{self, GenStats, Settings};
 use pinch_runtime_min::gguf::Gguf;
 use pinch_runtime_min::guard::MemoryGuard;
 use pinch_runtime_min::model::{Config, KvType, Logits, Math, SessionOptions};
@@ -195,16 +195,7 @@ fn drive(
                 draft: drafter.as_mut(),
                 grammar: None,
             };
-            let mut tokens = vec![];
-            let stats = generate::generate(
-                plat,
-                tok,
-                sess,
-                settings,
-                &prompt[..np],
-                &mut Emit(|id, _: &[u8]| tokens.push(id)),
-            )
-            .unwrap();
+            let (tokens, stats) = generate_tokens(plat, tok, sess, settings, &prompt[..np]);
             Gen {
                 tokens,
                 stats,

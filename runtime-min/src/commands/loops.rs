@@ -224,7 +224,7 @@ fn generate<P: Platform>(
         });
     }
     ctx.sess.reset();
-    let mut sampler = Sampler::new(ctx.o.sampler);
+    let mut sampler = Sampler::new(ctx.o.sampler.resolve_seed(ctx.p.now_ns()));
     for &t in prompt {
         sampler.accept(t);
     }

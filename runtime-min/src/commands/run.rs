@@ -239,7 +239,7 @@ pub fn run<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
     let text_cap = o.n_predict.saturating_mul(16).clamp(256, 1 << 20);
     let gen_text = ctx.arena.bytes("generated text", text_cap)?;
     let mut gen_len = 0usize;
-    let mut sampler = Sampler::new(o.sampler);
+    let mut sampler = Sampler::new(o.sampler.resolve_seed(ctx.p.now_ns()));
     let mut guard = MemoryGuard::from_opt(o.guard);
     let p = ctx.p;
     let mut out = Out::stdout(p);
@@ -402,7 +402,7 @@ pub fn chat<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
         heapless::Vec::new();
     // Bytes of `fed` (the last prompt's first) and of `hist` in use.
     let (mut hist_len, mut fed_len, mut prompt_len) = (0usize, 0usize, 0usize);
-    let mut sampler = Sampler::new(o.sampler);
+    let mut sampler = Sampler::new(o.sampler.resolve_seed(p.now_ns()));
     let mut guard = MemoryGuard::from_opt(o.guard);
     let mut err = Out::stderr(p);
     let _ = writeln!(

@@ -32,7 +32,7 @@ use crate::commands::Ctx;
 use crate::generate::{self, Adjust, Constrain, End, Settings, Sink};
 use crate::guard::{GuardStop, MemoryGuard};
 use crate::platform::Platform;
-use crate::sampler::{top_n, Candidate, Sampler};
+use crate::sampler::{top_n, Candidate, Sampler, RANDOM_SEED};
 use crate::tokenizer::{Tokenizer, TokenizerError, Utf8Stream};
 use serde_json_core::str::EscapedStr;
 
@@ -54,7 +54,7 @@ pub struct Bufs<'a> {
     /// turn of a chat, a retry) only evaluates the rest, as llama-server's `cache_prompt`.
     pub cache: &'a mut [u32],
     pub n_cached: usize,
-    /// Adjusted logits (`logit_bias`, penalties): one vocabulary's worth.
+    /// Logits after `logit_bias`: one vocabulary's worth.
     pub logits: &'a mut [f32],
     /// Constrained output (`grammar`, `json_schema`, `response_format`).
     pub grammar: super::constrain::GrammarBufs<'a>,
@@ -1664,7 +1664,13 @@ pub fn serve_one<P: Platform>(
     sp.top_k = q.top_k.map_or(sp.top_k, |k| k as usize);
     sp.min_p = q.min_p.unwrap_or(sp.min_p);
     sp.repeat_penalty = q.repeat_penalty.unwrap_or(sp.repeat_penalty);
-    sp.seed = q.seed.unwrap_or(sp.seed);
+    sp.presence_penalty = q.presence_penalty;
+    sp.frequency_penalty = q.frequency_penalty;
+    // llama-server's seed -1 (and pinch's `-s -1`): a random seed per request.
+    sp.seed = q
+        .seed
+        .map_or(sp.seed, |s| if s < 0 { RANDOM_SEED } else { s as u64 });
+    let sp = sp.resolve_seed(p.now_ns());
     let ignore_eos = q.ignore_eos.unwrap_or(o.ignore_eos);
     let stride = MAX_TOP + 1;
     let mut w = SockWriter::new(p, sock);
@@ -1724,8 +1730,6 @@ pub fn serve_one<P: Platform>(
             }
             let mut adjust = Adjust::new(bufs.logits);
             let _ = adjust.bias.extend_from_slice(&prep.bias);
-            adjust.presence = q.presence_penalty;
-            adjust.frequency = q.frequency_penalty;
             // A fresh matcher per answer, at the start of the grammar.
             let mut parts = prep.grammar.as_ref().and_then(|g| bufs.grammar.split(g));
             let mut constrain = parts.as_mut().map(|(m, vocab, masked)| Constrain {

@@ -143,7 +143,7 @@ pub struct Body<'a> {
     #[serde(default)]
     pub frequency_penalty: Option<f32>,
     #[serde(default)]
-    pub seed: Option<u64>,
+    pub seed: Option<i64>,
     #[serde(default)]
     pub top_logprobs: Option<u32>,
     #[serde(default)]
@@ -227,7 +227,7 @@ pub struct Params {
     pub repeat_penalty: Option<f32>,
     pub presence_penalty: f32,
     pub frequency_penalty: f32,
-    pub seed: Option<u64>,
+    pub seed: Option<i64>,
     /// Report the chosen token's log-probability.
     pub logprobs: bool,
     /// Alternatives per token to report.
