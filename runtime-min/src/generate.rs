@@ -178,7 +178,9 @@ impl<'b> Adjust<'b> {
         !self.bias.is_empty() || self.presence != 0.0 || self.frequency != 0.0
     }
 
-    fn accept(&mut self, id: u32) {
+    /// `id` joins the penalty window (a token of the text: the prompt's, cached or
+    /// evaluated, and each generated one).
+    pub fn accept(&mut self, id: u32) {
         if self.recent.is_full() {
             self.recent.pop_front();
         }

@@ -36,28 +36,54 @@ use crate::sampler::{top_n, Candidate, Sampler};
 use crate::tokenizer::{Tokenizer, TokenizerError, Utf8Stream};
 use serde_json_core::str::EscapedStr;
 
-/// Buffers of the generation side, carved once from the arena.
+/// Buffers of the generation side that one request uses only while it is being
+/// prepared or answered at once (shared by all generation slots), carved once from the
+/// arena.
 pub struct Bufs<'a> {
+    pub scratch: &'a mut [u8],
+    /// Longest prompt text accepted (the tokenizer scratch is sized for it).
+    pub prompt_limit: usize,
+    /// Constrained output (`grammar`, `json_schema`, `response_format`).
+    pub grammar: super::constrain::GrammarBufs<'a>,
+}
+
+/// Buffers one running request keeps until its answer is sent (one per generation
+/// slot, `--parallel`), carved once from the arena.
+#[derive(Default)]
+pub struct Lane<'a> {
     /// Unescaped strings (first half) and the rendered prompt (second half).
     pub text: &'a mut [u8],
-    pub scratch: &'a mut [u8],
     pub tokens: &'a mut [u32],
     /// Generated text of a non-streamed response.
     pub out: &'a mut [u8],
     /// Per generated token: the chosen id and its alternatives ([`MAX_TOP`] + 1 each).
     pub rec_id: &'a mut [u32],
     pub rec_lp: &'a mut [f32],
-    /// Longest prompt text accepted (the tokenizer scratch is sized for it).
-    pub prompt_limit: usize,
-    /// The tokens whose keys and values are in the session's cache, positions
-    /// `0..n_cached` (`n_ctx` long): a request that starts with the same tokens (the next
-    /// turn of a chat, a retry) only evaluates the rest, as llama-server's `cache_prompt`.
-    pub cache: &'a mut [u32],
-    pub n_cached: usize,
     /// Adjusted logits (`logit_bias`, penalties): one vocabulary's worth.
     pub logits: &'a mut [f32],
-    /// Constrained output (`grammar`, `json_schema`, `response_format`).
-    pub grammar: super::constrain::GrammarBufs<'a>,
+}
+
+/// What one sequence of the session holds: the tokens whose keys and values are in its
+/// cache, positions `0..n_cached` (`n_ctx` long). A request that starts with the same
+/// tokens (the next turn of a chat, a retry) only evaluates the rest, as llama-server's
+/// `cache_prompt`.
+#[derive(Default)]
+pub struct SeqCache<'a> {
+    /// The session's sequence.
+    pub seq: usize,
+    pub cache: &'a mut [u32],
+    pub n_cached: usize,
+}
+
+impl SeqCache<'_> {
+    /// Tokens of `prompt` this sequence's cache already holds.
+    pub fn common_prefix(&self, prompt: &[u32]) -> usize {
+        self.cache[..self.n_cached]
+            .iter()
+            .zip(prompt)
+            .take_while(|(x, y)| x == y)
+            .count()
+    }
 }
 
 /// Bytes of text per context token the server accepts in a prompt (English averages
@@ -186,6 +212,7 @@ fn prepare<P: Platform>(
     ctx: &Ctx<'_, '_, '_, P>,
     setup: Setup<'_>,
     bufs: &mut Bufs<'_>,
+    lane: &mut Lane<'_>,
     api: Api,
     body: &[u8],
     why: &mut Msg,
@@ -203,14 +230,14 @@ fn prepare<P: Platform>(
         n_ctx,
         limit: bufs.prompt_limit,
     };
-    let base = bufs.text.as_ptr() as usize;
-    let half = bufs.text.len() / 2;
-    let (strs, render) = bufs.text.split_at_mut(half);
+    let base = lane.text.as_ptr() as usize;
+    let half = lane.text.len() / 2;
+    let (strs, render) = lane.text.split_at_mut(half);
     let mut strs: &mut [u8] = strs;
     let mut prompts: heapless::Vec<(usize, usize), MAX_RESULTS> = heapless::Vec::new();
     let mut shown = None;
     let mut at = 0usize;
-    let (scratch, tokens) = (&mut *bufs.scratch, &mut *bufs.tokens);
+    let (scratch, tokens) = (&mut *bufs.scratch, &mut *lane.tokens);
     match api {
         Api::Chat | Api::ApplyTemplate | Api::InputTokens => {
             let mut msgs: heapless::Vec<ChatMessage<'_>, { json::MAX_MESSAGES }> =
@@ -740,6 +767,8 @@ struct Resp<'s> {
     api: Api,
     id: u64,
     model: &'s str,
+    /// The generation slot (`id_slot`).
+    slot: usize,
 }
 
 impl Resp<'_> {
@@ -902,31 +931,22 @@ impl GenSettings<'_> {
     }
 }
 
-/// The per-request part of the server that the driver's sink writes to.
-struct ServeSink<'x, 'a, 's, 'p, 'b, 'w, P: Platform> {
-    io: &'x mut Io<'a, 's, 'p, P>,
-    i: usize,
-    w: &'x mut SockWriter<'w, P>,
-    r: &'x Resp<'s>,
-    tok: &'x Tokenizer<'b>,
-    p: &'x Params,
-    stops: &'x [heapless::Vec<u8, MAX_STOP_LEN>],
+/// What the sink of one answer keeps from token to token (the parts that are not
+/// borrowed buffers), so that a batched answer can be resumed at every step.
+pub struct SinkState {
     /// Records: ids (and log-probabilities when wanted), from `rec0`.
-    rec_id: &'x mut [u32],
-    rec_lp: &'x mut [f32],
     rec0: usize,
     n_rec: usize,
     /// Non-streamed text.
-    out: &'x mut [u8],
     out_len: usize,
-    /// The session's cached tokens: generated ones are appended at `n_cached`.
-    cache: &'x mut [u32],
+    /// The sequence's cached tokens: generated ones are appended at `n_cached`.
     n_cached: usize,
     cur: TokProbs,
     utf8: Utf8Stream,
     matcher: StopMatcher,
     hit: Option<usize>,
-    gone: bool,
+    /// The client went away (a failed send, or seen by the server loop).
+    pub gone: bool,
     /// The output buffer is full.
     full: bool,
     /// Prompt progress (`return_progress`): total, cached.
@@ -936,6 +956,27 @@ struct ServeSink<'x, 'a, 's, 'p, 'b, 'w, P: Platform> {
     /// `tool_calls` at the end.
     tool_stop: Option<usize>,
     calling: bool,
+    /// Tokens generated and not yet counted in the server's metrics (a sink without the
+    /// server: batched steps).
+    pub uncounted: u64,
+}
+
+/// The per-request part of the server that the driver's sink writes to.
+pub struct ServeSink<'x, 'a, 's, 'p, 'b, 'w, P: Platform> {
+    /// The server, polled between passes; `None` in a batched step (the server loop
+    /// polls between steps).
+    io: Option<&'x mut Io<'a, 's, 'p, P>>,
+    i: usize,
+    w: &'x mut SockWriter<'w, P>,
+    r: &'x Resp<'s>,
+    tok: &'x Tokenizer<'b>,
+    p: &'x Params,
+    stops: &'x [heapless::Vec<u8, MAX_STOP_LEN>],
+    rec_id: &'x mut [u32],
+    rec_lp: &'x mut [f32],
+    out: &'x mut [u8],
+    cache: &'x mut [u32],
+    s: &'x mut SinkState,
 }
 
 impl<P: Platform> ServeSink<'_, '_, '_, '_, '_, '_, P> {
@@ -945,24 +986,33 @@ impl<P: Platform> ServeSink<'_, '_, '_, '_, '_, '_, P> {
         if !(self.p.stream && self.p.return_progress) {
             return true;
         }
-        let (total, cached) = self.progress;
+        let (total, cached) = self.s.progress;
         let _ = write!(
             self.w,
             "data: {{\"prompt_progress\":{{\"total\":{total},\"cache\":{cached},\"processed\":{},\"time_ms\":0}}}}\n\n",
             cached + done
         );
         if !self.w.flush() {
-            self.gone = true;
+            self.s.gone = true;
         }
-        !self.gone
+        !self.s.gone
     }
 
     fn alive(&mut self) -> bool {
-        self.io.poll();
-        if self.io.client_gone(self.i) {
-            self.gone = true;
+        if let Some(io) = self.io.as_deref_mut() {
+            io.poll();
+            if io.client_gone(self.i) {
+                self.s.gone = true;
+            }
         }
-        !self.gone
+        !self.s.gone
+    }
+
+    fn count_token(&mut self) {
+        match self.io.as_deref_mut() {
+            Some(io) => io.m.tokens_generated += 1,
+            None => self.s.uncounted += 1,
+        }
     }
 }
 
@@ -973,80 +1023,80 @@ impl<P: Platform> Sink for ServeSink<'_, '_, '_, '_, '_, '_, P> {
 
     fn sampled(&mut self, logits: &[f32], used: &[f32], sampler: &mut Sampler, id: u32) {
         if self.p.logprobs && self.p.post_sampling {
-            self.cur = post_probs(sampler, used, id, self.p.top);
+            self.s.cur = post_probs(sampler, used, id, self.p.top);
         } else if self.p.logprobs {
-            self.cur = probs(logits, id, self.p.top);
+            self.s.cur = probs(logits, id, self.p.top);
         }
     }
 
     fn token(&mut self, id: u32, bytes: &[u8]) -> bool {
         let stride = MAX_TOP + 1;
-        let j = self.rec0 + self.n_rec;
+        let s = &mut *self.s;
+        let j = s.rec0 + s.n_rec;
         if (j + 1) * stride <= self.rec_id.len() {
             let base = j * stride;
             self.rec_id[base] = id;
-            self.rec_lp[base] = self.cur.lp;
+            self.rec_lp[base] = s.cur.lp;
             let top = &mut self.rec_id[base + 1..base + stride];
             // Fewer alternatives than asked (post-sampling cuts, a tiny vocabulary)
             // end at NO_TOKEN.
             top.fill(NO_TOKEN);
-            for (kk, c) in self.cur.top[..self.cur.n].iter().enumerate() {
+            for (kk, c) in s.cur.top[..s.cur.n].iter().enumerate() {
                 top[kk] = c.id;
                 self.rec_lp[base + 1 + kk] = c.logit;
             }
-            self.n_rec += 1;
+            s.n_rec += 1;
         }
-        if self.n_cached < self.cache.len() {
-            self.cache[self.n_cached] = id;
-            self.n_cached += 1;
+        if s.n_cached < self.cache.len() {
+            self.cache[s.n_cached] = id;
+            s.n_cached += 1;
         }
-        if self.calling {
+        if s.calling {
             // Inside a streamed tool call: kept for the `tool_calls` at the end.
-            if !keep(self.out, &mut self.out_len, bytes) {
-                self.full = true;
+            if !keep(self.out, &mut s.out_len, bytes) {
+                s.full = true;
                 return false;
             }
-            self.io.m.tokens_generated += 1;
+            self.count_token();
             return self.alive();
         }
         // Released text of this token: through the UTF-8 assembler and the stop matcher.
         let mut piece: heapless::Vec<u8, 1024> = heapless::Vec::new();
-        let (matcher, stops, hit) = (&mut self.matcher, self.stops, &mut self.hit);
-        let _ = self.utf8.push(bytes, &mut |s: &str| -> Result<(), ()> {
+        let (matcher, stops, hit) = (&mut s.matcher, self.stops, &mut s.hit);
+        let _ = s.utf8.push(bytes, &mut |t: &str| -> Result<(), ()> {
             if hit.is_none() {
-                *hit = matcher.push(s.as_bytes(), stops, &mut |b| {
+                *hit = matcher.push(t.as_bytes(), stops, &mut |b| {
                     let _ = piece.extend_from_slice(b);
                 });
             }
             Ok(())
         });
-        self.io.m.tokens_generated += 1;
+        self.count_token();
+        let s = &mut *self.s;
         if self.p.stream {
-            let t = self.p.logprobs.then_some(&self.cur);
+            let t = self.p.logprobs.then_some(&s.cur);
             if !piece.is_empty() || t.is_some() || self.r.api != Api::Chat {
                 let _ = token_event(self.w, self.r, self.tok, &piece, id, t);
                 if !self.w.flush() {
-                    self.gone = true;
+                    s.gone = true;
                     return false;
                 }
             }
-        } else {
-            if !keep(self.out, &mut self.out_len, &piece) {
-                // Never cut silently: the answer ends before this token, as "length".
-                self.full = true;
-                return false;
-            }
+        } else if !keep(self.out, &mut s.out_len, &piece) {
+            // Never cut silently: the answer ends before this token, as "length".
+            s.full = true;
+            return false;
         }
-        if self.hit.is_some() && self.hit == self.tool_stop {
-            self.hit = None;
-            self.calling = true;
+        if s.hit.is_some() && s.hit == s.tool_stop {
+            s.hit = None;
+            s.calling = true;
             let open = tools::OPEN.as_bytes();
-            if !keep(self.out, &mut self.out_len, open) {
-                self.full = true;
+            if !keep(self.out, &mut s.out_len, open) {
+                s.full = true;
                 return false;
             }
         }
-        if self.hit.is_some() {
+        if s.hit.is_some() {
             return false;
         }
         self.alive()
@@ -1113,7 +1163,11 @@ fn token_event(
         _ => {
             w.write_str("{\"index\":0,\"content\":")?;
             json_bytes_str(w, text)?;
-            write!(w, ",\"tokens\":[{id}],\"stop\":false,\"id_slot\":0")?;
+            write!(
+                w,
+                ",\"tokens\":[{id}],\"stop\":false,\"id_slot\":{}",
+                r.slot
+            )?;
             if let Some(t) = t {
                 w.write_str(",\"completion_probabilities\":[")?;
                 entry(w, tok, id, t, true)?;
@@ -1227,7 +1281,7 @@ impl Body<'_, '_> {
                 write!(w, "{}", self.recs.get(res.rec.0 + j).0)?;
             }
         }
-        w.write_str("],\"id_slot\":0,\"stop\":true,\"model\":")?;
+        write!(w, "],\"id_slot\":{},\"stop\":true,\"model\":", self.r.slot)?;
         json_str(w, self.r.model)?;
         write!(
             w,
@@ -1492,10 +1546,12 @@ fn final_events(w: &mut dyn Write, b: &Body<'_, '_>, res: &Res, tail: &[u8]) -> 
 }
 
 /// `/tokenize` (`content`, `add_special`, `with_pieces`) and `/detokenize` (`tokens`).
+#[allow(clippy::too_many_arguments)]
 fn tokens_endpoint<P: Platform>(
     tok: &Tokenizer<'_>,
     setup: Setup<'_>,
     bufs: &mut Bufs<'_>,
+    lane: &mut Lane<'_>,
     api: Api,
     body: &[u8],
     p: &P,
@@ -1515,11 +1571,11 @@ fn tokens_endpoint<P: Platform>(
                 .u32()
                 .filter(|&id| id < tok.n_vocab())
                 .ok_or("'tokens' holds a value that is not a token id of this model")?;
-            let slot = bufs.tokens.get_mut(n).ok_or("too many tokens")?;
+            let slot = lane.tokens.get_mut(n).ok_or("too many tokens")?;
             *slot = id;
             n += 1;
         }
-        let ids = &bufs.tokens[..n];
+        let ids = &lane.tokens[..n];
         // Bytes of consecutive tokens joined before UTF-8 is checked (a character may
         // span byte tokens); the space SentencePiece puts before the text is dropped.
         let strip = tok.adds_space_prefix();
@@ -1550,7 +1606,7 @@ fn tokens_endpoint<P: Platform>(
         .ok_or("'content' must be a string")?;
     let add_special = r.get("add_special").and_then(|v| v.bool()).unwrap_or(false);
     let pieces = r.get("with_pieces").and_then(|v| v.bool()).unwrap_or(false);
-    let mut strs: &mut [u8] = &mut bufs.text[..];
+    let mut strs: &mut [u8] = &mut lane.text[..];
     let text = json::unescape(&content, &mut strs).map_err(|_| "'content' has a bad escape")?;
     if text.len() > bufs.prompt_limit {
         return Err("'content' is longer than this server tokenizes");
@@ -1560,12 +1616,12 @@ fn tokens_endpoint<P: Platform>(
         text,
         add_special && !setup.no_bos,
         bufs.scratch,
-        bufs.tokens,
-        bufs.tokens.len(),
+        lane.tokens,
+        lane.tokens.len(),
     )
     .map_err(|_| "'content' cannot be tokenized")?
-    .min(bufs.tokens.len());
-    let ids = &bufs.tokens[..n];
+    .min(lane.tokens.len());
+    let ids = &lane.tokens[..n];
     http::respond(p, sock, 200, "application/json", "", &|w| {
         w.write_str("{\"tokens\":[")?;
         for (k, &id) in ids.iter().enumerate() {
@@ -1585,31 +1641,386 @@ fn tokens_endpoint<P: Platform>(
     Ok(())
 }
 
-/// Serve the active request in slot `i`, then free the slot. `guard` is checked before
-/// the prompt and before each token's pass: when it stops the generation, the client
-/// gets a 503 error (non-streamed) or an error event (streamed) saying why, and the
-/// server goes on with the next request.
-pub fn serve_one<P: Platform>(
+/// A generation request being answered: what it asked for, its output so far and the
+/// connection it is answered on. Made by [`open`], its answers run one after another
+/// ([`Job::next_answer`], [`start_answer`], [`end_answer`]), sent by [`close`].
+pub struct Job<'s, 'p, P: Platform> {
+    /// The connection slot.
+    pub i: usize,
+    api: Api,
+    body: (usize, usize),
+    sock: crate::platform::Socket,
+    prep: Prepared,
+    r: Resp<'s>,
+    sp: crate::sampler::SamplerParams,
+    ignore_eos: bool,
+    w: SockWriter<'p, P>,
+    results: heapless::Vec<Res, MAX_RESULTS>,
+    out_len: usize,
+    n_rec: usize,
+    tail: heapless::Vec<u8, 1024>,
+    max_new_shown: usize,
+    /// Answers started (index over prompts × `n`).
+    started: usize,
+}
+
+impl<P: Platform> Job<'_, '_, P> {
+    /// The generation id (`/slots`' `id_task`).
+    pub fn task(&self) -> u64 {
+        self.r.id
+    }
+
+    /// Answer in generation slot `slot` (its sequence).
+    pub fn set_slot(&mut self, slot: usize) {
+        self.r.slot = slot;
+    }
+
+    /// The prompt of its first answer (range of `Lane::tokens`), for choosing the slot
+    /// whose cache holds most of it.
+    pub fn first_prompt(&self) -> (usize, usize) {
+        self.prep.prompts.first().copied().unwrap_or((0, 0))
+    }
+
+    /// The job's answers must follow a grammar (they cannot share a batched pass: the
+    /// matcher's buffers are the server's one set).
+    pub fn constrained(&self) -> bool {
+        self.prep.grammar.is_some()
+    }
+
+    /// The prompt (range of `Lane::tokens`) and choice of the next answer, if any.
+    fn next_answer(&self) -> Option<((usize, usize), usize)> {
+        let n = self.prep.p.n.max(1);
+        let prompt = *self.prep.prompts.get(self.started / n)?;
+        Some((prompt, self.started % n))
+    }
+
+    /// Generate past end-of-generation tokens (the request's `ignore_eos`).
+    pub fn ignore_eos(&self) -> bool {
+        self.ignore_eos
+    }
+
+    /// Whether another answer is to be generated.
+    pub fn has_next(&self) -> bool {
+        self.next_answer().is_some()
+    }
+}
+
+/// One answer being generated: its sampler, logit adjustments and sink state.
+pub struct Answer<'a> {
+    prompt: (usize, usize),
+    reuse: usize,
+    max_new: usize,
+    pub sampler: Sampler,
+    /// Over the lane's logits scratch (given back by [`end_answer`]).
+    pub adjust: Adjust<'a>,
+    pub sink: SinkState,
+}
+
+impl<'a> Answer<'a> {
+    /// The sampling settings of this answer in a batched pass (no drafts: a pass holds
+    /// one token of each answer; no grammar: see [`Job::constrained`]), and its sink
+    /// state.
+    pub fn parts<'s>(
+        &'s mut self,
+        ignore_eos: bool,
+        guard: &'s mut MemoryGuard,
+    ) -> (Settings<'s, 'a, 'static, 'static>, &'s mut SinkState) {
+        let settings = Settings {
+            sampler: &mut self.sampler,
+            guard,
+            adjust: match self.adjust.is_active() {
+                true => Some(&mut self.adjust),
+                false => None,
+            },
+            max_new: self.max_new,
+            ignore_eos,
+            feed_last: false,
+            draft: None,
+            grammar: None,
+        };
+        (settings, &mut self.sink)
+    }
+}
+
+/// The sink of an answer of `job` (state `s`) over its lane's and sequence's buffers;
+/// `io` is polled between passes when given (`None` in a batched step: the server loop
+/// polls between steps).
+pub fn sink<'x, 'a, 's, 'p, 'b, P: Platform>(
+    io: Option<&'x mut Io<'a, 's, 'p, P>>,
+    job: &'x mut Job<'s, 'p, P>,
+    tok: &'x Tokenizer<'b>,
+    lane: &'x mut Lane<'_>,
+    seq: &'x mut SeqCache<'_>,
+    s: &'x mut SinkState,
+) -> ServeSink<'x, 'a, 's, 'p, 'b, 'p, P> {
+    let Job { i, w, r, prep, .. } = job;
+    ServeSink {
+        io,
+        i: *i,
+        w,
+        r,
+        tok,
+        p: &prep.p,
+        stops: &prep.stops,
+        rec_id: lane.rec_id,
+        rec_lp: lane.rec_lp,
+        out: lane.out,
+        cache: seq.cache,
+        s,
+    }
+}
+
+/// Start the answer of `job` after its last: the longest prefix of its prompt that
+/// sequence `seq` holds is kept (selected in the session), the sampler and adjustments
+/// are made, and the first progress event is sent. `None` when all were started.
+pub fn start_answer<'a, P: Platform>(
+    ctx: &mut Ctx<'_, '_, '_, P>,
+    job: &mut Job<'_, '_, P>,
+    lane: &mut Lane<'a>,
+    seq: &mut SeqCache<'_>,
+) -> Option<Answer<'a>> {
+    let ((a, b), choice) = job.next_answer()?;
+    job.started += 1;
+    let n_ctx = ctx.sess.opts.n_ctx;
+    let q = &job.prep.p;
+    let prompt = &lane.tokens[a..b];
+    let n_prompt = prompt.len();
+    let max_new = q
+        .max_tokens
+        .map_or(ctx.o.n_predict, |n| n as usize)
+        .min(n_ctx - n_prompt);
+    job.max_new_shown = max_new;
+    // `select_seq` fails only for a sequence the session lacks, which the loop never
+    // hands out.
+    let _ = ctx.sess.select_seq(seq.seq);
+    // Keep the longest cached prefix; at least one prompt token is evaluated, for the
+    // logits of the first generated token.
+    let reuse = if q.cache_prompt && ctx.sess.n_past() >= seq.n_cached {
+        seq.common_prefix(prompt).min(n_prompt - 1)
+    } else {
+        0
+    };
+    // Through `truncate`: a model whose state cannot go back refuses, and the prompt is
+    // evaluated from the start.
+    if ctx.sess.truncate(reuse).is_err() {
+        ctx.sess.reset();
+    }
+    let reuse = ctx.sess.n_past();
+    seq.cache[reuse..n_prompt].copy_from_slice(&prompt[reuse..]);
+    seq.n_cached = n_prompt;
+    let mut sp = job.sp;
+    sp.seed = sp.seed.wrapping_add(choice as u64);
+    let mut sampler = Sampler::new(sp);
+    for &t in &prompt[..reuse] {
+        sampler.accept(t);
+    }
+    let mut adjust = Adjust::new(core::mem::take(&mut lane.logits));
+    let _ = adjust.bias.extend_from_slice(&job.prep.bias);
+    adjust.presence = q.presence_penalty;
+    adjust.frequency = q.frequency_penalty;
+    // The cached part of the prompt counts for the penalties as if evaluated (the
+    // driver adds the rest), so a cached prompt is answered as an evaluated one.
+    for &t in &prompt[..reuse] {
+        adjust.accept(t);
+    }
+    let mut ans = Answer {
+        prompt: (a, b),
+        reuse,
+        max_new,
+        sampler,
+        adjust,
+        sink: SinkState {
+            rec0: job.n_rec,
+            n_rec: 0,
+            out_len: job.out_len,
+            n_cached: n_prompt,
+            cur: TokProbs::EMPTY,
+            utf8: Utf8Stream::new(),
+            matcher: StopMatcher {
+                held: heapless::Vec::new(),
+            },
+            hit: None,
+            gone: false,
+            full: false,
+            progress: (n_prompt, reuse),
+            tool_stop: job.prep.tool_stop,
+            calling: false,
+            uncounted: 0,
+        },
+    };
+    // The first progress report: the cached tokens, before any pass.
+    sink::<P>(None, job, ctx.tok, lane, seq, &mut ans.sink).progress_event(0);
+    Some(ans)
+}
+
+/// Evaluate the answer's prompt on its sequence (selected by [`start_answer`]) and
+/// sample its first token: a [`Stream`](super::slots::Stream) for batched steps. The
+/// server is polled between the prompt's passes.
+pub fn start_stream<'a, 's, 'p, P: Platform>(
+    ctx: &mut Ctx<'_, '_, '_, P>,
+    io: &mut Io<'a, 's, 'p, P>,
+    job: &mut Job<'s, 'p, P>,
+    lane: &mut Lane<'_>,
+    seq: &mut SeqCache<'_>,
+    ans: &mut Answer<'_>,
+    guard: &mut MemoryGuard,
+) -> Result<super::slots::Stream, crate::commands::AppError> {
+    let (prompt, reuse) = (ans.prompt, ans.reuse);
+    let (mut settings, st) = ans.parts(job.ignore_eos, guard);
+    // The sink never reads the prompt's tokens: they are lent out of the lane.
+    let tokens = core::mem::take(&mut lane.tokens);
+    let toks = &tokens[prompt.0 + reuse..prompt.1];
+    let n = seq.seq;
+    let mut sink = sink(Some(io), job, ctx.tok, lane, seq, st);
+    let got = super::slots::Stream::start(
+        ctx.p,
+        &mut ctx.sess,
+        ctx.tok,
+        n,
+        &mut settings,
+        toks,
+        &mut sink,
+    );
+    lane.tokens = tokens;
+    got
+}
+
+/// Account for a finished answer (`got`: its generation) and keep its result; false
+/// when the connection was answered with an error or went away (the slot is freed).
+/// The logits scratch goes back to the lane.
+pub fn end_answer<'a, 's, 'p, P: Platform>(
+    ctx: &mut Ctx<'_, '_, '_, P>,
+    io: &mut Io<'_, 's, 'p, P>,
+    job: &mut Job<'s, 'p, P>,
+    lane: &mut Lane<'a>,
+    seq: &mut SeqCache<'_>,
+    mut ans: Answer<'a>,
+    got: Option<generate::GenStats>,
+) -> bool {
+    lane.logits = core::mem::take(&mut ans.adjust.scratch);
+    let p = ctx.p;
+    let q = job.prep.p;
+    let api = job.api;
+    let i = job.i;
+    let s = &mut ans.sink;
+    io.m.tokens_generated += s.uncounted;
+    s.uncounted = 0;
+    let (gone, full, hit, calling) = (s.gone, s.full, s.hit, s.calling);
+    job.out_len = s.out_len;
+    let this_rec = (job.n_rec, s.n_rec);
+    job.n_rec += s.n_rec;
+    // Text still held: an incomplete character, or a prefix of a stop string that never
+    // completed.
+    let tail = &mut job.tail;
+    tail.clear();
+    if hit.is_none() && !full {
+        let _ = s.utf8.finish(&mut |t: &str| -> Result<(), ()> {
+            let _ = tail.extend_from_slice(t.as_bytes());
+            Ok(())
+        });
+        let _ = tail.extend_from_slice(&s.matcher.held);
+    }
+    let n_past = ctx.sess.n_past_of(seq.seq);
+    seq.n_cached = n_past.min(seq.cache.len());
+    io.m.n_tokens_max = io.m.n_tokens_max.max(n_past as u64);
+    let w = &mut job.w;
+    let st = match got {
+        Some(st) => st,
+        None => {
+            if q.stream {
+                let _ = error_event(w, api, 500, "the model failed to evaluate");
+                w.flush();
+                io.free(i);
+                return false;
+            }
+            io.fail(i, 500, &"the model failed to evaluate the prompt");
+            return false;
+        }
+    };
+    let (a, b) = ans.prompt;
+    let (n_prompt, reuse) = (b - a, ans.reuse);
+    io.m.prompt_tokens += (n_prompt - reuse) as u64;
+    io.m.prompt_cached += reuse as u64;
+    io.m.prompt_seconds += st.prompt_s;
+    io.m.gen_seconds += st.gen_s;
+    io.m.decode_passes +=
+        ((n_prompt - reuse).div_ceil(ctx.sess.opts.n_batch.max(1)) + st.passes) as u64;
+    io.m.drafts += st.drafts as u64;
+    io.m.draft_tokens += st.drafted as u64;
+    io.m.draft_accepted += st.accepted as u64;
+    io.m.prompt_tps = generate::per_second(n_prompt - reuse, st.prompt_s);
+    io.m.gen_tps = generate::per_second(st.gen_tokens, st.gen_s);
+    if gone {
+        io.m.disconnects += 1;
+        io.free(i);
+        return false;
+    }
+    if let End::Stopped(g) = st.end {
+        let m = guard_stopped(p, io, g, st.gen_tokens);
+        if !q.stream {
+            io.fail(i, 503, &m.as_str());
+            return false;
+        }
+        // The text released so far has been sent; what is held back is dropped.
+        let _ = error_event(w, api, 503, &m);
+        w.flush();
+        io.free(i);
+        return false;
+    }
+    if !q.stream {
+        let take = job.tail.len().min(lane.out.len() - job.out_len);
+        lane.out[job.out_len..job.out_len + take].copy_from_slice(&job.tail[..take]);
+        job.out_len += take;
+    }
+    let start = job.results.last().map_or(0, |x: &Res| x.text.0 + x.text.1);
+    let fin = match (hit, st.end) {
+        (Some(k), _) => Finish::Word(k),
+        (None, End::Eos) => Finish::Eos,
+        _ => Finish::Length,
+    };
+    let _ = job.results.push(Res {
+        text: (start, job.out_len - start),
+        rec: this_rec,
+        fin,
+        tm: Timings {
+            prompt_n: n_prompt,
+            cached: reuse,
+            prompt_s: st.prompt_s,
+            gen_n: st.gen_tokens,
+            gen_s: st.gen_s,
+        },
+        truncated: st.end == End::ContextFull,
+        calling,
+        prompt: (a, b),
+    });
+    true
+}
+
+/// Take the active request in slot `i`: requests that need no generation (tokenize,
+/// templates, refusals) are answered and the slot freed (`None`); a generation request
+/// is prepared into `lane` and its response head sent.
+pub fn open<'s, 'p, P: Platform>(
     ctx: &mut Ctx<'_, '_, '_, P>,
     setup: Setup<'_>,
-    io: &mut Io<'_, '_, '_, P>,
+    io: &mut Io<'_, 's, 'p, P>,
     bufs: &mut Bufs<'_>,
-    guard: &mut MemoryGuard,
+    lane: &mut Lane<'_>,
     i: usize,
-) {
+) -> Option<Job<'s, 'p, P>> {
     // Take the request buffer out of the slot so the loop can poll the others meanwhile.
     let buf = core::mem::take(&mut io.slots[i].buf);
     let (api, (b0, b1), sock) = (io.slots[i].api, io.slots[i].body, io.slots[i].sock);
     if matches!(api, Api::Tokenize | Api::Detokenize) {
-        let status = tokens_endpoint(ctx.tok, setup, bufs, api, &buf[b0..b1], io.p, sock);
+        let status = tokens_endpoint(ctx.tok, setup, bufs, lane, api, &buf[b0..b1], io.p, sock);
         io.slots[i].buf = buf;
-        if let Err(m) = status {
-            return io.fail(i, 400, &m);
+        match status {
+            Err(m) => io.fail(i, 400, &m),
+            Ok(()) => io.free(i),
         }
-        return io.free(i);
+        return None;
     }
     let mut why = Msg::new();
-    let prep = prepare(ctx, setup, bufs, api, &buf[b0..b1], &mut why);
+    let prep = prepare(ctx, setup, bufs, lane, api, &buf[b0..b1], &mut why);
     io.slots[i].buf = buf;
     let n_ctx = ctx.sess.opts.n_ctx;
     let prep = match prep {
@@ -1618,7 +2029,8 @@ pub fn serve_one<P: Platform>(
             if why.is_empty() {
                 why = msg(&"the prompt is invalid (a token id out of range, a bad element, or multimodal data this server does not take)");
             }
-            return io.fail(i, status, &why.as_str());
+            io.fail(i, status, &why.as_str());
+            return None;
         }
         Err(Refusal::Context { n_prompt }) => {
             io.m.client_errors += 1;
@@ -1632,11 +2044,12 @@ pub fn serve_one<P: Platform>(
                 &format_args!("the request exceeds the available context size, try increasing it: the prompt has {n_prompt} tokens, the context holds {n_ctx} (with room for one generated token)"),
                 &fields,
             );
-            return io.free(i);
+            io.free(i);
+            return None;
         }
     };
     if matches!(api, Api::ApplyTemplate | Api::InputTokens) {
-        let shown: &[u8] = prep.shown.map_or(&[][..], |(o, n)| &bufs.text[o..o + n]);
+        let shown: &[u8] = prep.shown.map_or(&[][..], |(o, n)| &lane.text[o..o + n]);
         let n = prep.prompts.first().map_or(0, |&(a, b)| b - a);
         http::respond(io.p, sock, 200, "application/json", "", &|w| {
             if api == Api::InputTokens {
@@ -1646,17 +2059,17 @@ pub fn serve_one<P: Platform>(
             json_bytes_str(w, shown)?;
             w.write_char('}')
         });
-        return io.free(i);
+        io.free(i);
+        return None;
     }
     io.m.generations += 1;
     let r = Resp {
         api,
         id: io.m.generations,
         model: io.info.model_id,
+        slot: 0,
     };
-    let p = ctx.p;
     let o = ctx.o;
-    let tok = ctx.tok;
     let q = prep.p;
     let mut sp = o.sampler;
     sp.temp = q.temperature.unwrap_or(sp.temp);
@@ -1666,8 +2079,7 @@ pub fn serve_one<P: Platform>(
     sp.repeat_penalty = q.repeat_penalty.unwrap_or(sp.repeat_penalty);
     sp.seed = q.seed.unwrap_or(sp.seed);
     let ignore_eos = q.ignore_eos.unwrap_or(o.ignore_eos);
-    let stride = MAX_TOP + 1;
-    let mut w = SockWriter::new(p, sock);
+    let mut w = SockWriter::new(io.p, sock);
     if q.stream {
         let _ = http::write_head(
             &mut w,
@@ -1683,212 +2095,70 @@ pub fn serve_one<P: Platform>(
         }
         w.flush();
     }
-    let mut results: heapless::Vec<Res, MAX_RESULTS> = heapless::Vec::new();
-    let (mut out_len, mut n_rec) = (0usize, 0usize);
-    let mut tail: heapless::Vec<u8, 1024> = heapless::Vec::new();
-    let mut max_new_shown = 0usize;
-    for &(a, b) in prep.prompts.iter() {
-        for choice in 0..q.n {
-            let prompt = &bufs.tokens[a..b];
-            let n_prompt = prompt.len();
-            let max_new = q
-                .max_tokens
-                .map_or(o.n_predict, |n| n as usize)
-                .min(n_ctx - n_prompt);
-            max_new_shown = max_new;
-            // Keep the longest cached prefix; at least one prompt token is evaluated,
-            // for the logits of the first generated token.
-            let reuse = if q.cache_prompt && ctx.sess.n_past() >= bufs.n_cached {
-                let same = bufs.cache[..bufs.n_cached]
-                    .iter()
-                    .zip(prompt)
-                    .take_while(|(x, y)| x == y)
-                    .count();
-                same.min(n_prompt - 1)
-            } else {
-                0
-            };
-            // Through `truncate`: a model whose state cannot go back refuses, and the
-            // prompt is evaluated from the start.
-            if ctx.sess.truncate(reuse).is_err() {
-                ctx.sess.reset();
-            }
-            let reuse = ctx.sess.n_past();
-            bufs.cache[reuse..n_prompt].copy_from_slice(&prompt[reuse..]);
-            bufs.n_cached = n_prompt;
-            let mut sp = sp;
-            sp.seed = sp.seed.wrapping_add(choice as u64);
-            let mut sampler = Sampler::new(sp);
-            for &t in &prompt[..reuse] {
-                sampler.accept(t);
-            }
-            let mut adjust = Adjust::new(bufs.logits);
-            let _ = adjust.bias.extend_from_slice(&prep.bias);
-            adjust.presence = q.presence_penalty;
-            adjust.frequency = q.frequency_penalty;
-            // A fresh matcher per answer, at the start of the grammar.
-            let mut parts = prep.grammar.as_ref().and_then(|g| bufs.grammar.split(g));
-            let mut constrain = parts.as_mut().map(|(m, vocab, masked)| Constrain {
-                matcher: m,
-                vocab,
-                scratch: masked,
-                masked: 0,
-            });
-            let settings = Settings {
-                sampler: &mut sampler,
-                guard,
-                adjust: adjust.is_active().then_some(&mut adjust),
-                max_new,
-                ignore_eos,
-                feed_last: false,
-                draft: ctx.draft.as_mut(),
-                grammar: constrain.as_mut(),
-            };
-            let mut sink = ServeSink {
-                io,
-                i,
-                w: &mut w,
-                r: &r,
-                tok,
-                p: &q,
-                stops: &prep.stops,
-                rec_id: bufs.rec_id,
-                rec_lp: bufs.rec_lp,
-                rec0: n_rec,
-                n_rec: 0,
-                out: bufs.out,
-                out_len,
-                cache: bufs.cache,
-                n_cached: n_prompt,
-                cur: TokProbs::EMPTY,
-                utf8: Utf8Stream::new(),
-                matcher: StopMatcher {
-                    held: heapless::Vec::new(),
-                },
-                hit: None,
-                gone: false,
-                full: false,
-                tool_stop: prep.tool_stop,
-                calling: false,
-                progress: (n_prompt, reuse),
-            };
-            let toks = &bufs.tokens[a + reuse..b];
-            // The first progress report: the cached tokens, before any pass.
-            sink.progress_event(0);
-            let got = generate::generate(p, tok, &mut ctx.sess, settings, toks, &mut sink);
-            let (gone, full, hit, calling) = (sink.gone, sink.full, sink.hit, sink.calling);
-            out_len = sink.out_len;
-            let this_rec = (n_rec, sink.n_rec);
-            n_rec += sink.n_rec;
-            // Text still held: an incomplete character, or a prefix of a stop string
-            // that never completed.
-            tail.clear();
-            if hit.is_none() && !full {
-                let _ = sink.utf8.finish(&mut |s: &str| -> Result<(), ()> {
-                    let _ = tail.extend_from_slice(s.as_bytes());
-                    Ok(())
-                });
-                let _ = tail.extend_from_slice(&sink.matcher.held);
-            }
-            bufs.n_cached = ctx.sess.n_past().min(bufs.cache.len());
-            io.m.n_tokens_max = io.m.n_tokens_max.max(ctx.sess.n_past() as u64);
-            let st = match got {
-                Ok(st) => st,
-                Err(_) => {
-                    if q.stream {
-                        let _ = error_event(&mut w, api, 500, "the model failed to evaluate");
-                        w.flush();
-                        return io.free(i);
-                    }
-                    return io.fail(i, 500, &"the model failed to evaluate the prompt");
-                }
-            };
-            io.m.prompt_tokens += (n_prompt - reuse) as u64;
-            io.m.prompt_cached += reuse as u64;
-            io.m.prompt_seconds += st.prompt_s;
-            io.m.gen_seconds += st.gen_s;
-            io.m.decode_passes +=
-                ((n_prompt - reuse).div_ceil(ctx.sess.opts.n_batch.max(1)) + st.passes) as u64;
-            io.m.drafts += st.drafts as u64;
-            io.m.draft_tokens += st.drafted as u64;
-            io.m.draft_accepted += st.accepted as u64;
-            io.m.prompt_tps = generate::per_second(n_prompt - reuse, st.prompt_s);
-            io.m.gen_tps = generate::per_second(st.gen_tokens, st.gen_s);
-            if gone {
-                io.m.disconnects += 1;
-                return io.free(i);
-            }
-            if let End::Stopped(s) = st.end {
-                let m = guard_stopped(p, io, s, st.gen_tokens);
-                if !q.stream {
-                    return io.fail(i, 503, &m.as_str());
-                }
-                // The text released so far has been sent; what is held back is dropped.
-                let _ = error_event(&mut w, api, 503, &m);
-                w.flush();
-                return io.free(i);
-            }
-            if !q.stream {
-                let take = tail.len().min(bufs.out.len() - out_len);
-                bufs.out[out_len..out_len + take].copy_from_slice(&tail[..take]);
-                out_len += take;
-            }
-            let start = results.last().map_or(0, |x: &Res| x.text.0 + x.text.1);
-            let fin = match (hit, st.end) {
-                (Some(k), _) => Finish::Word(k),
-                (None, End::Eos) => Finish::Eos,
-                _ => Finish::Length,
-            };
-            let _ = results.push(Res {
-                text: (start, out_len - start),
-                rec: this_rec,
-                fin,
-                tm: Timings {
-                    prompt_n: n_prompt,
-                    cached: reuse,
-                    prompt_s: st.prompt_s,
-                    gen_n: st.gen_tokens,
-                    gen_s: st.gen_s,
-                },
-                truncated: st.end == End::ContextFull,
-                calling,
-                prompt: (a, b),
-            });
-        }
-    }
-    let gs = GenSettings {
+    Some(Job {
+        i,
+        api,
+        body: (b0, b1),
+        sock,
+        prep,
+        r,
         sp,
-        p: &q,
-        n_predict: max_new_shown as i64,
         ignore_eos,
+        w,
+        results: heapless::Vec::new(),
+        out_len: 0,
+        n_rec: 0,
+        tail: heapless::Vec::new(),
+        max_new_shown: 0,
+        started: 0,
+    })
+}
+
+/// Send the response of `job`, whose answers are all done, and free its slot.
+pub fn close<P: Platform>(
+    ctx: &mut Ctx<'_, '_, '_, P>,
+    setup: Setup<'_>,
+    io: &mut Io<'_, '_, '_, P>,
+    bufs: &mut Bufs<'_>,
+    lane: &mut Lane<'_>,
+    mut job: Job<'_, '_, P>,
+) {
+    let (p, tok) = (ctx.p, ctx.tok);
+    let (q, api, sock, i) = (job.prep.p, job.api, job.sock, job.i);
+    let (b0, b1) = job.body;
+    let gs = GenSettings {
+        sp: job.sp,
+        p: &q,
+        n_predict: job.max_new_shown as i64,
+        ignore_eos: job.ignore_eos,
         eog: tok.eog_ids(),
     };
-    let shown: &[u8] = match prep.shown {
-        Some((o, n)) => &bufs.text[o..o + n],
+    let shown: &[u8] = match job.prep.shown {
+        Some((o, n)) => &lane.text[o..o + n],
         None => b"",
     };
     let body = Body {
-        r: &r,
+        r: &job.r,
         tok,
-        out: bufs.out,
+        out: lane.out,
         recs: Recs {
-            ids: bufs.rec_id,
-            lps: bufs.rec_lp,
+            ids: lane.rec_id,
+            lps: lane.rec_lp,
             n_top: q.top.min(MAX_TOP),
             post: q.post_sampling,
         },
-        res: &results,
-        stops: &prep.stops,
+        res: &job.results,
+        stops: &job.prep.stops,
         gs: &gs,
         shown,
         verbose: setup.verbose,
-        tools: prep.tools,
-        tokens: bufs.tokens,
+        tools: job.prep.tools,
+        tokens: lane.tokens,
     };
-    let _ = stride;
+    let w = &mut job.w;
     if q.stream {
-        if let Some(res) = results.first() {
-            let _ = final_events(&mut w, &body, res, &tail);
+        if let Some(res) = job.results.first() {
+            let _ = final_events(w, &body, res, &job.tail);
         }
         w.flush();
     } else {
@@ -1929,6 +2199,89 @@ pub fn serve_one<P: Platform>(
         }
     }
     io.free(i);
+}
+
+/// Generate every answer of `job` on sequence `seq` with the shared driver alone
+/// (drafts and grammar as configured), the server polled between passes; false when
+/// the connection was freed on the way.
+#[allow(clippy::too_many_arguments)]
+pub fn run_alone<'s, 'p, P: Platform>(
+    ctx: &mut Ctx<'_, '_, '_, P>,
+    io: &mut Io<'_, 's, 'p, P>,
+    bufs: &mut Bufs<'_>,
+    job: &mut Job<'s, 'p, P>,
+    lane: &mut Lane<'_>,
+    seq: &mut SeqCache<'_>,
+    guard: &mut MemoryGuard,
+) -> bool {
+    while let Some(mut ans) = start_answer(ctx, job, lane, seq) {
+        let got = {
+            // A fresh matcher per answer, at the start of the grammar.
+            let mut parts = job
+                .prep
+                .grammar
+                .as_ref()
+                .and_then(|g| bufs.grammar.split(g));
+            let mut constrain = parts.as_mut().map(|(m, vocab, masked)| Constrain {
+                matcher: m,
+                vocab,
+                scratch: masked,
+                masked: 0,
+            });
+            let Answer {
+                sampler,
+                adjust,
+                sink: st,
+                max_new,
+                prompt: (a, b),
+                reuse,
+            } = &mut ans;
+            let settings = Settings {
+                sampler,
+                guard: &mut *guard,
+                adjust: adjust.is_active().then_some(adjust),
+                max_new: *max_new,
+                ignore_eos: job.ignore_eos,
+                feed_last: false,
+                draft: ctx.draft.as_mut(),
+                grammar: constrain.as_mut(),
+            };
+            let tokens = core::mem::take(&mut lane.tokens);
+            let toks = &tokens[*a + *reuse..*b];
+            let mut sink = sink(Some(&mut *io), job, ctx.tok, lane, seq, st);
+            let got = generate::generate(ctx.p, ctx.tok, &mut ctx.sess, settings, toks, &mut sink);
+            lane.tokens = tokens;
+            got
+        };
+        if !end_answer(ctx, io, job, lane, seq, ans, got.ok()) {
+            return false;
+        }
+    }
+    true
+}
+
+/// Serve the active request in slot `i` alone, then free the slot. `guard` is checked
+/// before the prompt and before each token's pass: when it stops the generation, the
+/// client gets a 503 error (non-streamed) or an error event (streamed) saying why, and
+/// the server goes on with the next request.
+#[allow(clippy::too_many_arguments)]
+pub fn serve_one<P: Platform>(
+    ctx: &mut Ctx<'_, '_, '_, P>,
+    setup: Setup<'_>,
+    io: &mut Io<'_, '_, '_, P>,
+    bufs: &mut Bufs<'_>,
+    lane: &mut Lane<'_>,
+    seq: &mut SeqCache<'_>,
+    guard: &mut MemoryGuard,
+    i: usize,
+) {
+    let Some(mut job) = open(ctx, setup, io, bufs, lane, i) else {
+        return;
+    };
+    job.r.slot = seq.seq;
+    if run_alone(ctx, io, bufs, &mut job, lane, seq, guard) {
+        close(ctx, setup, io, bufs, lane, job);
+    }
 }
 
 /// The members of `obj` named in `fields` (a list of names; `a/b` is member `b` of

@@ -13,7 +13,7 @@
 //! Rows of one pass are computed as each alone (tests/tests/batch_decode.rs), so a
 //! stream's tokens are those it gets alone (tests/tests/server_parallel.rs).
 //!
-//! Not wired into the HTTP loop yet: `serve` still runs one request at a time.
+//! The HTTP loop of `serve --parallel N` ([`super::batch`]) runs on these.
 use crate::commands::AppError;
 use crate::generate::{begin, emit, pick, End, GenStats, Settings, Sink};
 use crate::model::forward::MAX_SEQS;
