@@ -188,7 +188,9 @@ pub fn serve<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> 
         let busy = io.poll();
         if let Some(i) = io.start_next() {
             let g = &mut guard;
-            gen::serve_one(ctx, setup, &mut io, &mut bufs, &mut lane, &mut seq, g, i);
+            crate::server::answer::serve_one(
+                ctx, setup, &mut io, &mut bufs, &mut lane, &mut seq, g, i,
+            );
             idle = 0;
             continue;
         }

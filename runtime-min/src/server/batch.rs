@@ -8,13 +8,14 @@
 //! token of every running answer in one weight pass ([`slots::step`]).
 //!
 //! A request is prepared, answered and sent by the same functions as with one slot
-//! (`gen::open`, `gen::start_answer`, `gen::end_answer`, `gen::close`), and sampled
+//! (`answer::open`, `start_answer`, `end_answer`, `close`), and sampled
 //! through the same driver steps ([`crate::generate`]), so an answer is token for token
 //! the one it gets alone (`runtime-linux/tests/server_parallel.rs`). What differs:
 //! no drafts (a pass holds one token of each answer), and a request with a grammar runs
-//! alone through `gen::run_alone` while the others wait (the matcher's buffers are the
+//! alone through `answer::run_alone` while the others wait (the matcher's buffers are the
 //! server's one set).
-use super::gen::{self, Answer, Bufs, Job, Lane, SeqCache, ServeSink, Setup};
+use super::answer::{self as gen, Answer, Job, ServeSink};
+use super::gen::{Bufs, Lane, SeqCache, Setup};
 use super::slots::{self, Stream, Turn};
 use super::{GenSlot, Io};
 use crate::commands::Ctx;

@@ -1,7 +1,7 @@
-//! One request of the generation endpoints: the body becomes one or more prompts
-//! (chat template, plain text, token ids, a list of prompts, fill-in-the-middle), each
-//! prompt is answered `n` times by the shared driver ([`crate::generate`]) with the
-//! server loop polled between weight passes, stop strings are held back until they
+//! The parts of one request of the generation endpoints: the body becomes one or more
+//! prompts (chat template, plain text, token ids, a list of prompts,
+//! fill-in-the-middle), each prompt is answered `n` times (by `super::answer`, through
+//! the shared driver [`crate::generate`]), stop strings are held back until they
 //! cannot match, and the result goes out as server-sent events or one JSON body in the
 //! shape of the API that was called (OpenAI chat or completions, llama-server's
 //! `/completion` and `/infill`).
@@ -11,13 +11,13 @@
 //! settings.
 //!
 //! # Limits
-//! A non-streamed answer is kept in [`Bufs::out`]: when the next token's text does not
+//! A non-streamed answer is kept in [`Lane::out`]: when the next token's text does not
 //! fit, the generation ends there with `finish_reason: "length"` (never a silent cut).
-//! All prompts of one request share [`Bufs::tokens`] (one context's worth); at most
+//! All prompts of one request share [`Lane::tokens`] (one context's worth); at most
 //! [`MAX_RESULTS`] answers (prompts × `n`) per request, streamed requests one.
 use core::fmt::Write;
 
-use super::http::{self, SockWriter};
+use super::http;
 use super::jraw::{Kind, Val};
 use super::json::ToolChoice;
 use super::json::{
@@ -29,8 +29,8 @@ use crate::chat::{ChatMessage, Content as MsgContent, Template};
 use crate::commands::out::json_str;
 use crate::commands::run::SliceWriter;
 use crate::commands::Ctx;
-use crate::generate::{self, Adjust, Constrain, End, Settings, Sink};
-use crate::guard::{GuardStop, MemoryGuard};
+use crate::generate;
+use crate::guard::GuardStop;
 use crate::platform::Platform;
 use crate::sampler::{top_n, Candidate, Sampler};
 use crate::tokenizer::{Tokenizer, TokenizerError, Utf8Stream};
@@ -102,32 +102,32 @@ pub fn prompt_limit(n_ctx: usize) -> usize {
 pub const FINGERPRINT: &str = concat!("b", env!("CARGO_PKG_VERSION"), "-pinch");
 
 /// A request turned into token sequences and settings.
-struct Prepared {
+pub(super) struct Prepared {
     /// Ranges of `Bufs::tokens`, one per prompt.
-    prompts: heapless::Vec<(usize, usize), MAX_RESULTS>,
-    p: Params,
-    stops: heapless::Vec<heapless::Vec<u8, MAX_STOP_LEN>, MAX_STOP>,
-    bias: heapless::Vec<(u32, f32), { generate::MAX_BIAS }>,
+    pub(super) prompts: heapless::Vec<(usize, usize), MAX_RESULTS>,
+    pub(super) p: Params,
+    pub(super) stops: heapless::Vec<heapless::Vec<u8, MAX_STOP_LEN>, MAX_STOP>,
+    pub(super) bias: heapless::Vec<(u32, f32), { generate::MAX_BIAS }>,
     /// The rendered chat prompt or the prompt string (range of `Bufs::text`), for
     /// `echo` and `__verbose`.
-    shown: Option<(usize, usize)>,
+    pub(super) shown: Option<(usize, usize)>,
     /// The grammar the answers follow (parsed into `Bufs::grammar`).
-    grammar: Option<crate::grammar::parse::Parsed>,
+    pub(super) grammar: Option<crate::grammar::parse::Parsed>,
     /// Tool calls in the answer become `tool_calls` (chat with `tools`).
-    tools: bool,
+    pub(super) tools: bool,
     /// Index in `stops` of the tool call's opening marker (streamed chat with tools).
-    tool_stop: Option<usize>,
+    pub(super) tool_stop: Option<usize>,
 }
 
 /// Why a request cannot run.
-enum Refusal {
+pub(super) enum Refusal {
     /// Status and message (in the caller's buffer).
     Status(u16),
     /// The prompt does not fit the context (llama-server's `exceed_context_size_error`).
     Context { n_prompt: usize },
 }
 
-type Msg = heapless::String<256>;
+pub(super) type Msg = heapless::String<256>;
 
 /// The server-wide settings a request is prepared with.
 #[derive(Clone, Copy)]
@@ -140,7 +140,7 @@ pub struct Setup<'t> {
 }
 
 /// Tokenize `text` into `out` (BOS as the model wants it when `bos`).
-fn encode(
+pub(super) fn encode(
     tok: &Tokenizer<'_>,
     text: &str,
     bos: bool,
@@ -165,10 +165,10 @@ fn encode(
 
 /// Tokens of one prompt element appended at `*at`: a string (with BOS when `bos`), a
 /// token id, or (for a list) each of those in turn.
-struct Enc<'t, 'a> {
-    tok: &'t Tokenizer<'a>,
-    n_ctx: usize,
-    limit: usize,
+pub(super) struct Enc<'t, 'a> {
+    pub(super) tok: &'t Tokenizer<'a>,
+    pub(super) n_ctx: usize,
+    pub(super) limit: usize,
 }
 
 impl Enc<'_, '_> {
@@ -208,7 +208,7 @@ impl Enc<'_, '_> {
     }
 }
 
-fn prepare<P: Platform>(
+pub(super) fn prepare<P: Platform>(
     ctx: &Ctx<'_, '_, '_, P>,
     setup: Setup<'_>,
     bufs: &mut Bufs<'_>,
@@ -609,14 +609,14 @@ fn prepare<P: Platform>(
 }
 
 /// Holds back text that may be the start of a stop string.
-struct StopMatcher {
-    held: heapless::Vec<u8, 512>,
+pub(super) struct StopMatcher {
+    pub(super) held: heapless::Vec<u8, 512>,
 }
 
 impl StopMatcher {
     /// Add `s`; `out` gets the text that can no longer be part of a stop string. Returns
     /// the index of the stop string found (the text before it has been given to `out`).
-    fn push(
+    pub(super) fn push(
         &mut self,
         s: &[u8],
         stops: &[heapless::Vec<u8, MAX_STOP_LEN>],
@@ -664,7 +664,7 @@ impl StopMatcher {
     }
 }
 
-fn find(h: &[u8], needle: &[u8]) -> Option<usize> {
+pub(super) fn find(h: &[u8], needle: &[u8]) -> Option<usize> {
     if needle.is_empty() || needle.len() > h.len() {
         return None;
     }
@@ -675,17 +675,17 @@ fn find(h: &[u8], needle: &[u8]) -> Option<usize> {
 /// with `post` (llama-server's `post_sampling_probs`) probabilities of the distribution
 /// the sampler drew from.
 #[derive(Clone, Copy)]
-struct TokProbs {
+pub(super) struct TokProbs {
     /// The chosen token's figure.
-    lp: f32,
-    n: usize,
+    pub(super) lp: f32,
+    pub(super) n: usize,
     /// The alternatives, best first, each with its figure in `logit`.
-    top: [Candidate; MAX_TOP],
-    post: bool,
+    pub(super) top: [Candidate; MAX_TOP],
+    pub(super) post: bool,
 }
 
 impl TokProbs {
-    const EMPTY: TokProbs = TokProbs {
+    pub(super) const EMPTY: TokProbs = TokProbs {
         lp: 0.0,
         n: 0,
         top: [Candidate { id: 0, logit: 0.0 }; MAX_TOP],
@@ -705,7 +705,7 @@ impl TokProbs {
 /// `post_sampling_probs`: the probability `sampler` gave `chosen` when it drew it from
 /// `used`, and the `k` most likely of what it drew from (tokens of probability 0 are
 /// left out, as llama-server does).
-fn post_probs(sampler: &mut Sampler, used: &[f32], chosen: u32, k: usize) -> TokProbs {
+pub(super) fn post_probs(sampler: &mut Sampler, used: &[f32], chosen: u32, k: usize) -> TokProbs {
     let mut t = TokProbs::EMPTY;
     t.post = true;
     let (p, n) = sampler.post_probs(used, chosen, &mut t.top[..k.min(MAX_TOP)]);
@@ -715,7 +715,7 @@ fn post_probs(sampler: &mut Sampler, used: &[f32], chosen: u32, k: usize) -> Tok
 }
 
 /// Log-softmax figures of `chosen` and the `k` most likely tokens.
-fn probs(logits: &[f32], chosen: u32, k: usize) -> TokProbs {
+pub(super) fn probs(logits: &[f32], chosen: u32, k: usize) -> TokProbs {
     let max = logits
         .iter()
         .copied()
@@ -740,7 +740,7 @@ fn probs(logits: &[f32], chosen: u32, k: usize) -> TokProbs {
 
 /// Why one answer ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Finish {
+pub(super) enum Finish {
     Eos,
     Length,
     Word(usize),
@@ -763,16 +763,16 @@ impl Finish {
 }
 
 /// Identity shared by every event of one response.
-struct Resp<'s> {
-    api: Api,
-    id: u64,
-    model: &'s str,
+pub(super) struct Resp<'s> {
+    pub(super) api: Api,
+    pub(super) id: u64,
+    pub(super) model: &'s str,
     /// The generation slot (`id_slot`).
-    slot: usize,
+    pub(super) slot: usize,
 }
 
 impl Resp<'_> {
-    fn open(&self, w: &mut dyn Write, object: &str) -> core::fmt::Result {
+    pub(super) fn open(&self, w: &mut dyn Write, object: &str) -> core::fmt::Result {
         let prefix = if self.api == Api::Chat {
             "chatcmpl"
         } else {
@@ -788,7 +788,7 @@ impl Resp<'_> {
 }
 
 /// One token's log-probability entry (OpenAI chat and llama-server shape).
-fn entry(
+pub(super) fn entry(
     w: &mut dyn Write,
     tok: &Tokenizer<'_>,
     id: u32,
@@ -830,14 +830,14 @@ fn entry(
 
 /// Figures of one answer.
 #[derive(Clone, Copy, Default)]
-struct Timings {
+pub(super) struct Timings {
     /// Prompt tokens (cached + evaluated).
-    prompt_n: usize,
+    pub(super) prompt_n: usize,
     /// Prompt tokens reused from the cache (not evaluated).
-    cached: usize,
-    prompt_s: f64,
-    gen_n: usize,
-    gen_s: f64,
+    pub(super) cached: usize,
+    pub(super) prompt_s: f64,
+    pub(super) gen_n: usize,
+    pub(super) gen_s: f64,
 }
 
 impl Timings {
@@ -883,27 +883,27 @@ impl Timings {
 
 /// One finished answer of a non-streamed response.
 #[derive(Clone, Copy)]
-struct Res {
+pub(super) struct Res {
     /// Range of `Bufs::out`.
-    text: (usize, usize),
+    pub(super) text: (usize, usize),
     /// First record (index into the per-token records) and count.
-    rec: (usize, usize),
-    fin: Finish,
-    tm: Timings,
-    truncated: bool,
+    pub(super) rec: (usize, usize),
+    pub(super) fin: Finish,
+    pub(super) tm: Timings,
+    pub(super) truncated: bool,
     /// A streamed answer switched to a tool call (its text is in `Bufs::out`).
-    calling: bool,
+    pub(super) calling: bool,
     /// The prompt's tokens (range of `Bufs::tokens`).
-    prompt: (usize, usize),
+    pub(super) prompt: (usize, usize),
 }
 
 /// The request-level settings echoed back as llama-server's `generation_settings`.
-struct GenSettings<'r> {
-    sp: crate::sampler::SamplerParams,
-    p: &'r Params,
-    n_predict: i64,
-    ignore_eos: bool,
-    eog: &'r [u32],
+pub(super) struct GenSettings<'r> {
+    pub(super) sp: crate::sampler::SamplerParams,
+    pub(super) p: &'r Params,
+    pub(super) n_predict: i64,
+    pub(super) ignore_eos: bool,
+    pub(super) eog: &'r [u32],
 }
 
 impl GenSettings<'_> {
@@ -931,181 +931,9 @@ impl GenSettings<'_> {
     }
 }
 
-/// What the sink of one answer keeps from token to token (the parts that are not
-/// borrowed buffers), so that a batched answer can be resumed at every step.
-pub struct SinkState {
-    /// Records: ids (and log-probabilities when wanted), from `rec0`.
-    rec0: usize,
-    n_rec: usize,
-    /// Non-streamed text.
-    out_len: usize,
-    /// The sequence's cached tokens: generated ones are appended at `n_cached`.
-    n_cached: usize,
-    cur: TokProbs,
-    utf8: Utf8Stream,
-    matcher: StopMatcher,
-    hit: Option<usize>,
-    /// The client went away (a failed send, or seen by the server loop).
-    pub gone: bool,
-    /// The output buffer is full.
-    full: bool,
-    /// Prompt progress (`return_progress`): total, cached.
-    progress: (usize, usize),
-    /// The stop string that opens a tool call (streamed chat with tools): when it
-    /// comes, the rest of the answer is kept (in `out`) instead of streamed, and sent as
-    /// `tool_calls` at the end.
-    tool_stop: Option<usize>,
-    calling: bool,
-    /// Tokens generated and not yet counted in the server's metrics (a sink without the
-    /// server: batched steps).
-    pub uncounted: u64,
-}
-
-/// The per-request part of the server that the driver's sink writes to.
-pub struct ServeSink<'x, 'a, 's, 'p, 'b, 'w, P: Platform> {
-    /// The server, polled between passes; `None` in a batched step (the server loop
-    /// polls between steps).
-    io: Option<&'x mut Io<'a, 's, 'p, P>>,
-    i: usize,
-    w: &'x mut SockWriter<'w, P>,
-    r: &'x Resp<'s>,
-    tok: &'x Tokenizer<'b>,
-    p: &'x Params,
-    stops: &'x [heapless::Vec<u8, MAX_STOP_LEN>],
-    rec_id: &'x mut [u32],
-    rec_lp: &'x mut [f32],
-    out: &'x mut [u8],
-    cache: &'x mut [u32],
-    s: &'x mut SinkState,
-}
-
-impl<P: Platform> ServeSink<'_, '_, '_, '_, '_, '_, P> {
-    /// llama-server's `prompt_progress` event (`return_progress`, streamed): `done`
-    /// tokens of this request's prompt evaluated after the cached ones.
-    fn progress_event(&mut self, done: usize) -> bool {
-        if !(self.p.stream && self.p.return_progress) {
-            return true;
-        }
-        let (total, cached) = self.s.progress;
-        let _ = write!(
-            self.w,
-            "data: {{\"prompt_progress\":{{\"total\":{total},\"cache\":{cached},\"processed\":{},\"time_ms\":0}}}}\n\n",
-            cached + done
-        );
-        if !self.w.flush() {
-            self.s.gone = true;
-        }
-        !self.s.gone
-    }
-
-    fn alive(&mut self) -> bool {
-        if let Some(io) = self.io.as_deref_mut() {
-            io.poll();
-            if io.client_gone(self.i) {
-                self.s.gone = true;
-            }
-        }
-        !self.s.gone
-    }
-
-    fn count_token(&mut self) {
-        match self.io.as_deref_mut() {
-            Some(io) => io.m.tokens_generated += 1,
-            None => self.s.uncounted += 1,
-        }
-    }
-}
-
-impl<P: Platform> Sink for ServeSink<'_, '_, '_, '_, '_, '_, P> {
-    fn prompt_batch(&mut self, done: usize, _total: usize) -> bool {
-        self.progress_event(done) && self.alive()
-    }
-
-    fn sampled(&mut self, logits: &[f32], used: &[f32], sampler: &mut Sampler, id: u32) {
-        if self.p.logprobs && self.p.post_sampling {
-            self.s.cur = post_probs(sampler, used, id, self.p.top);
-        } else if self.p.logprobs {
-            self.s.cur = probs(logits, id, self.p.top);
-        }
-    }
-
-    fn token(&mut self, id: u32, bytes: &[u8]) -> bool {
-        let stride = MAX_TOP + 1;
-        let s = &mut *self.s;
-        let j = s.rec0 + s.n_rec;
-        if (j + 1) * stride <= self.rec_id.len() {
-            let base = j * stride;
-            self.rec_id[base] = id;
-            self.rec_lp[base] = s.cur.lp;
-            let top = &mut self.rec_id[base + 1..base + stride];
-            // Fewer alternatives than asked (post-sampling cuts, a tiny vocabulary)
-            // end at NO_TOKEN.
-            top.fill(NO_TOKEN);
-            for (kk, c) in s.cur.top[..s.cur.n].iter().enumerate() {
-                top[kk] = c.id;
-                self.rec_lp[base + 1 + kk] = c.logit;
-            }
-            s.n_rec += 1;
-        }
-        if s.n_cached < self.cache.len() {
-            self.cache[s.n_cached] = id;
-            s.n_cached += 1;
-        }
-        if s.calling {
-            // Inside a streamed tool call: kept for the `tool_calls` at the end.
-            if !keep(self.out, &mut s.out_len, bytes) {
-                s.full = true;
-                return false;
-            }
-            self.count_token();
-            return self.alive();
-        }
-        // Released text of this token: through the UTF-8 assembler and the stop matcher.
-        let mut piece: heapless::Vec<u8, 1024> = heapless::Vec::new();
-        let (matcher, stops, hit) = (&mut s.matcher, self.stops, &mut s.hit);
-        let _ = s.utf8.push(bytes, &mut |t: &str| -> Result<(), ()> {
-            if hit.is_none() {
-                *hit = matcher.push(t.as_bytes(), stops, &mut |b| {
-                    let _ = piece.extend_from_slice(b);
-                });
-            }
-            Ok(())
-        });
-        self.count_token();
-        let s = &mut *self.s;
-        if self.p.stream {
-            let t = self.p.logprobs.then_some(&s.cur);
-            if !piece.is_empty() || t.is_some() || self.r.api != Api::Chat {
-                let _ = token_event(self.w, self.r, self.tok, &piece, id, t);
-                if !self.w.flush() {
-                    s.gone = true;
-                    return false;
-                }
-            }
-        } else if !keep(self.out, &mut s.out_len, &piece) {
-            // Never cut silently: the answer ends before this token, as "length".
-            s.full = true;
-            return false;
-        }
-        if s.hit.is_some() && s.hit == s.tool_stop {
-            s.hit = None;
-            s.calling = true;
-            let open = tools::OPEN.as_bytes();
-            if !keep(self.out, &mut s.out_len, open) {
-                s.full = true;
-                return false;
-            }
-        }
-        if s.hit.is_some() {
-            return false;
-        }
-        self.alive()
-    }
-}
-
 /// Append `piece` to the answer in `out[..*len]`; false (nothing appended) when it
 /// does not fit whole, so a token's text is never cut.
-fn keep(out: &mut [u8], len: &mut usize, piece: &[u8]) -> bool {
+pub(super) fn keep(out: &mut [u8], len: &mut usize, piece: &[u8]) -> bool {
     let Some(dst) = out.get_mut(*len..*len + piece.len()) else {
         return false;
     };
@@ -1115,7 +943,7 @@ fn keep(out: &mut [u8], len: &mut usize, piece: &[u8]) -> bool {
 }
 
 /// Stream event for one token with released text `text`.
-fn token_event(
+pub(super) fn token_event(
     w: &mut dyn Write,
     r: &Resp<'_>,
     tok: &Tokenizer<'_>,
@@ -1180,7 +1008,11 @@ fn token_event(
 }
 
 /// A token's alternatives in the legacy completions shape: `{"text": logprob, ...}`.
-fn legacy_top(w: &mut dyn Write, tok: &Tokenizer<'_>, t: &TokProbs) -> core::fmt::Result {
+pub(super) fn legacy_top(
+    w: &mut dyn Write,
+    tok: &Tokenizer<'_>,
+    t: &TokProbs,
+) -> core::fmt::Result {
     w.write_char('{')?;
     for (k, c) in t.top[..t.n].iter().enumerate() {
         if k > 0 {
@@ -1195,17 +1027,17 @@ fn legacy_top(w: &mut dyn Write, tok: &Tokenizer<'_>, t: &TokProbs) -> core::fmt
 
 /// Recorded log-probabilities of generated tokens.
 #[derive(Clone, Copy)]
-struct Recs<'r> {
-    ids: &'r [u32],
-    lps: &'r [f32],
+pub(super) struct Recs<'r> {
+    pub(super) ids: &'r [u32],
+    pub(super) lps: &'r [f32],
     /// Alternatives per token (at most; a record's list ends early at [`NO_TOKEN`]).
-    n_top: usize,
+    pub(super) n_top: usize,
     /// The figures are post-sampling probabilities.
-    post: bool,
+    pub(super) post: bool,
 }
 
 /// Marks the end of a record's alternatives.
-const NO_TOKEN: u32 = u32::MAX;
+pub(super) const NO_TOKEN: u32 = u32::MAX;
 
 impl Recs<'_> {
     fn get(&self, j: usize) -> (u32, TokProbs) {
@@ -1232,22 +1064,22 @@ impl Recs<'_> {
 }
 
 /// What every answer of a response shares.
-struct Body<'x, 'b> {
-    r: &'x Resp<'x>,
-    tok: &'x Tokenizer<'b>,
-    out: &'x [u8],
-    recs: Recs<'x>,
-    res: &'x [Res],
-    stops: &'x [heapless::Vec<u8, MAX_STOP_LEN>],
-    gs: &'x GenSettings<'x>,
+pub(super) struct Body<'x, 'b> {
+    pub(super) r: &'x Resp<'x>,
+    pub(super) tok: &'x Tokenizer<'b>,
+    pub(super) out: &'x [u8],
+    pub(super) recs: Recs<'x>,
+    pub(super) res: &'x [Res],
+    pub(super) stops: &'x [heapless::Vec<u8, MAX_STOP_LEN>],
+    pub(super) gs: &'x GenSettings<'x>,
     /// The rendered or given prompt text (for `echo` and `__verbose`).
-    shown: &'x [u8],
-    verbose: bool,
+    pub(super) shown: &'x [u8],
+    pub(super) verbose: bool,
     /// Calls in the text become `tool_calls`.
-    tools: bool,
+    pub(super) tools: bool,
     /// `Bufs::tokens`: each answer's prompt, shown as llama-server shows it (the
     /// tokens' text, specials included).
-    tokens: &'x [u32],
+    pub(super) tokens: &'x [u32],
 }
 
 impl Body<'_, '_> {
@@ -1334,7 +1166,7 @@ impl Body<'_, '_> {
     }
 
     /// The whole non-streamed body.
-    fn write(&self, w: &mut dyn Write) -> core::fmt::Result {
+    pub(super) fn write(&self, w: &mut dyn Write) -> core::fmt::Result {
         let p = self.gs.p;
         match self.r.api {
             Api::Chat => self.r.open(w, "chat.completion")?,
@@ -1451,7 +1283,7 @@ impl Body<'_, '_> {
 
 /// The memory guard's error for a stopped generation: the status (503, with
 /// `Retry-After`, as memory may come back) and the message, logged on stderr too.
-fn guard_stopped<P: Platform>(
+pub(super) fn guard_stopped<P: Platform>(
     p: &P,
     io: &mut Io<'_, '_, '_, P>,
     s: GuardStop,
@@ -1467,7 +1299,7 @@ fn guard_stopped<P: Platform>(
 }
 
 /// A stream's error event (the page and OpenAI clients read `error.message`).
-fn error_event(w: &mut dyn Write, api: Api, status: u16, m: &str) -> core::fmt::Result {
+pub(super) fn error_event(w: &mut dyn Write, api: Api, status: u16, m: &str) -> core::fmt::Result {
     write!(w, "data: {{\"error\":{{\"code\":{status},\"message\":")?;
     json_str(w, m)?;
     w.write_str(",\"type\":\"unavailable_error\"}}\n\n")?;
@@ -1478,7 +1310,12 @@ fn error_event(w: &mut dyn Write, api: Api, status: u16, m: &str) -> core::fmt::
 }
 
 /// The last events of a stream: the held-back text, the finish, usage and timings.
-fn final_events(w: &mut dyn Write, b: &Body<'_, '_>, res: &Res, tail: &[u8]) -> core::fmt::Result {
+pub(super) fn final_events(
+    w: &mut dyn Write,
+    b: &Body<'_, '_>,
+    res: &Res,
+    tail: &[u8],
+) -> core::fmt::Result {
     let r = b.r;
     match r.api {
         Api::Chat | Api::Completions => {
@@ -1547,7 +1384,7 @@ fn final_events(w: &mut dyn Write, b: &Body<'_, '_>, res: &Res, tail: &[u8]) -> 
 
 /// `/tokenize` (`content`, `add_special`, `with_pieces`) and `/detokenize` (`tokens`).
 #[allow(clippy::too_many_arguments)]
-fn tokens_endpoint<P: Platform>(
+pub(super) fn tokens_endpoint<P: Platform>(
     tok: &Tokenizer<'_>,
     setup: Setup<'_>,
     bufs: &mut Bufs<'_>,
@@ -1641,652 +1478,9 @@ fn tokens_endpoint<P: Platform>(
     Ok(())
 }
 
-/// A generation request being answered: what it asked for, its output so far and the
-/// connection it is answered on. Made by [`open`], its answers run one after another
-/// ([`Job::next_answer`], [`start_answer`], [`end_answer`]), sent by [`close`].
-pub struct Job<'s, 'p, P: Platform> {
-    /// The connection slot.
-    pub i: usize,
-    api: Api,
-    body: (usize, usize),
-    sock: crate::platform::Socket,
-    prep: Prepared,
-    r: Resp<'s>,
-    sp: crate::sampler::SamplerParams,
-    ignore_eos: bool,
-    w: SockWriter<'p, P>,
-    results: heapless::Vec<Res, MAX_RESULTS>,
-    out_len: usize,
-    n_rec: usize,
-    tail: heapless::Vec<u8, 1024>,
-    max_new_shown: usize,
-    /// Answers started (index over prompts × `n`).
-    started: usize,
-}
-
-impl<P: Platform> Job<'_, '_, P> {
-    /// The generation id (`/slots`' `id_task`).
-    pub fn task(&self) -> u64 {
-        self.r.id
-    }
-
-    /// Answer in generation slot `slot` (its sequence).
-    pub fn set_slot(&mut self, slot: usize) {
-        self.r.slot = slot;
-    }
-
-    /// The prompt of its first answer (range of `Lane::tokens`), for choosing the slot
-    /// whose cache holds most of it.
-    pub fn first_prompt(&self) -> (usize, usize) {
-        self.prep.prompts.first().copied().unwrap_or((0, 0))
-    }
-
-    /// The job's answers must follow a grammar (they cannot share a batched pass: the
-    /// matcher's buffers are the server's one set).
-    pub fn constrained(&self) -> bool {
-        self.prep.grammar.is_some()
-    }
-
-    /// The prompt (range of `Lane::tokens`) and choice of the next answer, if any.
-    fn next_answer(&self) -> Option<((usize, usize), usize)> {
-        let n = self.prep.p.n.max(1);
-        let prompt = *self.prep.prompts.get(self.started / n)?;
-        Some((prompt, self.started % n))
-    }
-
-    /// Generate past end-of-generation tokens (the request's `ignore_eos`).
-    pub fn ignore_eos(&self) -> bool {
-        self.ignore_eos
-    }
-
-    /// Whether another answer is to be generated.
-    pub fn has_next(&self) -> bool {
-        self.next_answer().is_some()
-    }
-}
-
-/// One answer being generated: its sampler, logit adjustments and sink state.
-pub struct Answer<'a> {
-    prompt: (usize, usize),
-    reuse: usize,
-    max_new: usize,
-    pub sampler: Sampler,
-    /// Over the lane's logits scratch (given back by [`end_answer`]).
-    pub adjust: Adjust<'a>,
-    pub sink: SinkState,
-}
-
-impl<'a> Answer<'a> {
-    /// The sampling settings of this answer in a batched pass (no drafts: a pass holds
-    /// one token of each answer; no grammar: see [`Job::constrained`]), and its sink
-    /// state.
-    pub fn parts<'s>(
-        &'s mut self,
-        ignore_eos: bool,
-        guard: &'s mut MemoryGuard,
-    ) -> (Settings<'s, 'a, 'static, 'static>, &'s mut SinkState) {
-        let settings = Settings {
-            sampler: &mut self.sampler,
-            guard,
-            adjust: match self.adjust.is_active() {
-                true => Some(&mut self.adjust),
-                false => None,
-            },
-            max_new: self.max_new,
-            ignore_eos,
-            feed_last: false,
-            draft: None,
-            grammar: None,
-        };
-        (settings, &mut self.sink)
-    }
-}
-
-/// The sink of an answer of `job` (state `s`) over its lane's and sequence's buffers;
-/// `io` is polled between passes when given (`None` in a batched step: the server loop
-/// polls between steps).
-pub fn sink<'x, 'a, 's, 'p, 'b, P: Platform>(
-    io: Option<&'x mut Io<'a, 's, 'p, P>>,
-    job: &'x mut Job<'s, 'p, P>,
-    tok: &'x Tokenizer<'b>,
-    lane: &'x mut Lane<'_>,
-    seq: &'x mut SeqCache<'_>,
-    s: &'x mut SinkState,
-) -> ServeSink<'x, 'a, 's, 'p, 'b, 'p, P> {
-    let Job { i, w, r, prep, .. } = job;
-    ServeSink {
-        io,
-        i: *i,
-        w,
-        r,
-        tok,
-        p: &prep.p,
-        stops: &prep.stops,
-        rec_id: lane.rec_id,
-        rec_lp: lane.rec_lp,
-        out: lane.out,
-        cache: seq.cache,
-        s,
-    }
-}
-
-/// Start the answer of `job` after its last: the longest prefix of its prompt that
-/// sequence `seq` holds is kept (selected in the session), the sampler and adjustments
-/// are made, and the first progress event is sent. `None` when all were started.
-pub fn start_answer<'a, P: Platform>(
-    ctx: &mut Ctx<'_, '_, '_, P>,
-    job: &mut Job<'_, '_, P>,
-    lane: &mut Lane<'a>,
-    seq: &mut SeqCache<'_>,
-) -> Option<Answer<'a>> {
-    let ((a, b), choice) = job.next_answer()?;
-    job.started += 1;
-    let n_ctx = ctx.sess.opts.n_ctx;
-    let q = &job.prep.p;
-    let prompt = &lane.tokens[a..b];
-    let n_prompt = prompt.len();
-    let max_new = q
-        .max_tokens
-        .map_or(ctx.o.n_predict, |n| n as usize)
-        .min(n_ctx - n_prompt);
-    job.max_new_shown = max_new;
-    // `select_seq` fails only for a sequence the session lacks, which the loop never
-    // hands out.
-    let _ = ctx.sess.select_seq(seq.seq);
-    // Keep the longest cached prefix; at least one prompt token is evaluated, for the
-    // logits of the first generated token.
-    let reuse = if q.cache_prompt && ctx.sess.n_past() >= seq.n_cached {
-        seq.common_prefix(prompt).min(n_prompt - 1)
-    } else {
-        0
-    };
-    // Through `truncate`: a model whose state cannot go back refuses, and the prompt is
-    // evaluated from the start.
-    if ctx.sess.truncate(reuse).is_err() {
-        ctx.sess.reset();
-    }
-    let reuse = ctx.sess.n_past();
-    seq.cache[reuse..n_prompt].copy_from_slice(&prompt[reuse..]);
-    seq.n_cached = n_prompt;
-    let mut sp = job.sp;
-    sp.seed = sp.seed.wrapping_add(choice as u64);
-    let mut sampler = Sampler::new(sp);
-    for &t in &prompt[..reuse] {
-        sampler.accept(t);
-    }
-    let mut adjust = Adjust::new(core::mem::take(&mut lane.logits));
-    let _ = adjust.bias.extend_from_slice(&job.prep.bias);
-    adjust.presence = q.presence_penalty;
-    adjust.frequency = q.frequency_penalty;
-    // The cached part of the prompt counts for the penalties as if evaluated (the
-    // driver adds the rest), so a cached prompt is answered as an evaluated one.
-    for &t in &prompt[..reuse] {
-        adjust.accept(t);
-    }
-    let mut ans = Answer {
-        prompt: (a, b),
-        reuse,
-        max_new,
-        sampler,
-        adjust,
-        sink: SinkState {
-            rec0: job.n_rec,
-            n_rec: 0,
-            out_len: job.out_len,
-            n_cached: n_prompt,
-            cur: TokProbs::EMPTY,
-            utf8: Utf8Stream::new(),
-            matcher: StopMatcher {
-                held: heapless::Vec::new(),
-            },
-            hit: None,
-            gone: false,
-            full: false,
-            progress: (n_prompt, reuse),
-            tool_stop: job.prep.tool_stop,
-            calling: false,
-            uncounted: 0,
-        },
-    };
-    // The first progress report: the cached tokens, before any pass.
-    sink::<P>(None, job, ctx.tok, lane, seq, &mut ans.sink).progress_event(0);
-    Some(ans)
-}
-
-/// Evaluate the answer's prompt on its sequence (selected by [`start_answer`]) and
-/// sample its first token: a [`Stream`](super::slots::Stream) for batched steps. The
-/// server is polled between the prompt's passes.
-pub fn start_stream<'a, 's, 'p, P: Platform>(
-    ctx: &mut Ctx<'_, '_, '_, P>,
-    io: &mut Io<'a, 's, 'p, P>,
-    job: &mut Job<'s, 'p, P>,
-    lane: &mut Lane<'_>,
-    seq: &mut SeqCache<'_>,
-    ans: &mut Answer<'_>,
-    guard: &mut MemoryGuard,
-) -> Result<super::slots::Stream, crate::commands::AppError> {
-    let (prompt, reuse) = (ans.prompt, ans.reuse);
-    let (mut settings, st) = ans.parts(job.ignore_eos, guard);
-    // The sink never reads the prompt's tokens: they are lent out of the lane.
-    let tokens = core::mem::take(&mut lane.tokens);
-    let toks = &tokens[prompt.0 + reuse..prompt.1];
-    let n = seq.seq;
-    let mut sink = sink(Some(io), job, ctx.tok, lane, seq, st);
-    let got = super::slots::Stream::start(
-        ctx.p,
-        &mut ctx.sess,
-        ctx.tok,
-        n,
-        &mut settings,
-        toks,
-        &mut sink,
-    );
-    lane.tokens = tokens;
-    got
-}
-
-/// Account for a finished answer (`got`: its generation) and keep its result; false
-/// when the connection was answered with an error or went away (the slot is freed).
-/// The logits scratch goes back to the lane.
-pub fn end_answer<'a, 's, 'p, P: Platform>(
-    ctx: &mut Ctx<'_, '_, '_, P>,
-    io: &mut Io<'_, 's, 'p, P>,
-    job: &mut Job<'s, 'p, P>,
-    lane: &mut Lane<'a>,
-    seq: &mut SeqCache<'_>,
-    mut ans: Answer<'a>,
-    got: Option<generate::GenStats>,
-) -> bool {
-    lane.logits = core::mem::take(&mut ans.adjust.scratch);
-    let p = ctx.p;
-    let q = job.prep.p;
-    let api = job.api;
-    let i = job.i;
-    let s = &mut ans.sink;
-    io.m.tokens_generated += s.uncounted;
-    s.uncounted = 0;
-    let (gone, full, hit, calling) = (s.gone, s.full, s.hit, s.calling);
-    job.out_len = s.out_len;
-    let this_rec = (job.n_rec, s.n_rec);
-    job.n_rec += s.n_rec;
-    // Text still held: an incomplete character, or a prefix of a stop string that never
-    // completed.
-    let tail = &mut job.tail;
-    tail.clear();
-    if hit.is_none() && !full {
-        let _ = s.utf8.finish(&mut |t: &str| -> Result<(), ()> {
-            let _ = tail.extend_from_slice(t.as_bytes());
-            Ok(())
-        });
-        let _ = tail.extend_from_slice(&s.matcher.held);
-    }
-    let n_past = ctx.sess.n_past_of(seq.seq);
-    seq.n_cached = n_past.min(seq.cache.len());
-    io.m.n_tokens_max = io.m.n_tokens_max.max(n_past as u64);
-    let w = &mut job.w;
-    let st = match got {
-        Some(st) => st,
-        None => {
-            if q.stream {
-                let _ = error_event(w, api, 500, "the model failed to evaluate");
-                w.flush();
-                io.free(i);
-                return false;
-            }
-            io.fail(i, 500, &"the model failed to evaluate the prompt");
-            return false;
-        }
-    };
-    let (a, b) = ans.prompt;
-    let (n_prompt, reuse) = (b - a, ans.reuse);
-    io.m.prompt_tokens += (n_prompt - reuse) as u64;
-    io.m.prompt_cached += reuse as u64;
-    io.m.prompt_seconds += st.prompt_s;
-    io.m.gen_seconds += st.gen_s;
-    io.m.decode_passes +=
-        ((n_prompt - reuse).div_ceil(ctx.sess.opts.n_batch.max(1)) + st.passes) as u64;
-    io.m.drafts += st.drafts as u64;
-    io.m.draft_tokens += st.drafted as u64;
-    io.m.draft_accepted += st.accepted as u64;
-    io.m.prompt_tps = generate::per_second(n_prompt - reuse, st.prompt_s);
-    io.m.gen_tps = generate::per_second(st.gen_tokens, st.gen_s);
-    if gone {
-        io.m.disconnects += 1;
-        io.free(i);
-        return false;
-    }
-    if let End::Stopped(g) = st.end {
-        let m = guard_stopped(p, io, g, st.gen_tokens);
-        if !q.stream {
-            io.fail(i, 503, &m.as_str());
-            return false;
-        }
-        // The text released so far has been sent; what is held back is dropped.
-        let _ = error_event(w, api, 503, &m);
-        w.flush();
-        io.free(i);
-        return false;
-    }
-    if !q.stream {
-        let take = job.tail.len().min(lane.out.len() - job.out_len);
-        lane.out[job.out_len..job.out_len + take].copy_from_slice(&job.tail[..take]);
-        job.out_len += take;
-    }
-    let start = job.results.last().map_or(0, |x: &Res| x.text.0 + x.text.1);
-    let fin = match (hit, st.end) {
-        (Some(k), _) => Finish::Word(k),
-        (None, End::Eos) => Finish::Eos,
-        _ => Finish::Length,
-    };
-    let _ = job.results.push(Res {
-        text: (start, job.out_len - start),
-        rec: this_rec,
-        fin,
-        tm: Timings {
-            prompt_n: n_prompt,
-            cached: reuse,
-            prompt_s: st.prompt_s,
-            gen_n: st.gen_tokens,
-            gen_s: st.gen_s,
-        },
-        truncated: st.end == End::ContextFull,
-        calling,
-        prompt: (a, b),
-    });
-    true
-}
-
-/// Take the active request in slot `i`: requests that need no generation (tokenize,
-/// templates, refusals) are answered and the slot freed (`None`); a generation request
-/// is prepared into `lane` and its response head sent.
-pub fn open<'s, 'p, P: Platform>(
-    ctx: &mut Ctx<'_, '_, '_, P>,
-    setup: Setup<'_>,
-    io: &mut Io<'_, 's, 'p, P>,
-    bufs: &mut Bufs<'_>,
-    lane: &mut Lane<'_>,
-    i: usize,
-) -> Option<Job<'s, 'p, P>> {
-    // Take the request buffer out of the slot so the loop can poll the others meanwhile.
-    let buf = core::mem::take(&mut io.slots[i].buf);
-    let (api, (b0, b1), sock) = (io.slots[i].api, io.slots[i].body, io.slots[i].sock);
-    if matches!(api, Api::Tokenize | Api::Detokenize) {
-        let status = tokens_endpoint(ctx.tok, setup, bufs, lane, api, &buf[b0..b1], io.p, sock);
-        io.slots[i].buf = buf;
-        match status {
-            Err(m) => io.fail(i, 400, &m),
-            Ok(()) => io.free(i),
-        }
-        return None;
-    }
-    let mut why = Msg::new();
-    let prep = prepare(ctx, setup, bufs, lane, api, &buf[b0..b1], &mut why);
-    io.slots[i].buf = buf;
-    let n_ctx = ctx.sess.opts.n_ctx;
-    let prep = match prep {
-        Ok(p) => p,
-        Err(Refusal::Status(status)) => {
-            if why.is_empty() {
-                why = msg(&"the prompt is invalid (a token id out of range, a bad element, or multimodal data this server does not take)");
-            }
-            io.fail(i, status, &why.as_str());
-            return None;
-        }
-        Err(Refusal::Context { n_prompt }) => {
-            io.m.client_errors += 1;
-            let mut fields: heapless::String<64> = heapless::String::new();
-            let _ = write!(fields, ",\"n_prompt_tokens\":{n_prompt},\"n_ctx\":{n_ctx}");
-            http::respond_error_with(
-                io.p,
-                sock,
-                400,
-                "exceed_context_size_error",
-                &format_args!("the request exceeds the available context size, try increasing it: the prompt has {n_prompt} tokens, the context holds {n_ctx} (with room for one generated token)"),
-                &fields,
-            );
-            io.free(i);
-            return None;
-        }
-    };
-    if matches!(api, Api::ApplyTemplate | Api::InputTokens) {
-        let shown: &[u8] = prep.shown.map_or(&[][..], |(o, n)| &lane.text[o..o + n]);
-        let n = prep.prompts.first().map_or(0, |&(a, b)| b - a);
-        http::respond(io.p, sock, 200, "application/json", "", &|w| {
-            if api == Api::InputTokens {
-                return write!(w, "{{\"input_tokens\":{n}}}");
-            }
-            w.write_str("{\"prompt\":")?;
-            json_bytes_str(w, shown)?;
-            w.write_char('}')
-        });
-        io.free(i);
-        return None;
-    }
-    io.m.generations += 1;
-    let r = Resp {
-        api,
-        id: io.m.generations,
-        model: io.info.model_id,
-        slot: 0,
-    };
-    let o = ctx.o;
-    let q = prep.p;
-    let mut sp = o.sampler;
-    sp.temp = q.temperature.unwrap_or(sp.temp);
-    sp.top_p = q.top_p.unwrap_or(sp.top_p);
-    sp.top_k = q.top_k.map_or(sp.top_k, |k| k as usize);
-    sp.min_p = q.min_p.unwrap_or(sp.min_p);
-    sp.repeat_penalty = q.repeat_penalty.unwrap_or(sp.repeat_penalty);
-    sp.seed = q.seed.unwrap_or(sp.seed);
-    let ignore_eos = q.ignore_eos.unwrap_or(o.ignore_eos);
-    let mut w = SockWriter::new(io.p, sock);
-    if q.stream {
-        let _ = http::write_head(
-            &mut w,
-            200,
-            "text/event-stream",
-            None,
-            "X-Accel-Buffering: no\r\n",
-        );
-        if api == Api::Chat {
-            let _ = w.write_str("data: ");
-            let _ = r.open(&mut w, "chat.completion.chunk");
-            let _ = w.write_str(",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":null},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
-        }
-        w.flush();
-    }
-    Some(Job {
-        i,
-        api,
-        body: (b0, b1),
-        sock,
-        prep,
-        r,
-        sp,
-        ignore_eos,
-        w,
-        results: heapless::Vec::new(),
-        out_len: 0,
-        n_rec: 0,
-        tail: heapless::Vec::new(),
-        max_new_shown: 0,
-        started: 0,
-    })
-}
-
-/// Send the response of `job`, whose answers are all done, and free its slot.
-pub fn close<P: Platform>(
-    ctx: &mut Ctx<'_, '_, '_, P>,
-    setup: Setup<'_>,
-    io: &mut Io<'_, '_, '_, P>,
-    bufs: &mut Bufs<'_>,
-    lane: &mut Lane<'_>,
-    mut job: Job<'_, '_, P>,
-) {
-    let (p, tok) = (ctx.p, ctx.tok);
-    let (q, api, sock, i) = (job.prep.p, job.api, job.sock, job.i);
-    let (b0, b1) = job.body;
-    let gs = GenSettings {
-        sp: job.sp,
-        p: &q,
-        n_predict: job.max_new_shown as i64,
-        ignore_eos: job.ignore_eos,
-        eog: tok.eog_ids(),
-    };
-    let shown: &[u8] = match job.prep.shown {
-        Some((o, n)) => &lane.text[o..o + n],
-        None => b"",
-    };
-    let body = Body {
-        r: &job.r,
-        tok,
-        out: lane.out,
-        recs: Recs {
-            ids: lane.rec_id,
-            lps: lane.rec_lp,
-            n_top: q.top.min(MAX_TOP),
-            post: q.post_sampling,
-        },
-        res: &job.results,
-        stops: &job.prep.stops,
-        gs: &gs,
-        shown,
-        verbose: setup.verbose,
-        tools: job.prep.tools,
-        tokens: lane.tokens,
-    };
-    let w = &mut job.w;
-    if q.stream {
-        if let Some(res) = job.results.first() {
-            let _ = final_events(w, &body, res, &job.tail);
-        }
-        w.flush();
-    } else {
-        let req = &io.slots[i].buf[b0..b1];
-        let fields = super::jraw::root(req)
-            .and_then(|r| r.get("response_fields"))
-            .filter(|f| f.kind() == Kind::Arr && f.items().next().is_some());
-        let llama = matches!(api, Api::Llama | Api::Infill);
-        let mut whole = SliceWriter {
-            buf: &mut *bufs.scratch,
-            len: 0,
-        };
-        match fields {
-            // llama-server's `response_fields`: only the listed fields, `a/b` taken
-            // out of `a` (the full body is written to the tokenizer scratch first,
-            // which is free once the prompt is tokenized).
-            Some(f) if llama && body.write(&mut whole).is_ok() => {
-                let n = whole.len;
-                let full = super::jraw::root(&whole.buf[..n]);
-                http::respond(p, sock, 200, "application/json", "", &|w| match full {
-                    Some(v) if v.kind() == Kind::Arr => {
-                        w.write_char('[')?;
-                        for (k, one) in v.items().enumerate() {
-                            if k > 0 {
-                                w.write_char(',')?;
-                            }
-                            project(w, one, f)?;
-                        }
-                        w.write_char(']')
-                    }
-                    Some(v) => project(w, v, f),
-                    None => w.write_str("{}"),
-                });
-            }
-            _ => {
-                http::respond(p, sock, 200, "application/json", "", &|w| body.write(w));
-            }
-        }
-    }
-    io.free(i);
-}
-
-/// Generate every answer of `job` on sequence `seq` with the shared driver alone
-/// (drafts and grammar as configured), the server polled between passes; false when
-/// the connection was freed on the way.
-#[allow(clippy::too_many_arguments)]
-pub fn run_alone<'s, 'p, P: Platform>(
-    ctx: &mut Ctx<'_, '_, '_, P>,
-    io: &mut Io<'_, 's, 'p, P>,
-    bufs: &mut Bufs<'_>,
-    job: &mut Job<'s, 'p, P>,
-    lane: &mut Lane<'_>,
-    seq: &mut SeqCache<'_>,
-    guard: &mut MemoryGuard,
-) -> bool {
-    while let Some(mut ans) = start_answer(ctx, job, lane, seq) {
-        let got = {
-            // A fresh matcher per answer, at the start of the grammar.
-            let mut parts = job
-                .prep
-                .grammar
-                .as_ref()
-                .and_then(|g| bufs.grammar.split(g));
-            let mut constrain = parts.as_mut().map(|(m, vocab, masked)| Constrain {
-                matcher: m,
-                vocab,
-                scratch: masked,
-                masked: 0,
-            });
-            let Answer {
-                sampler,
-                adjust,
-                sink: st,
-                max_new,
-                prompt: (a, b),
-                reuse,
-            } = &mut ans;
-            let settings = Settings {
-                sampler,
-                guard: &mut *guard,
-                adjust: adjust.is_active().then_some(adjust),
-                max_new: *max_new,
-                ignore_eos: job.ignore_eos,
-                feed_last: false,
-                draft: ctx.draft.as_mut(),
-                grammar: constrain.as_mut(),
-            };
-            let tokens = core::mem::take(&mut lane.tokens);
-            let toks = &tokens[*a + *reuse..*b];
-            let mut sink = sink(Some(&mut *io), job, ctx.tok, lane, seq, st);
-            let got = generate::generate(ctx.p, ctx.tok, &mut ctx.sess, settings, toks, &mut sink);
-            lane.tokens = tokens;
-            got
-        };
-        if !end_answer(ctx, io, job, lane, seq, ans, got.ok()) {
-            return false;
-        }
-    }
-    true
-}
-
-/// Serve the active request in slot `i` alone, then free the slot. `guard` is checked
-/// before the prompt and before each token's pass: when it stops the generation, the
-/// client gets a 503 error (non-streamed) or an error event (streamed) saying why, and
-/// the server goes on with the next request.
-#[allow(clippy::too_many_arguments)]
-pub fn serve_one<P: Platform>(
-    ctx: &mut Ctx<'_, '_, '_, P>,
-    setup: Setup<'_>,
-    io: &mut Io<'_, '_, '_, P>,
-    bufs: &mut Bufs<'_>,
-    lane: &mut Lane<'_>,
-    seq: &mut SeqCache<'_>,
-    guard: &mut MemoryGuard,
-    i: usize,
-) {
-    let Some(mut job) = open(ctx, setup, io, bufs, lane, i) else {
-        return;
-    };
-    job.r.slot = seq.seq;
-    if run_alone(ctx, io, bufs, &mut job, lane, seq, guard) {
-        close(ctx, setup, io, bufs, lane, job);
-    }
-}
-
 /// The members of `obj` named in `fields` (a list of names; `a/b` is member `b` of
 /// member `a`, written as `"a/b"`), in the order given; missing ones are left out.
-fn project(w: &mut dyn Write, obj: Val<'_>, fields: Val<'_>) -> core::fmt::Result {
+pub(super) fn project(w: &mut dyn Write, obj: Val<'_>, fields: Val<'_>) -> core::fmt::Result {
     w.write_char('{')?;
     let mut first = true;
     for f in fields.items() {

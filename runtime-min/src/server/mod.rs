@@ -22,7 +22,7 @@
 //! [`batch`] runs the loop instead: up to N requests at once, each in a generation
 //! slot of its own (buffers, sequence, cached tokens; a new request takes the free slot
 //! whose cache holds most of its prompt), the next token of all of them decoded in one
-//! weight pass, connections polled between passes. Without it, [`gen::serve_one`]
+//! weight pass, connections polled between passes. Without it, [`answer::serve_one`]
 //! answers one request at a time as before (with drafts, `--draft`).
 //!
 //! Limits: [`http::MAX_HEAD`] bytes and [`http::MAX_HEADERS`] lines of head (431),
@@ -42,9 +42,11 @@
 //!
 //! - [`http`]: request heads and response heads, buffered socket output.
 //! - [`json`]: request bodies (`serde-json-core`) and JSON output helpers.
-//! - [`gen`]: one generation: prompt, sampling, stop strings, the three output formats.
+//! - [`gen`]: a request's prompt and settings, stop strings, the three output formats.
+//! - [`answer`]: one request from its body to its response, its sink.
 //! - [`batch`]: the loop of `--parallel N`; [`slots`]: its batched step.
 //! - [`metrics`]: counters and the Prometheus text.
+pub mod answer;
 pub mod batch;
 pub mod constrain;
 pub mod gen;
