@@ -260,7 +260,8 @@ impl<P: Platform> Job<'_, '_, P> {
 pub struct Answer<'a> {
     prompt: (usize, usize),
     reuse: usize,
-    max_new: usize,
+    /// Tokens it may generate at most.
+    pub max_new: usize,
     pub sampler: Sampler,
     /// Over the lane's logits scratch (given back by [`end_answer`]).
     pub adjust: Adjust<'a>,
@@ -830,7 +831,17 @@ pub fn serve_one<P: Platform>(
         return;
     };
     job.r.slot = seq.seq;
+    let k = seq.seq;
+    let view = |io: &mut Io<'_, '_, '_, P>, task, n_past| {
+        io.gen_slots[k] = super::GenSlot {
+            task,
+            n_past,
+            ..Default::default()
+        };
+    };
+    view(io, Some(job.task()), ctx.sess.n_past_of(k));
     if run_alone(ctx, io, bufs, &mut job, lane, seq, guard) {
         close(ctx, setup, io, bufs, lane, job);
     }
+    view(io, None, ctx.sess.n_past_of(k));
 }

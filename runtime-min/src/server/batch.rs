@@ -123,7 +123,7 @@ pub fn serve<'a, 's, 'p, P: Platform>(
             io.gen_slots[seq.seq] = GenSlot {
                 task: Some(job.task()),
                 n_past: ctx.sess.n_past_of(seq.seq),
-                n_decoded: 0,
+                ..Default::default()
             };
             let next = match job.constrained() {
                 true => {
@@ -257,13 +257,17 @@ fn step<P: Platform>(
         }
     }
     for r in running.iter_mut() {
+        let mut max_new = None;
         if let Some(a) = r.ans.as_mut() {
             io.m.tokens_generated += core::mem::take(&mut a.sink.uncounted);
+            max_new = Some(a.max_new);
         }
+        let decoded = r.stream.st.gen_tokens;
         io.gen_slots[r.seq.seq] = GenSlot {
             task: Some(r.job.task()),
             n_past: ctx.sess.n_past_of(r.seq.seq),
-            n_decoded: r.stream.st.gen_tokens,
+            n_decoded: decoded,
+            n_remain: max_new.map(|m| m.saturating_sub(decoded)),
         };
     }
 }
@@ -277,9 +281,8 @@ fn release<'a, P: Platform>(
     seq: SeqCache<'a>,
 ) {
     io.gen_slots[seq.seq] = GenSlot {
-        task: None,
         n_past: seq.n_cached,
-        n_decoded: 0,
+        ..Default::default()
     };
     let _ = lanes.push(lane);
     let _ = seqs.push(seq);

@@ -89,8 +89,10 @@ pub struct GenSlot {
     pub task: Option<u64>,
     /// Positions its sequence holds.
     pub n_past: usize,
-    /// Tokens generated for the running answer.
+    /// Tokens generated for the running answer, and how many it may still generate
+    /// (`None`: idle, or not followed: one slot without `--parallel`).
     pub n_decoded: usize,
+    pub n_remain: Option<usize>,
 }
 
 /// What a connection slot is doing.
@@ -559,14 +561,17 @@ impl<'a, 's, 'p, P: Platform> Io<'a, 's, 'p, P> {
                             w.write_char(',')?;
                         }
                         let v = views.get(k).copied().unwrap_or_default();
+                        // llama-server's shape: `next_token` is a list (one entry per
+                        // answer of the slot), `n_remain` -1 when idle.
                         write!(
                             w,
-                            "{{\"id\":{k},\"id_task\":{},\"n_ctx\":{},\"is_processing\":{},\"n_past\":{},\"next_token\":{{\"has_next_token\":{},\"n_decoded\":{}}}}}",
+                            "{{\"id\":{k},\"id_task\":{},\"n_ctx\":{},\"is_processing\":{},\"n_past\":{},\"next_token\":[{{\"has_next_token\":{},\"has_new_line\":false,\"n_remain\":{},\"n_decoded\":{}}}]}}",
                             v.task.map_or(-1, |t| t as i64),
                             info.n_ctx,
                             v.task.is_some(),
                             v.n_past,
                             v.task.is_some(),
+                            v.n_remain.map_or(-1, |n| n as i64),
                             v.n_decoded
                         )?;
                     }
