@@ -141,7 +141,7 @@ pub struct Opts<'s> {
 pub struct ServeFlags<'s> {
     pub alias: Option<&'s str>,
     pub api_key: Option<&'s str>,
-    /// Slots reported by `/props` and `/slots` (generations run one at a time).
+    /// Generation slots of `serve` (decoded together), streams of `bench`.
     pub parallel: usize,
     pub chat_template: Option<&'s str>,
     pub chat_template_file: Option<&'s str>,
@@ -257,10 +257,10 @@ flags (llama.cpp names):
   --alias A[,B..]         serve: the model's names (the first in sort order is its id)
   --tags T[,U..]          serve: labels /v1/models reports
   --api-key KEY           serve: requests need 'Authorization: Bearer KEY' (or X-Api-Key)
-  --parallel N            serve: slots /props and /slots report (one generation runs
-                          at a time; -c is each one's context); bench: generation with
-                          1, 2, 4 .. N streams decoded together, one weight pass per step
-                          (-c split: c/N each, rounded up to 256; N at most 16)
+  --parallel N            serve: N generation slots, their answers decoded together in
+                          one weight pass per token (not for qwen35/lfm2); bench:
+                          generation with 1, 2, 4 .. N streams decoded together
+                          (both: -c split, c/N each, rounded up to 256; N at most 16)
   --chat-template NAME|--chat-template-file FILE
                           serve: chat format instead of the model's (chatml, gemma, llama3)
   --cors-origins localhost  serve: CORS only for loopback origins (default: any)

@@ -236,12 +236,10 @@ pub fn session_options<P: Platform>(p: &P, o: &Opts, cfg: &Config) -> SessionOpt
         (0, _) => 2048.min(cfg.n_ctx_train.max(1)),
         (n, _) => n,
     };
-    // `bench --parallel N`: N sequences share the context as llama-server's slots do,
-    // `n_ctx / N` each, rounded up to a multiple of 256. (`serve` still runs one
-    // generation at a time on one sequence: its `--parallel` only sets the slots it
-    // reports.)
+    // `bench --parallel N` and `serve --parallel N`: N sequences share the context as
+    // llama-server's slots do, `n_ctx / N` each, rounded up to a multiple of 256.
     let n_seq = match o.command {
-        Command::Bench => o.serve.parallel.clamp(1, MAX_SEQS),
+        Command::Bench | Command::Serve => o.serve.parallel.clamp(1, MAX_SEQS),
         _ => 1,
     };
     let n_ctx = if n_seq > 1 {

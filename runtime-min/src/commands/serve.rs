@@ -5,8 +5,9 @@ use core::fmt::Write;
 use super::out::Out;
 use super::{AppError, Ctx};
 use crate::guard::MemoryGuard;
+use crate::model::forward::MAX_SEQS;
 use crate::platform::Platform;
-use crate::server::gen::{self, Bufs, Setup};
+use crate::server::gen::{self, Bufs, Lane, SeqCache, Setup};
 use crate::server::json::{MAX_MESSAGES, MAX_TOP};
 use crate::server::{http, Info, Io, MAX_BODY, MAX_SLOTS, SPARE_SLOTS};
 
@@ -18,51 +19,88 @@ pub fn model_id(path: &str) -> &str {
 
 /// Bytes of arena `serve` takes for its buffers at context `n_ctx` (the plan counts
 /// them so a `--budget` that fits the model also fits the server).
+/// (`n_ctx` is a generation slot's context; `--parallel N` carves N lanes.)
 pub fn buffer_bytes(o: &crate::cli::Opts, n_ctx: usize, tok: &crate::tokenizer::Tokenizer) -> u64 {
-    let queue = o.queue.min(MAX_SLOTS - 1 - SPARE_SLOTS);
-    let n_slots = queue + 1 + SPARE_SLOTS;
+    let n_par = n_parallel(o);
+    let (queue, n_slots) = connections(o, n_par);
+    let _ = queue;
     let stride = MAX_TOP + 1;
     let limit = gen::prompt_limit(n_ctx);
-    let sizes = [
+    let shared = [
         n_slots * (http::MAX_HEAD + MAX_BODY),
-        2 * (MAX_BODY + 64 * MAX_MESSAGES),
         tok.scratch_bytes(limit),
+        crate::server::constrain::bytes(tok.n_vocab() as usize),
+    ];
+    let per_lane = [
+        2 * (MAX_BODY + 64 * MAX_MESSAGES),
         4 * n_ctx,
         (n_ctx * 16).clamp(64 << 10, 1 << 20),
         4 * n_ctx * stride,
         4 * n_ctx * stride,
         4 * n_ctx,
         4 * tok.n_vocab() as usize,
-        crate::server::constrain::bytes(tok.n_vocab() as usize),
     ];
-    sizes.iter().map(|&b| b as u64 + 64).sum()
+    let sum = |v: &[usize]| v.iter().map(|&b| b as u64 + 64).sum::<u64>();
+    sum(&shared) + n_par as u64 * sum(&per_lane)
+}
+
+/// Generation slots: `--parallel N` (at most the session's most sequences).
+pub fn n_parallel(o: &crate::cli::Opts) -> usize {
+    o.serve.parallel.clamp(1, crate::model::forward::MAX_SEQS)
+}
+
+/// Requests that may wait, and connection slots: the running, the waiting and
+/// [`SPARE_SLOTS`] more.
+fn connections(o: &crate::cli::Opts, n_par: usize) -> (usize, usize) {
+    let queue = o.queue.min(MAX_SLOTS - n_par - SPARE_SLOTS);
+    (queue, queue + n_par + SPARE_SLOTS)
+}
+
+/// One generation slot's buffers.
+fn lane<'a, P: Platform>(ctx: &mut Ctx<'_, 'a, '_, P>, n_ctx: usize) -> Result<Lane<'a>, AppError> {
+    let a = "server";
+    let stride = MAX_TOP + 1;
+    Ok(Lane {
+        // Each half holds a whole body's strings, plus the template's text per message.
+        text: ctx.arena.bytes(a, 2 * (MAX_BODY + 64 * MAX_MESSAGES))?,
+        tokens: ctx.arena.slice::<u32>(a, n_ctx)?,
+        out: ctx.arena.bytes(a, (n_ctx * 16).clamp(64 << 10, 1 << 20))?,
+        rec_id: ctx.arena.slice::<u32>(a, n_ctx * stride)?,
+        rec_lp: ctx.arena.slice::<f32>(a, n_ctx * stride)?,
+        logits: ctx.arena.slice::<f32>(a, ctx.tok.n_vocab() as usize)?,
+    })
 }
 
 /// `pinch serve`.
 pub fn serve<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
     let (p, o, g) = (ctx.p, ctx.o, ctx.g);
+    // A generation slot's context (`-c` split across `--parallel` slots).
     let n_ctx = ctx.sess.opts.n_ctx;
-    let queue = o.queue.min(MAX_SLOTS - 1 - SPARE_SLOTS);
-    let n_slots = queue + 1 + SPARE_SLOTS;
+    // The session holds one sequence per slot (`session_options`).
+    let n_par = ctx.sess.n_seq();
+    let (queue, n_slots) = connections(o, n_par);
     let slot_bytes = http::MAX_HEAD + MAX_BODY;
     let a = "server";
+    let before = ctx.arena.used();
     let conns = ctx.arena.bytes(a, n_slots * slot_bytes)?;
     let limit = gen::prompt_limit(n_ctx);
-    let stride = MAX_TOP + 1;
     let mut bufs = Bufs {
-        // Each half holds a whole body's strings, plus the template's text per message.
-        text: ctx.arena.bytes(a, 2 * (MAX_BODY + 64 * MAX_MESSAGES))?,
         scratch: ctx.arena.bytes(a, ctx.tok.scratch_bytes(limit))?,
-        tokens: ctx.arena.slice::<u32>(a, n_ctx)?,
-        out: ctx.arena.bytes(a, (n_ctx * 16).clamp(64 << 10, 1 << 20))?,
-        rec_id: ctx.arena.slice::<u32>(a, n_ctx * stride)?,
-        rec_lp: ctx.arena.slice::<f32>(a, n_ctx * stride)?,
         prompt_limit: limit,
-        cache: ctx.arena.slice::<u32>(a, n_ctx)?,
-        n_cached: 0,
-        logits: ctx.arena.slice::<f32>(a, ctx.tok.n_vocab() as usize)?,
         grammar: crate::server::constrain::GrammarBufs::carve(ctx.arena, ctx.tok)?,
     };
+    let mut lanes: heapless::Vec<Lane<'_>, MAX_SEQS> = heapless::Vec::new();
+    let mut seqs: heapless::Vec<SeqCache<'_>, MAX_SEQS> = heapless::Vec::new();
+    for seq in (0..n_par).rev() {
+        let _ = lanes.push(lane(ctx, n_ctx)?);
+        let cache = ctx.arena.slice::<u32>(a, n_ctx)?;
+        let _ = seqs.push(SeqCache {
+            seq,
+            cache,
+            n_cached: 0,
+        });
+    }
+    let server_bytes = ctx.arena.used() - before;
     let sf = o.serve;
     // `--chat-template NAME|FILE|JINJA`, `--chat-template-file FILE`, else the model's
     // own Jinja template, else the format llama.cpp detects, else (no template at all)
@@ -92,7 +130,7 @@ pub fn serve<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> 
         path,
         alias: sf.alias,
         api_key: sf.api_key,
-        n_parallel: sf.parallel.max(1),
+        n_parallel: n_par,
         webui: !sf.no_webui,
         slots: !sf.no_slots,
         metrics: !sf.no_metrics,
@@ -123,19 +161,36 @@ pub fn serve<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> 
     }
     let _ = writeln!(
         Out::stderr(p),
-        "pinch: serving {id} on http://{}:{port}/ (context {n_ctx}, queue {queue}, {} KiB of server buffers)",
+        "pinch: serving {id} on http://{}:{port}/ (context {n_ctx}{}, queue {queue}, {} KiB of server buffers)",
         o.host,
-        (n_slots * slot_bytes + bufs.text.len() + bufs.scratch.len() + bufs.out.len() + n_ctx * (8 + 8 * stride)) >> 10
+        match n_par {
+            1 => heapless::String::<32>::new(),
+            n => {
+                let mut s = heapless::String::new();
+                let _ = write!(s, " in each of {n} slots");
+                s
+            }
+        },
+        server_bytes >> 10
     );
     let mut io = Io::new(p, &listeners, conns.chunks_mut(slot_bytes), queue, info);
     // Idle: sleep 1 ms after activity, backing off to 10 ms, so an idle server costs
     // next to nothing and a new request waits at most 10 ms.
     let mut idle = 0u32;
+    if n_par > 1 {
+        crate::server::batch::serve(ctx, setup, &mut io, &mut bufs, lanes, seqs);
+    }
+    let (Some(mut lane), Some(mut seq)) = (lanes.pop(), seqs.pop()) else {
+        return Err(AppError::Usage("no generation slot"));
+    };
     let mut guard = MemoryGuard::from_opt(o.guard);
     loop {
         let busy = io.poll();
         if let Some(i) = io.start_next() {
-            gen::serve_one(ctx, setup, &mut io, &mut bufs, &mut guard, i);
+            let g = &mut guard;
+            crate::server::answer::serve_one(
+                ctx, setup, &mut io, &mut bufs, &mut lane, &mut seq, g, i,
+            );
             idle = 0;
             continue;
         }

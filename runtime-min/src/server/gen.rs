@@ -1,7 +1,7 @@
-//! One request of the generation endpoints: the body becomes one or more prompts
-//! (chat template, plain text, token ids, a list of prompts, fill-in-the-middle), each
-//! prompt is answered `n` times by the shared driver ([`crate::generate`]) with the
-//! server loop polled between weight passes, stop strings are held back until they
+//! The parts of one request of the generation endpoints: the body becomes one or more
+//! prompts (chat template, plain text, token ids, a list of prompts,
+//! fill-in-the-middle), each prompt is answered `n` times (by `super::answer`, through
+//! the shared driver [`crate::generate`]), stop strings are held back until they
 //! cannot match, and the result goes out as server-sent events or one JSON body in the
 //! shape of the API that was called (OpenAI chat or completions, llama-server's
 //! `/completion` and `/infill`).
@@ -11,13 +11,13 @@
 //! settings.
 //!
 //! # Limits
-//! A non-streamed answer is kept in [`Bufs::out`]: when the next token's text does not
+//! A non-streamed answer is kept in [`Lane::out`]: when the next token's text does not
 //! fit, the generation ends there with `finish_reason: "length"` (never a silent cut).
-//! All prompts of one request share [`Bufs::tokens`] (one context's worth); at most
+//! All prompts of one request share [`Lane::tokens`] (one context's worth); at most
 //! [`MAX_RESULTS`] answers (prompts × `n`) per request, streamed requests one.
 use core::fmt::Write;
 
-use super::http::{self, SockWriter};
+use super::http;
 use super::jraw::{Kind, Val};
 use super::json::ToolChoice;
 use super::json::{
@@ -29,35 +29,61 @@ use crate::chat::{ChatMessage, Content as MsgContent, Template};
 use crate::commands::out::json_str;
 use crate::commands::run::SliceWriter;
 use crate::commands::Ctx;
-use crate::generate::{self, Adjust, Constrain, End, Settings, Sink};
-use crate::guard::{GuardStop, MemoryGuard};
+use crate::generate;
+use crate::guard::GuardStop;
 use crate::platform::Platform;
-use crate::sampler::{top_n, Candidate, Sampler, RANDOM_SEED};
+use crate::sampler::{top_n, Candidate, Sampler};
 use crate::tokenizer::{Tokenizer, TokenizerError, Utf8Stream};
 use serde_json_core::str::EscapedStr;
 
-/// Buffers of the generation side, carved once from the arena.
+/// Buffers of the generation side that one request uses only while it is being
+/// prepared or answered at once (shared by all generation slots), carved once from the
+/// arena.
 pub struct Bufs<'a> {
+    pub scratch: &'a mut [u8],
+    /// Longest prompt text accepted (the tokenizer scratch is sized for it).
+    pub prompt_limit: usize,
+    /// Constrained output (`grammar`, `json_schema`, `response_format`).
+    pub grammar: super::constrain::GrammarBufs<'a>,
+}
+
+/// Buffers one running request keeps until its answer is sent (one per generation
+/// slot, `--parallel`), carved once from the arena.
+#[derive(Default)]
+pub struct Lane<'a> {
     /// Unescaped strings (first half) and the rendered prompt (second half).
     pub text: &'a mut [u8],
-    pub scratch: &'a mut [u8],
     pub tokens: &'a mut [u32],
     /// Generated text of a non-streamed response.
     pub out: &'a mut [u8],
     /// Per generated token: the chosen id and its alternatives ([`MAX_TOP`] + 1 each).
     pub rec_id: &'a mut [u32],
     pub rec_lp: &'a mut [f32],
-    /// Longest prompt text accepted (the tokenizer scratch is sized for it).
-    pub prompt_limit: usize,
-    /// The tokens whose keys and values are in the session's cache, positions
-    /// `0..n_cached` (`n_ctx` long): a request that starts with the same tokens (the next
-    /// turn of a chat, a retry) only evaluates the rest, as llama-server's `cache_prompt`.
-    pub cache: &'a mut [u32],
-    pub n_cached: usize,
     /// Logits after `logit_bias`: one vocabulary's worth.
     pub logits: &'a mut [f32],
-    /// Constrained output (`grammar`, `json_schema`, `response_format`).
-    pub grammar: super::constrain::GrammarBufs<'a>,
+}
+
+/// What one sequence of the session holds: the tokens whose keys and values are in its
+/// cache, positions `0..n_cached` (`n_ctx` long). A request that starts with the same
+/// tokens (the next turn of a chat, a retry) only evaluates the rest, as llama-server's
+/// `cache_prompt`.
+#[derive(Default)]
+pub struct SeqCache<'a> {
+    /// The session's sequence.
+    pub seq: usize,
+    pub cache: &'a mut [u32],
+    pub n_cached: usize,
+}
+
+impl SeqCache<'_> {
+    /// Tokens of `prompt` this sequence's cache already holds.
+    pub fn common_prefix(&self, prompt: &[u32]) -> usize {
+        self.cache[..self.n_cached]
+            .iter()
+            .zip(prompt)
+            .take_while(|(x, y)| x == y)
+            .count()
+    }
 }
 
 /// Bytes of text per context token the server accepts in a prompt (English averages
@@ -76,32 +102,32 @@ pub fn prompt_limit(n_ctx: usize) -> usize {
 pub const FINGERPRINT: &str = concat!("b", env!("CARGO_PKG_VERSION"), "-pinch");
 
 /// A request turned into token sequences and settings.
-struct Prepared {
+pub(super) struct Prepared {
     /// Ranges of `Bufs::tokens`, one per prompt.
-    prompts: heapless::Vec<(usize, usize), MAX_RESULTS>,
-    p: Params,
-    stops: heapless::Vec<heapless::Vec<u8, MAX_STOP_LEN>, MAX_STOP>,
-    bias: heapless::Vec<(u32, f32), { generate::MAX_BIAS }>,
+    pub(super) prompts: heapless::Vec<(usize, usize), MAX_RESULTS>,
+    pub(super) p: Params,
+    pub(super) stops: heapless::Vec<heapless::Vec<u8, MAX_STOP_LEN>, MAX_STOP>,
+    pub(super) bias: heapless::Vec<(u32, f32), { generate::MAX_BIAS }>,
     /// The rendered chat prompt or the prompt string (range of `Bufs::text`), for
     /// `echo` and `__verbose`.
-    shown: Option<(usize, usize)>,
+    pub(super) shown: Option<(usize, usize)>,
     /// The grammar the answers follow (parsed into `Bufs::grammar`).
-    grammar: Option<crate::grammar::parse::Parsed>,
+    pub(super) grammar: Option<crate::grammar::parse::Parsed>,
     /// Tool calls in the answer become `tool_calls` (chat with `tools`).
-    tools: bool,
+    pub(super) tools: bool,
     /// Index in `stops` of the tool call's opening marker (streamed chat with tools).
-    tool_stop: Option<usize>,
+    pub(super) tool_stop: Option<usize>,
 }
 
 /// Why a request cannot run.
-enum Refusal {
+pub(super) enum Refusal {
     /// Status and message (in the caller's buffer).
     Status(u16),
     /// The prompt does not fit the context (llama-server's `exceed_context_size_error`).
     Context { n_prompt: usize },
 }
 
-type Msg = heapless::String<256>;
+pub(super) type Msg = heapless::String<256>;
 
 /// The server-wide settings a request is prepared with.
 #[derive(Clone, Copy)]
@@ -114,7 +140,7 @@ pub struct Setup<'t> {
 }
 
 /// Tokenize `text` into `out` (BOS as the model wants it when `bos`).
-fn encode(
+pub(super) fn encode(
     tok: &Tokenizer<'_>,
     text: &str,
     bos: bool,
@@ -139,10 +165,10 @@ fn encode(
 
 /// Tokens of one prompt element appended at `*at`: a string (with BOS when `bos`), a
 /// token id, or (for a list) each of those in turn.
-struct Enc<'t, 'a> {
-    tok: &'t Tokenizer<'a>,
-    n_ctx: usize,
-    limit: usize,
+pub(super) struct Enc<'t, 'a> {
+    pub(super) tok: &'t Tokenizer<'a>,
+    pub(super) n_ctx: usize,
+    pub(super) limit: usize,
 }
 
 impl Enc<'_, '_> {
@@ -182,10 +208,11 @@ impl Enc<'_, '_> {
     }
 }
 
-fn prepare<P: Platform>(
+pub(super) fn prepare<P: Platform>(
     ctx: &Ctx<'_, '_, '_, P>,
     setup: Setup<'_>,
     bufs: &mut Bufs<'_>,
+    lane: &mut Lane<'_>,
     api: Api,
     body: &[u8],
     why: &mut Msg,
@@ -203,14 +230,14 @@ fn prepare<P: Platform>(
         n_ctx,
         limit: bufs.prompt_limit,
     };
-    let base = bufs.text.as_ptr() as usize;
-    let half = bufs.text.len() / 2;
-    let (strs, render) = bufs.text.split_at_mut(half);
+    let base = lane.text.as_ptr() as usize;
+    let half = lane.text.len() / 2;
+    let (strs, render) = lane.text.split_at_mut(half);
     let mut strs: &mut [u8] = strs;
     let mut prompts: heapless::Vec<(usize, usize), MAX_RESULTS> = heapless::Vec::new();
     let mut shown = None;
     let mut at = 0usize;
-    let (scratch, tokens) = (&mut *bufs.scratch, &mut *bufs.tokens);
+    let (scratch, tokens) = (&mut *bufs.scratch, &mut *lane.tokens);
     match api {
         Api::Chat | Api::ApplyTemplate | Api::InputTokens => {
             let mut msgs: heapless::Vec<ChatMessage<'_>, { json::MAX_MESSAGES }> =
@@ -582,14 +609,14 @@ fn prepare<P: Platform>(
 }
 
 /// Holds back text that may be the start of a stop string.
-struct StopMatcher {
-    held: heapless::Vec<u8, 512>,
+pub(super) struct StopMatcher {
+    pub(super) held: heapless::Vec<u8, 512>,
 }
 
 impl StopMatcher {
     /// Add `s`; `out` gets the text that can no longer be part of a stop string. Returns
     /// the index of the stop string found (the text before it has been given to `out`).
-    fn push(
+    pub(super) fn push(
         &mut self,
         s: &[u8],
         stops: &[heapless::Vec<u8, MAX_STOP_LEN>],
@@ -637,7 +664,7 @@ impl StopMatcher {
     }
 }
 
-fn find(h: &[u8], needle: &[u8]) -> Option<usize> {
+pub(super) fn find(h: &[u8], needle: &[u8]) -> Option<usize> {
     if needle.is_empty() || needle.len() > h.len() {
         return None;
     }
@@ -648,17 +675,17 @@ fn find(h: &[u8], needle: &[u8]) -> Option<usize> {
 /// with `post` (llama-server's `post_sampling_probs`) probabilities of the distribution
 /// the sampler drew from.
 #[derive(Clone, Copy)]
-struct TokProbs {
+pub(super) struct TokProbs {
     /// The chosen token's figure.
-    lp: f32,
-    n: usize,
+    pub(super) lp: f32,
+    pub(super) n: usize,
     /// The alternatives, best first, each with its figure in `logit`.
-    top: [Candidate; MAX_TOP],
-    post: bool,
+    pub(super) top: [Candidate; MAX_TOP],
+    pub(super) post: bool,
 }
 
 impl TokProbs {
-    const EMPTY: TokProbs = TokProbs {
+    pub(super) const EMPTY: TokProbs = TokProbs {
         lp: 0.0,
         n: 0,
         top: [Candidate { id: 0, logit: 0.0 }; MAX_TOP],
@@ -678,7 +705,7 @@ impl TokProbs {
 /// `post_sampling_probs`: the probability `sampler` gave `chosen` when it drew it from
 /// `used`, and the `k` most likely of what it drew from (tokens of probability 0 are
 /// left out, as llama-server does).
-fn post_probs(sampler: &mut Sampler, used: &[f32], chosen: u32, k: usize) -> TokProbs {
+pub(super) fn post_probs(sampler: &mut Sampler, used: &[f32], chosen: u32, k: usize) -> TokProbs {
     let mut t = TokProbs::EMPTY;
     t.post = true;
     let (p, n) = sampler.post_probs(used, chosen, &mut t.top[..k.min(MAX_TOP)]);
@@ -688,7 +715,7 @@ fn post_probs(sampler: &mut Sampler, used: &[f32], chosen: u32, k: usize) -> Tok
 }
 
 /// Log-softmax figures of `chosen` and the `k` most likely tokens.
-fn probs(logits: &[f32], chosen: u32, k: usize) -> TokProbs {
+pub(super) fn probs(logits: &[f32], chosen: u32, k: usize) -> TokProbs {
     let max = logits
         .iter()
         .copied()
@@ -713,7 +740,7 @@ fn probs(logits: &[f32], chosen: u32, k: usize) -> TokProbs {
 
 /// Why one answer ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Finish {
+pub(super) enum Finish {
     Eos,
     Length,
     Word(usize),
@@ -736,14 +763,16 @@ impl Finish {
 }
 
 /// Identity shared by every event of one response.
-struct Resp<'s> {
-    api: Api,
-    id: u64,
-    model: &'s str,
+pub(super) struct Resp<'s> {
+    pub(super) api: Api,
+    pub(super) id: u64,
+    pub(super) model: &'s str,
+    /// The generation slot (`id_slot`).
+    pub(super) slot: usize,
 }
 
 impl Resp<'_> {
-    fn open(&self, w: &mut dyn Write, object: &str) -> core::fmt::Result {
+    pub(super) fn open(&self, w: &mut dyn Write, object: &str) -> core::fmt::Result {
         let prefix = if self.api == Api::Chat {
             "chatcmpl"
         } else {
@@ -759,7 +788,7 @@ impl Resp<'_> {
 }
 
 /// One token's log-probability entry (OpenAI chat and llama-server shape).
-fn entry(
+pub(super) fn entry(
     w: &mut dyn Write,
     tok: &Tokenizer<'_>,
     id: u32,
@@ -801,14 +830,14 @@ fn entry(
 
 /// Figures of one answer.
 #[derive(Clone, Copy, Default)]
-struct Timings {
+pub(super) struct Timings {
     /// Prompt tokens (cached + evaluated).
-    prompt_n: usize,
+    pub(super) prompt_n: usize,
     /// Prompt tokens reused from the cache (not evaluated).
-    cached: usize,
-    prompt_s: f64,
-    gen_n: usize,
-    gen_s: f64,
+    pub(super) cached: usize,
+    pub(super) prompt_s: f64,
+    pub(super) gen_n: usize,
+    pub(super) gen_s: f64,
 }
 
 impl Timings {
@@ -854,27 +883,27 @@ impl Timings {
 
 /// One finished answer of a non-streamed response.
 #[derive(Clone, Copy)]
-struct Res {
+pub(super) struct Res {
     /// Range of `Bufs::out`.
-    text: (usize, usize),
+    pub(super) text: (usize, usize),
     /// First record (index into the per-token records) and count.
-    rec: (usize, usize),
-    fin: Finish,
-    tm: Timings,
-    truncated: bool,
+    pub(super) rec: (usize, usize),
+    pub(super) fin: Finish,
+    pub(super) tm: Timings,
+    pub(super) truncated: bool,
     /// A streamed answer switched to a tool call (its text is in `Bufs::out`).
-    calling: bool,
+    pub(super) calling: bool,
     /// The prompt's tokens (range of `Bufs::tokens`).
-    prompt: (usize, usize),
+    pub(super) prompt: (usize, usize),
 }
 
 /// The request-level settings echoed back as llama-server's `generation_settings`.
-struct GenSettings<'r> {
-    sp: crate::sampler::SamplerParams,
-    p: &'r Params,
-    n_predict: i64,
-    ignore_eos: bool,
-    eog: &'r [u32],
+pub(super) struct GenSettings<'r> {
+    pub(super) sp: crate::sampler::SamplerParams,
+    pub(super) p: &'r Params,
+    pub(super) n_predict: i64,
+    pub(super) ignore_eos: bool,
+    pub(super) eog: &'r [u32],
 }
 
 impl GenSettings<'_> {
@@ -902,160 +931,9 @@ impl GenSettings<'_> {
     }
 }
 
-/// The per-request part of the server that the driver's sink writes to.
-struct ServeSink<'x, 'a, 's, 'p, 'b, 'w, P: Platform> {
-    io: &'x mut Io<'a, 's, 'p, P>,
-    i: usize,
-    w: &'x mut SockWriter<'w, P>,
-    r: &'x Resp<'s>,
-    tok: &'x Tokenizer<'b>,
-    p: &'x Params,
-    stops: &'x [heapless::Vec<u8, MAX_STOP_LEN>],
-    /// Records: ids (and log-probabilities when wanted), from `rec0`.
-    rec_id: &'x mut [u32],
-    rec_lp: &'x mut [f32],
-    rec0: usize,
-    n_rec: usize,
-    /// Non-streamed text.
-    out: &'x mut [u8],
-    out_len: usize,
-    /// The session's cached tokens: generated ones are appended at `n_cached`.
-    cache: &'x mut [u32],
-    n_cached: usize,
-    cur: TokProbs,
-    utf8: Utf8Stream,
-    matcher: StopMatcher,
-    hit: Option<usize>,
-    gone: bool,
-    /// The output buffer is full.
-    full: bool,
-    /// Prompt progress (`return_progress`): total, cached.
-    progress: (usize, usize),
-    /// The stop string that opens a tool call (streamed chat with tools): when it
-    /// comes, the rest of the answer is kept (in `out`) instead of streamed, and sent as
-    /// `tool_calls` at the end.
-    tool_stop: Option<usize>,
-    calling: bool,
-}
-
-impl<P: Platform> ServeSink<'_, '_, '_, '_, '_, '_, P> {
-    /// llama-server's `prompt_progress` event (`return_progress`, streamed): `done`
-    /// tokens of this request's prompt evaluated after the cached ones.
-    fn progress_event(&mut self, done: usize) -> bool {
-        if !(self.p.stream && self.p.return_progress) {
-            return true;
-        }
-        let (total, cached) = self.progress;
-        let _ = write!(
-            self.w,
-            "data: {{\"prompt_progress\":{{\"total\":{total},\"cache\":{cached},\"processed\":{},\"time_ms\":0}}}}\n\n",
-            cached + done
-        );
-        if !self.w.flush() {
-            self.gone = true;
-        }
-        !self.gone
-    }
-
-    fn alive(&mut self) -> bool {
-        self.io.poll();
-        if self.io.client_gone(self.i) {
-            self.gone = true;
-        }
-        !self.gone
-    }
-}
-
-impl<P: Platform> Sink for ServeSink<'_, '_, '_, '_, '_, '_, P> {
-    fn prompt_batch(&mut self, done: usize, _total: usize) -> bool {
-        self.progress_event(done) && self.alive()
-    }
-
-    fn sampled(&mut self, logits: &[f32], used: &[f32], sampler: &mut Sampler, id: u32) {
-        if self.p.logprobs && self.p.post_sampling {
-            self.cur = post_probs(sampler, used, id, self.p.top);
-        } else if self.p.logprobs {
-            self.cur = probs(logits, id, self.p.top);
-        }
-    }
-
-    fn token(&mut self, id: u32, bytes: &[u8]) -> bool {
-        let stride = MAX_TOP + 1;
-        let j = self.rec0 + self.n_rec;
-        if (j + 1) * stride <= self.rec_id.len() {
-            let base = j * stride;
-            self.rec_id[base] = id;
-            self.rec_lp[base] = self.cur.lp;
-            let top = &mut self.rec_id[base + 1..base + stride];
-            // Fewer alternatives than asked (post-sampling cuts, a tiny vocabulary)
-            // end at NO_TOKEN.
-            top.fill(NO_TOKEN);
-            for (kk, c) in self.cur.top[..self.cur.n].iter().enumerate() {
-                top[kk] = c.id;
-                self.rec_lp[base + 1 + kk] = c.logit;
-            }
-            self.n_rec += 1;
-        }
-        if self.n_cached < self.cache.len() {
-            self.cache[self.n_cached] = id;
-            self.n_cached += 1;
-        }
-        if self.calling {
-            // Inside a streamed tool call: kept for the `tool_calls` at the end.
-            if !keep(self.out, &mut self.out_len, bytes) {
-                self.full = true;
-                return false;
-            }
-            self.io.m.tokens_generated += 1;
-            return self.alive();
-        }
-        // Released text of this token: through the UTF-8 assembler and the stop matcher.
-        let mut piece: heapless::Vec<u8, 1024> = heapless::Vec::new();
-        let (matcher, stops, hit) = (&mut self.matcher, self.stops, &mut self.hit);
-        let _ = self.utf8.push(bytes, &mut |s: &str| -> Result<(), ()> {
-            if hit.is_none() {
-                *hit = matcher.push(s.as_bytes(), stops, &mut |b| {
-                    let _ = piece.extend_from_slice(b);
-                });
-            }
-            Ok(())
-        });
-        self.io.m.tokens_generated += 1;
-        if self.p.stream {
-            let t = self.p.logprobs.then_some(&self.cur);
-            if !piece.is_empty() || t.is_some() || self.r.api != Api::Chat {
-                let _ = token_event(self.w, self.r, self.tok, &piece, id, t);
-                if !self.w.flush() {
-                    self.gone = true;
-                    return false;
-                }
-            }
-        } else {
-            if !keep(self.out, &mut self.out_len, &piece) {
-                // Never cut silently: the answer ends before this token, as "length".
-                self.full = true;
-                return false;
-            }
-        }
-        if self.hit.is_some() && self.hit == self.tool_stop {
-            self.hit = None;
-            self.calling = true;
-            let open = tools::OPEN.as_bytes();
-            if !keep(self.out, &mut self.out_len, open) {
-                self.full = true;
-                return false;
-            }
-        }
-        if self.hit.is_some() {
-            return false;
-        }
-        self.alive()
-    }
-}
-
 /// Append `piece` to the answer in `out[..*len]`; false (nothing appended) when it
 /// does not fit whole, so a token's text is never cut.
-fn keep(out: &mut [u8], len: &mut usize, piece: &[u8]) -> bool {
+pub(super) fn keep(out: &mut [u8], len: &mut usize, piece: &[u8]) -> bool {
     let Some(dst) = out.get_mut(*len..*len + piece.len()) else {
         return false;
     };
@@ -1065,7 +943,7 @@ fn keep(out: &mut [u8], len: &mut usize, piece: &[u8]) -> bool {
 }
 
 /// Stream event for one token with released text `text`.
-fn token_event(
+pub(super) fn token_event(
     w: &mut dyn Write,
     r: &Resp<'_>,
     tok: &Tokenizer<'_>,
@@ -1113,7 +991,11 @@ fn token_event(
         _ => {
             w.write_str("{\"index\":0,\"content\":")?;
             json_bytes_str(w, text)?;
-            write!(w, ",\"tokens\":[{id}],\"stop\":false,\"id_slot\":0")?;
+            write!(
+                w,
+                ",\"tokens\":[{id}],\"stop\":false,\"id_slot\":{}",
+                r.slot
+            )?;
             if let Some(t) = t {
                 w.write_str(",\"completion_probabilities\":[")?;
                 entry(w, tok, id, t, true)?;
@@ -1126,7 +1008,11 @@ fn token_event(
 }
 
 /// A token's alternatives in the legacy completions shape: `{"text": logprob, ...}`.
-fn legacy_top(w: &mut dyn Write, tok: &Tokenizer<'_>, t: &TokProbs) -> core::fmt::Result {
+pub(super) fn legacy_top(
+    w: &mut dyn Write,
+    tok: &Tokenizer<'_>,
+    t: &TokProbs,
+) -> core::fmt::Result {
     w.write_char('{')?;
     for (k, c) in t.top[..t.n].iter().enumerate() {
         if k > 0 {
@@ -1141,17 +1027,17 @@ fn legacy_top(w: &mut dyn Write, tok: &Tokenizer<'_>, t: &TokProbs) -> core::fmt
 
 /// Recorded log-probabilities of generated tokens.
 #[derive(Clone, Copy)]
-struct Recs<'r> {
-    ids: &'r [u32],
-    lps: &'r [f32],
+pub(super) struct Recs<'r> {
+    pub(super) ids: &'r [u32],
+    pub(super) lps: &'r [f32],
     /// Alternatives per token (at most; a record's list ends early at [`NO_TOKEN`]).
-    n_top: usize,
+    pub(super) n_top: usize,
     /// The figures are post-sampling probabilities.
-    post: bool,
+    pub(super) post: bool,
 }
 
 /// Marks the end of a record's alternatives.
-const NO_TOKEN: u32 = u32::MAX;
+pub(super) const NO_TOKEN: u32 = u32::MAX;
 
 impl Recs<'_> {
     fn get(&self, j: usize) -> (u32, TokProbs) {
@@ -1178,22 +1064,22 @@ impl Recs<'_> {
 }
 
 /// What every answer of a response shares.
-struct Body<'x, 'b> {
-    r: &'x Resp<'x>,
-    tok: &'x Tokenizer<'b>,
-    out: &'x [u8],
-    recs: Recs<'x>,
-    res: &'x [Res],
-    stops: &'x [heapless::Vec<u8, MAX_STOP_LEN>],
-    gs: &'x GenSettings<'x>,
+pub(super) struct Body<'x, 'b> {
+    pub(super) r: &'x Resp<'x>,
+    pub(super) tok: &'x Tokenizer<'b>,
+    pub(super) out: &'x [u8],
+    pub(super) recs: Recs<'x>,
+    pub(super) res: &'x [Res],
+    pub(super) stops: &'x [heapless::Vec<u8, MAX_STOP_LEN>],
+    pub(super) gs: &'x GenSettings<'x>,
     /// The rendered or given prompt text (for `echo` and `__verbose`).
-    shown: &'x [u8],
-    verbose: bool,
+    pub(super) shown: &'x [u8],
+    pub(super) verbose: bool,
     /// Calls in the text become `tool_calls`.
-    tools: bool,
+    pub(super) tools: bool,
     /// `Bufs::tokens`: each answer's prompt, shown as llama-server shows it (the
     /// tokens' text, specials included).
-    tokens: &'x [u32],
+    pub(super) tokens: &'x [u32],
 }
 
 impl Body<'_, '_> {
@@ -1227,7 +1113,7 @@ impl Body<'_, '_> {
                 write!(w, "{}", self.recs.get(res.rec.0 + j).0)?;
             }
         }
-        w.write_str("],\"id_slot\":0,\"stop\":true,\"model\":")?;
+        write!(w, "],\"id_slot\":{},\"stop\":true,\"model\":", self.r.slot)?;
         json_str(w, self.r.model)?;
         write!(
             w,
@@ -1280,7 +1166,7 @@ impl Body<'_, '_> {
     }
 
     /// The whole non-streamed body.
-    fn write(&self, w: &mut dyn Write) -> core::fmt::Result {
+    pub(super) fn write(&self, w: &mut dyn Write) -> core::fmt::Result {
         let p = self.gs.p;
         match self.r.api {
             Api::Chat => self.r.open(w, "chat.completion")?,
@@ -1397,7 +1283,7 @@ impl Body<'_, '_> {
 
 /// The memory guard's error for a stopped generation: the status (503, with
 /// `Retry-After`, as memory may come back) and the message, logged on stderr too.
-fn guard_stopped<P: Platform>(
+pub(super) fn guard_stopped<P: Platform>(
     p: &P,
     io: &mut Io<'_, '_, '_, P>,
     s: GuardStop,
@@ -1413,7 +1299,7 @@ fn guard_stopped<P: Platform>(
 }
 
 /// A stream's error event (the page and OpenAI clients read `error.message`).
-fn error_event(w: &mut dyn Write, api: Api, status: u16, m: &str) -> core::fmt::Result {
+pub(super) fn error_event(w: &mut dyn Write, api: Api, status: u16, m: &str) -> core::fmt::Result {
     write!(w, "data: {{\"error\":{{\"code\":{status},\"message\":")?;
     json_str(w, m)?;
     w.write_str(",\"type\":\"unavailable_error\"}}\n\n")?;
@@ -1424,7 +1310,12 @@ fn error_event(w: &mut dyn Write, api: Api, status: u16, m: &str) -> core::fmt::
 }
 
 /// The last events of a stream: the held-back text, the finish, usage and timings.
-fn final_events(w: &mut dyn Write, b: &Body<'_, '_>, res: &Res, tail: &[u8]) -> core::fmt::Result {
+pub(super) fn final_events(
+    w: &mut dyn Write,
+    b: &Body<'_, '_>,
+    res: &Res,
+    tail: &[u8],
+) -> core::fmt::Result {
     let r = b.r;
     match r.api {
         Api::Chat | Api::Completions => {
@@ -1492,10 +1383,12 @@ fn final_events(w: &mut dyn Write, b: &Body<'_, '_>, res: &Res, tail: &[u8]) -> 
 }
 
 /// `/tokenize` (`content`, `add_special`, `with_pieces`) and `/detokenize` (`tokens`).
-fn tokens_endpoint<P: Platform>(
+#[allow(clippy::too_many_arguments)]
+pub(super) fn tokens_endpoint<P: Platform>(
     tok: &Tokenizer<'_>,
     setup: Setup<'_>,
     bufs: &mut Bufs<'_>,
+    lane: &mut Lane<'_>,
     api: Api,
     body: &[u8],
     p: &P,
@@ -1515,11 +1408,11 @@ fn tokens_endpoint<P: Platform>(
                 .u32()
                 .filter(|&id| id < tok.n_vocab())
                 .ok_or("'tokens' holds a value that is not a token id of this model")?;
-            let slot = bufs.tokens.get_mut(n).ok_or("too many tokens")?;
+            let slot = lane.tokens.get_mut(n).ok_or("too many tokens")?;
             *slot = id;
             n += 1;
         }
-        let ids = &bufs.tokens[..n];
+        let ids = &lane.tokens[..n];
         // Bytes of consecutive tokens joined before UTF-8 is checked (a character may
         // span byte tokens); the space SentencePiece puts before the text is dropped.
         let strip = tok.adds_space_prefix();
@@ -1550,7 +1443,7 @@ fn tokens_endpoint<P: Platform>(
         .ok_or("'content' must be a string")?;
     let add_special = r.get("add_special").and_then(|v| v.bool()).unwrap_or(false);
     let pieces = r.get("with_pieces").and_then(|v| v.bool()).unwrap_or(false);
-    let mut strs: &mut [u8] = &mut bufs.text[..];
+    let mut strs: &mut [u8] = &mut lane.text[..];
     let text = json::unescape(&content, &mut strs).map_err(|_| "'content' has a bad escape")?;
     if text.len() > bufs.prompt_limit {
         return Err("'content' is longer than this server tokenizes");
@@ -1560,12 +1453,12 @@ fn tokens_endpoint<P: Platform>(
         text,
         add_special && !setup.no_bos,
         bufs.scratch,
-        bufs.tokens,
-        bufs.tokens.len(),
+        lane.tokens,
+        lane.tokens.len(),
     )
     .map_err(|_| "'content' cannot be tokenized")?
-    .min(bufs.tokens.len());
-    let ids = &bufs.tokens[..n];
+    .min(lane.tokens.len());
+    let ids = &lane.tokens[..n];
     http::respond(p, sock, 200, "application/json", "", &|w| {
         w.write_str("{\"tokens\":[")?;
         for (k, &id) in ids.iter().enumerate() {
@@ -1585,359 +1478,9 @@ fn tokens_endpoint<P: Platform>(
     Ok(())
 }
 
-/// Serve the active request in slot `i`, then free the slot. `guard` is checked before
-/// the prompt and before each token's pass: when it stops the generation, the client
-/// gets a 503 error (non-streamed) or an error event (streamed) saying why, and the
-/// server goes on with the next request.
-pub fn serve_one<P: Platform>(
-    ctx: &mut Ctx<'_, '_, '_, P>,
-    setup: Setup<'_>,
-    io: &mut Io<'_, '_, '_, P>,
-    bufs: &mut Bufs<'_>,
-    guard: &mut MemoryGuard,
-    i: usize,
-) {
-    // Take the request buffer out of the slot so the loop can poll the others meanwhile.
-    let buf = core::mem::take(&mut io.slots[i].buf);
-    let (api, (b0, b1), sock) = (io.slots[i].api, io.slots[i].body, io.slots[i].sock);
-    if matches!(api, Api::Tokenize | Api::Detokenize) {
-        let status = tokens_endpoint(ctx.tok, setup, bufs, api, &buf[b0..b1], io.p, sock);
-        io.slots[i].buf = buf;
-        if let Err(m) = status {
-            return io.fail(i, 400, &m);
-        }
-        return io.free(i);
-    }
-    let mut why = Msg::new();
-    let prep = prepare(ctx, setup, bufs, api, &buf[b0..b1], &mut why);
-    io.slots[i].buf = buf;
-    let n_ctx = ctx.sess.opts.n_ctx;
-    let prep = match prep {
-        Ok(p) => p,
-        Err(Refusal::Status(status)) => {
-            if why.is_empty() {
-                why = msg(&"the prompt is invalid (a token id out of range, a bad element, or multimodal data this server does not take)");
-            }
-            return io.fail(i, status, &why.as_str());
-        }
-        Err(Refusal::Context { n_prompt }) => {
-            io.m.client_errors += 1;
-            let mut fields: heapless::String<64> = heapless::String::new();
-            let _ = write!(fields, ",\"n_prompt_tokens\":{n_prompt},\"n_ctx\":{n_ctx}");
-            http::respond_error_with(
-                io.p,
-                sock,
-                400,
-                "exceed_context_size_error",
-                &format_args!("the request exceeds the available context size, try increasing it: the prompt has {n_prompt} tokens, the context holds {n_ctx} (with room for one generated token)"),
-                &fields,
-            );
-            return io.free(i);
-        }
-    };
-    if matches!(api, Api::ApplyTemplate | Api::InputTokens) {
-        let shown: &[u8] = prep.shown.map_or(&[][..], |(o, n)| &bufs.text[o..o + n]);
-        let n = prep.prompts.first().map_or(0, |&(a, b)| b - a);
-        http::respond(io.p, sock, 200, "application/json", "", &|w| {
-            if api == Api::InputTokens {
-                return write!(w, "{{\"input_tokens\":{n}}}");
-            }
-            w.write_str("{\"prompt\":")?;
-            json_bytes_str(w, shown)?;
-            w.write_char('}')
-        });
-        return io.free(i);
-    }
-    io.m.generations += 1;
-    let r = Resp {
-        api,
-        id: io.m.generations,
-        model: io.info.model_id,
-    };
-    let p = ctx.p;
-    let o = ctx.o;
-    let tok = ctx.tok;
-    let q = prep.p;
-    let mut sp = o.sampler;
-    sp.temp = q.temperature.unwrap_or(sp.temp);
-    sp.top_p = q.top_p.unwrap_or(sp.top_p);
-    sp.top_k = q.top_k.map_or(sp.top_k, |k| k as usize);
-    sp.min_p = q.min_p.unwrap_or(sp.min_p);
-    sp.repeat_penalty = q.repeat_penalty.unwrap_or(sp.repeat_penalty);
-    sp.presence_penalty = q.presence_penalty;
-    sp.frequency_penalty = q.frequency_penalty;
-    // llama-server's seed -1 (and pinch's `-s -1`): a random seed per request.
-    sp.seed = q
-        .seed
-        .map_or(sp.seed, |s| if s < 0 { RANDOM_SEED } else { s as u64 });
-    let sp = sp.resolve_seed(p.now_ns());
-    let ignore_eos = q.ignore_eos.unwrap_or(o.ignore_eos);
-    let stride = MAX_TOP + 1;
-    let mut w = SockWriter::new(p, sock);
-    if q.stream {
-        let _ = http::write_head(
-            &mut w,
-            200,
-            "text/event-stream",
-            None,
-            "X-Accel-Buffering: no\r\n",
-        );
-        if api == Api::Chat {
-            let _ = w.write_str("data: ");
-            let _ = r.open(&mut w, "chat.completion.chunk");
-            let _ = w.write_str(",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":null},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
-        }
-        w.flush();
-    }
-    let mut results: heapless::Vec<Res, MAX_RESULTS> = heapless::Vec::new();
-    let (mut out_len, mut n_rec) = (0usize, 0usize);
-    let mut tail: heapless::Vec<u8, 1024> = heapless::Vec::new();
-    let mut max_new_shown = 0usize;
-    for &(a, b) in prep.prompts.iter() {
-        for choice in 0..q.n {
-            let prompt = &bufs.tokens[a..b];
-            let n_prompt = prompt.len();
-            let max_new = q
-                .max_tokens
-                .map_or(o.n_predict, |n| n as usize)
-                .min(n_ctx - n_prompt);
-            max_new_shown = max_new;
-            // Keep the longest cached prefix; at least one prompt token is evaluated,
-            // for the logits of the first generated token.
-            let reuse = if q.cache_prompt && ctx.sess.n_past() >= bufs.n_cached {
-                let same = bufs.cache[..bufs.n_cached]
-                    .iter()
-                    .zip(prompt)
-                    .take_while(|(x, y)| x == y)
-                    .count();
-                same.min(n_prompt - 1)
-            } else {
-                0
-            };
-            // Through `truncate`: a model whose state cannot go back refuses, and the
-            // prompt is evaluated from the start.
-            if ctx.sess.truncate(reuse).is_err() {
-                ctx.sess.reset();
-            }
-            let reuse = ctx.sess.n_past();
-            bufs.cache[reuse..n_prompt].copy_from_slice(&prompt[reuse..]);
-            bufs.n_cached = n_prompt;
-            let mut sp = sp;
-            sp.seed = sp.seed.wrapping_add(choice as u64);
-            let mut sampler = Sampler::new(sp);
-            for &t in &prompt[..reuse] {
-                sampler.accept(t);
-            }
-            let mut adjust = Adjust::new(bufs.logits);
-            let _ = adjust.bias.extend_from_slice(&prep.bias);
-            // A fresh matcher per answer, at the start of the grammar.
-            let mut parts = prep.grammar.as_ref().and_then(|g| bufs.grammar.split(g));
-            let mut constrain = parts.as_mut().map(|(m, vocab, masked)| Constrain {
-                matcher: m,
-                vocab,
-                scratch: masked,
-                masked: 0,
-            });
-            let settings = Settings {
-                sampler: &mut sampler,
-                guard,
-                adjust: adjust.is_active().then_some(&mut adjust),
-                max_new,
-                ignore_eos,
-                feed_last: false,
-                draft: ctx.draft.as_mut(),
-                grammar: constrain.as_mut(),
-            };
-            let mut sink = ServeSink {
-                io,
-                i,
-                w: &mut w,
-                r: &r,
-                tok,
-                p: &q,
-                stops: &prep.stops,
-                rec_id: bufs.rec_id,
-                rec_lp: bufs.rec_lp,
-                rec0: n_rec,
-                n_rec: 0,
-                out: bufs.out,
-                out_len,
-                cache: bufs.cache,
-                n_cached: n_prompt,
-                cur: TokProbs::EMPTY,
-                utf8: Utf8Stream::new(),
-                matcher: StopMatcher {
-                    held: heapless::Vec::new(),
-                },
-                hit: None,
-                gone: false,
-                full: false,
-                tool_stop: prep.tool_stop,
-                calling: false,
-                progress: (n_prompt, reuse),
-            };
-            let toks = &bufs.tokens[a + reuse..b];
-            // The first progress report: the cached tokens, before any pass.
-            sink.progress_event(0);
-            let got = generate::generate(p, tok, &mut ctx.sess, settings, toks, &mut sink);
-            let (gone, full, hit, calling) = (sink.gone, sink.full, sink.hit, sink.calling);
-            out_len = sink.out_len;
-            let this_rec = (n_rec, sink.n_rec);
-            n_rec += sink.n_rec;
-            // Text still held: an incomplete character, or a prefix of a stop string
-            // that never completed.
-            tail.clear();
-            if hit.is_none() && !full {
-                let _ = sink.utf8.finish(&mut |s: &str| -> Result<(), ()> {
-                    let _ = tail.extend_from_slice(s.as_bytes());
-                    Ok(())
-                });
-                let _ = tail.extend_from_slice(&sink.matcher.held);
-            }
-            bufs.n_cached = ctx.sess.n_past().min(bufs.cache.len());
-            io.m.n_tokens_max = io.m.n_tokens_max.max(ctx.sess.n_past() as u64);
-            let st = match got {
-                Ok(st) => st,
-                Err(_) => {
-                    if q.stream {
-                        let _ = error_event(&mut w, api, 500, "the model failed to evaluate");
-                        w.flush();
-                        return io.free(i);
-                    }
-                    return io.fail(i, 500, &"the model failed to evaluate the prompt");
-                }
-            };
-            io.m.prompt_tokens += (n_prompt - reuse) as u64;
-            io.m.prompt_cached += reuse as u64;
-            io.m.prompt_seconds += st.prompt_s;
-            io.m.gen_seconds += st.gen_s;
-            io.m.decode_passes +=
-                ((n_prompt - reuse).div_ceil(ctx.sess.opts.n_batch.max(1)) + st.passes) as u64;
-            io.m.drafts += st.drafts as u64;
-            io.m.draft_tokens += st.drafted as u64;
-            io.m.draft_accepted += st.accepted as u64;
-            io.m.prompt_tps = generate::per_second(n_prompt - reuse, st.prompt_s);
-            io.m.gen_tps = generate::per_second(st.gen_tokens, st.gen_s);
-            if gone {
-                io.m.disconnects += 1;
-                return io.free(i);
-            }
-            if let End::Stopped(s) = st.end {
-                let m = guard_stopped(p, io, s, st.gen_tokens);
-                if !q.stream {
-                    return io.fail(i, 503, &m.as_str());
-                }
-                // The text released so far has been sent; what is held back is dropped.
-                let _ = error_event(&mut w, api, 503, &m);
-                w.flush();
-                return io.free(i);
-            }
-            if !q.stream {
-                let take = tail.len().min(bufs.out.len() - out_len);
-                bufs.out[out_len..out_len + take].copy_from_slice(&tail[..take]);
-                out_len += take;
-            }
-            let start = results.last().map_or(0, |x: &Res| x.text.0 + x.text.1);
-            let fin = match (hit, st.end) {
-                (Some(k), _) => Finish::Word(k),
-                (None, End::Eos) => Finish::Eos,
-                _ => Finish::Length,
-            };
-            let _ = results.push(Res {
-                text: (start, out_len - start),
-                rec: this_rec,
-                fin,
-                tm: Timings {
-                    prompt_n: n_prompt,
-                    cached: reuse,
-                    prompt_s: st.prompt_s,
-                    gen_n: st.gen_tokens,
-                    gen_s: st.gen_s,
-                },
-                truncated: st.end == End::ContextFull,
-                calling,
-                prompt: (a, b),
-            });
-        }
-    }
-    let gs = GenSettings {
-        sp,
-        p: &q,
-        n_predict: max_new_shown as i64,
-        ignore_eos,
-        eog: tok.eog_ids(),
-    };
-    let shown: &[u8] = match prep.shown {
-        Some((o, n)) => &bufs.text[o..o + n],
-        None => b"",
-    };
-    let body = Body {
-        r: &r,
-        tok,
-        out: bufs.out,
-        recs: Recs {
-            ids: bufs.rec_id,
-            lps: bufs.rec_lp,
-            n_top: q.top.min(MAX_TOP),
-            post: q.post_sampling,
-        },
-        res: &results,
-        stops: &prep.stops,
-        gs: &gs,
-        shown,
-        verbose: setup.verbose,
-        tools: prep.tools,
-        tokens: bufs.tokens,
-    };
-    let _ = stride;
-    if q.stream {
-        if let Some(res) = results.first() {
-            let _ = final_events(&mut w, &body, res, &tail);
-        }
-        w.flush();
-    } else {
-        let req = &io.slots[i].buf[b0..b1];
-        let fields = super::jraw::root(req)
-            .and_then(|r| r.get("response_fields"))
-            .filter(|f| f.kind() == Kind::Arr && f.items().next().is_some());
-        let llama = matches!(api, Api::Llama | Api::Infill);
-        let mut whole = SliceWriter {
-            buf: &mut *bufs.scratch,
-            len: 0,
-        };
-        match fields {
-            // llama-server's `response_fields`: only the listed fields, `a/b` taken
-            // out of `a` (the full body is written to the tokenizer scratch first,
-            // which is free once the prompt is tokenized).
-            Some(f) if llama && body.write(&mut whole).is_ok() => {
-                let n = whole.len;
-                let full = super::jraw::root(&whole.buf[..n]);
-                http::respond(p, sock, 200, "application/json", "", &|w| match full {
-                    Some(v) if v.kind() == Kind::Arr => {
-                        w.write_char('[')?;
-                        for (k, one) in v.items().enumerate() {
-                            if k > 0 {
-                                w.write_char(',')?;
-                            }
-                            project(w, one, f)?;
-                        }
-                        w.write_char(']')
-                    }
-                    Some(v) => project(w, v, f),
-                    None => w.write_str("{}"),
-                });
-            }
-            _ => {
-                http::respond(p, sock, 200, "application/json", "", &|w| body.write(w));
-            }
-        }
-    }
-    io.free(i);
-}
-
 /// The members of `obj` named in `fields` (a list of names; `a/b` is member `b` of
 /// member `a`, written as `"a/b"`), in the order given; missing ones are left out.
-fn project(w: &mut dyn Write, obj: Val<'_>, fields: Val<'_>) -> core::fmt::Result {
+pub(super) fn project(w: &mut dyn Write, obj: Val<'_>, fields: Val<'_>) -> core::fmt::Result {
     w.write_char('{')?;
     let mut first = true;
     for f in fields.items() {

@@ -30,6 +30,10 @@ pub struct Metrics {
     pub drafts: u64,
     pub draft_tokens: u64,
     pub draft_accepted: u64,
+    /// `--parallel`: decode passes that carried several answers, and the most answers
+    /// one pass carried.
+    pub batched_passes: u64,
+    pub batch_rows_max: u64,
 }
 
 /// Figures that come from the platform and the queue at the time of the scrape.
@@ -42,6 +46,8 @@ pub struct Live {
     pub queue: usize,
     pub queue_capacity: usize,
     pub generating: bool,
+    /// Generations running (up to `--parallel`).
+    pub processing: usize,
     pub n_ctx: usize,
 }
 
@@ -71,8 +77,8 @@ fn metric(
 }
 
 impl Metrics {
-    /// llama-server's metrics, from the same counters. pinch decodes one sequence at a
-    /// time (1 busy slot per pass); its drafts are prompt-lookup drafts (`--draft`).
+    /// llama-server's metrics, from the same counters. Its drafts are prompt-lookup
+    /// drafts (`--draft`, one slot only).
     fn write_llama(&self, l: &Live, w: &mut dyn Write) -> core::fmt::Result {
         let rate = |n: u64, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
         // llama-server's names (`llamacpp:NAME`), for dashboards made for it.
@@ -170,7 +176,7 @@ impl Metrics {
             "requests_processing",
             g,
             "Number of requests processing.",
-            &u8::from(l.generating),
+            &l.processing,
         )?;
         llama_metric(
             w,
@@ -309,6 +315,20 @@ impl Metrics {
             "gauge",
             "1 while a generation runs",
             &u8::from(l.generating),
+        )?;
+        metric(
+            w,
+            "batched_passes_total",
+            "counter",
+            "Decode passes that carried several answers (--parallel)",
+            &self.batched_passes,
+        )?;
+        metric(
+            w,
+            "batch_rows_max",
+            "gauge",
+            "Most answers one decode pass carried (--parallel)",
+            &self.batch_rows_max,
         )?;
         metric(
             w,

@@ -1,7 +1,7 @@
 //! `pinch serve`: an HTTP server for the OpenAI and llama-server APIs and a web page,
 //! written against the `Platform` socket calls so it runs wherever the engine runs.
 //!
-//! # Design: one thread, one generation, a table of connection slots
+//! # Design: one thread, a table of connection slots, N generation slots
 //!
 //! The engine thread does everything. The platform gives it non-blocking sockets
 //! (`tcp_accept`, `tcp_recv`; `tcp_send` may wait a bounded time for a slow reader), and
@@ -10,7 +10,7 @@
 //! `httparse` and, once the body is complete, answers at once whatever does not need
 //! the model (`/health`, `/v1/models`, `/metrics`, the page, every 4xx) or checks the
 //! body of a generation request and puts its slot in the queue. The server loop runs
-//! the queued generations one at a time, and the generation calls `poll` between
+//! the queued generations, and the generation calls `poll` between
 //! weight passes (each prompt batch and each token), so health checks, metrics, 503s
 //! and new queue entries are answered while a generation runs, and a client that
 //! disconnects (seen by `tcp_recv` or a failed send) stops its generation at the next
@@ -18,9 +18,16 @@
 //! The session's KV cache is kept between requests: a prompt that starts with the
 //! tokens of the previous request (the next turn of a chat) evaluates only the rest.
 //!
+//! With `--parallel N` the session holds N sequences (`-c / N` positions each) and
+//! [`batch`] runs the loop instead: up to N requests at once, each in a generation
+//! slot of its own (buffers, sequence, cached tokens; a new request takes the free slot
+//! whose cache holds most of its prompt), the next token of all of them decoded in one
+//! weight pass, connections polled between passes. Without it, [`answer::serve_one`]
+//! answers one request at a time as before (with drafts, `--draft`).
+//!
 //! Limits: [`http::MAX_HEAD`] bytes and [`http::MAX_HEADERS`] lines of head (431),
 //! [`MAX_BODY`] bytes of body (413), [`READ_TIMEOUT_NS`] to send a whole request (408),
-//! `--queue` waiting generations (503 with `Retry-After`), queue + 1 + [`SPARE_SLOTS`]
+//! `--queue` waiting generations (503 with `Retry-After`), queue + N + [`SPARE_SLOTS`]
 //! connections at once (503 beyond). Bodies that are not JSON, have fields of the wrong
 //! type or out of range, name another model (404), or whose prompt does not fit the
 //! context get a 4xx with a JSON error; nothing a client sends can panic the loop.
@@ -28,14 +35,19 @@
 //! # Memory
 //!
 //! Everything is carved from the arena once, at start: the slot buffers
-//! (head + body limit each), the prompt text and token buffers, the tokenizer scratch
-//! for the longest prompt text accepted, and per-token records for non-streamed
+//! (head + body limit each), the tokenizer scratch for the longest prompt text accepted
+//! and the grammar buffers (shared), and per generation slot a [`gen::Lane`]: prompt
+//! text and token buffers, output, per-token records for non-streamed
 //! log-probabilities. A request allocates nothing.
 //!
 //! - [`http`]: request heads and response heads, buffered socket output.
 //! - [`json`]: request bodies (`serde-json-core`) and JSON output helpers.
-//! - [`gen`]: one generation: prompt, sampling, stop strings, the three output formats.
+//! - [`gen`]: a request's prompt and settings, stop strings, the three output formats.
+//! - [`answer`]: one request from its body to its response, its sink.
+//! - [`batch`]: the loop of `--parallel N`; [`slots`]: its batched step.
 //! - [`metrics`]: counters and the Prometheus text.
+pub mod answer;
+pub mod batch;
 pub mod constrain;
 pub mod gen;
 pub mod http;
@@ -66,6 +78,22 @@ pub const SPARE_SLOTS: usize = 4;
 pub const MAX_LISTEN: usize = 4;
 /// Most slots (running + queued + spare).
 pub const MAX_SLOTS: usize = 40;
+
+/// Most generation slots (`--parallel`): the session's most sequences.
+pub const MAX_GEN_SLOTS: usize = crate::model::forward::MAX_SEQS;
+
+/// What one generation slot is doing, as `/slots` reports it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GenSlot {
+    /// The generation it runs (`None`: idle).
+    pub task: Option<u64>,
+    /// Positions its sequence holds.
+    pub n_past: usize,
+    /// Tokens generated for the running answer, and how many it may still generate
+    /// (`None`: idle, or not followed: one slot without `--parallel`).
+    pub n_decoded: usize,
+    pub n_remain: Option<usize>,
+}
 
 /// What a connection slot is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,7 +138,8 @@ pub struct Info<'s> {
     /// `--api-key`: requests other than `/health`, `/v1/health` and the page's files
     /// need `Authorization: Bearer KEY` or `X-Api-Key: KEY`.
     pub api_key: Option<&'s str>,
-    /// `--parallel`: the slots reported (generations run one at a time).
+    /// `--parallel`: generation slots, each with `n_ctx` positions of its own (answers
+    /// in different slots are decoded together).
     pub n_parallel: usize,
     pub webui: bool,
     pub slots: bool,
@@ -217,8 +246,10 @@ pub struct Io<'a, 's, 'p, P: Platform> {
     queue: heapless::Deque<u8, MAX_SLOTS>,
     /// Generations that may wait (`--queue`).
     pub queue_cap: usize,
-    /// The slot whose generation runs.
-    pub active: Option<usize>,
+    /// Generations running (at most `--parallel`).
+    pub running: usize,
+    /// What each generation slot (`--parallel`) is doing, for `/slots`.
+    pub gen_slots: [GenSlot; MAX_GEN_SLOTS],
     pub m: Metrics,
     pub info: Info<'s>,
 }
@@ -254,7 +285,8 @@ impl<'a, 's, 'p, P: Platform> Io<'a, 's, 'p, P> {
             slots,
             queue: heapless::Deque::new(),
             queue_cap,
-            active: None,
+            running: 0,
+            gen_slots: [GenSlot::default(); MAX_GEN_SLOTS],
             m: Metrics::default(),
             info,
         }
@@ -306,21 +338,21 @@ impl<'a, 's, 'p, P: Platform> Io<'a, 's, 'p, P> {
     pub fn start_next(&mut self) -> Option<usize> {
         let i = self.queue.pop_front()? as usize;
         self.slots[i].state = State::Active;
-        self.active = Some(i);
+        self.running += 1;
         Some(i)
     }
 
     /// Close slot `i` and make it free.
     pub fn free(&mut self, i: usize) {
         let s = &mut self.slots[i];
+        if s.state == State::Active {
+            self.running -= 1;
+        }
         if s.state != State::Free {
             self.p.tcp_close(s.sock);
         }
         s.state = State::Free;
         s.len = 0;
-        if self.active == Some(i) {
-            self.active = None;
-        }
     }
 
     /// True when the client of slot `i` has closed its side or reset. Input it sends
@@ -345,7 +377,8 @@ impl<'a, 's, 'p, P: Platform> Io<'a, 's, 'p, P> {
             budget: self.info.budget,
             queue: self.queue.len(),
             queue_capacity: self.queue_cap,
-            generating: self.active.is_some(),
+            generating: self.running > 0,
+            processing: self.running,
             n_ctx: self.info.n_ctx,
         }
     }
@@ -506,7 +539,7 @@ impl<'a, 's, 'p, P: Platform> Io<'a, 's, 'p, P> {
                 });
             }
             Route::Props => {
-                let busy = self.active.is_some();
+                let busy = self.running > 0;
                 http::respond(p, sock, 200, "application/json", "", &|w| {
                     w.write_str("{\"model_path\":")?;
                     json_str(w, info.path)?;
@@ -520,19 +553,26 @@ impl<'a, 's, 'p, P: Platform> Io<'a, 's, 'p, P> {
                 return self.fail(i, 501, &"the /slots endpoint is off (--no-slots)")
             }
             Route::Slots => {
-                let active = self.active.is_some();
+                let views = self.gen_slots;
                 http::respond(p, sock, 200, "application/json", "", &|w| {
                     w.write_char('[')?;
                     for k in 0..info.n_parallel.max(1) {
                         if k > 0 {
                             w.write_char(',')?;
                         }
-                        // One generation runs at a time: it is reported on slot 0.
+                        let v = views.get(k).copied().unwrap_or_default();
+                        // llama-server's shape: `next_token` is a list (one entry per
+                        // answer of the slot), `n_remain` -1 when idle.
                         write!(
                             w,
-                            "{{\"id\":{k},\"n_ctx\":{},\"is_processing\":{}}}",
+                            "{{\"id\":{k},\"id_task\":{},\"n_ctx\":{},\"is_processing\":{},\"n_past\":{},\"next_token\":[{{\"has_next_token\":{},\"has_new_line\":false,\"n_remain\":{},\"n_decoded\":{}}}]}}",
+                            v.task.map_or(-1, |t| t as i64),
                             info.n_ctx,
-                            active && k == 0
+                            v.task.is_some(),
+                            v.n_past,
+                            v.task.is_some(),
+                            v.n_remain.map_or(-1, |n| n as i64),
+                            v.n_decoded
                         )?;
                     }
                     w.write_char(']')
@@ -600,7 +640,7 @@ impl<'a, 's, 'p, P: Platform> Io<'a, 's, 'p, P> {
         if let Some((status, text)) = err {
             return self.fail(i, status, &text.as_str());
         }
-        let limit = self.queue_cap + usize::from(self.active.is_none());
+        let limit = self.queue_cap + self.info.n_parallel.max(1).saturating_sub(self.running);
         if self.queue.len() >= limit {
             self.m.rejected_busy += 1;
             return self.fail(i, 503, &"server busy: the queue is full, retry later");
@@ -921,7 +961,7 @@ mod tests {
         assert_eq!(p.status(6), Some(408));
         assert!(p.st.lock().closed[6]);
         io.free(0);
-        assert_eq!(io.active, None);
+        assert_eq!(io.running, 0);
         assert_eq!(io.start_next(), Some(1));
     }
 

@@ -13,11 +13,11 @@
 //! Rows of one pass are computed as each alone (tests/tests/batch_decode.rs), so a
 //! stream's tokens are those it gets alone (tests/tests/server_parallel.rs).
 //!
-//! Not wired into the HTTP loop yet: `serve` still runs one request at a time.
+//! The HTTP loop of `serve --parallel N` ([`super::batch`]) runs on these.
 use crate::commands::AppError;
 use crate::generate::{begin, emit, pick, End, GenStats, Settings, Sink};
 use crate::model::forward::MAX_SEQS;
-use crate::model::{ModelError, Session};
+use crate::model::{Logits, ModelError, Session};
 use crate::platform::Platform;
 use crate::tokenizer::Tokenizer;
 
@@ -121,10 +121,19 @@ pub fn step<P: Platform>(
         }
     }
     let t0 = p.now_ns();
-    sess.decode_seqs(p, &rows, &mut |r, l| {
+    let mut on_logits = |r: usize, l: &[f32]| {
         let t = &mut turns[owner[r]];
         t.stream.next = pick(&mut t.settings, tok, t.sink, l, None);
-    })?;
+    };
+    match rows[..] {
+        // One stream: the single-sequence decode, whose kernels are made for one row
+        // (the logits are the same, tests/tests/batch_decode.rs).
+        [(seq, id)] => {
+            sess.select_seq(seq)?;
+            sess.eval(p, &[id], Logits::Last, &mut |_, l| on_logits(0, l))?;
+        }
+        _ => sess.decode_seqs(p, &rows, &mut on_logits)?,
+    }
     let dt = crate::commands::secs(t0, p.now_ns());
     for &k in &owner {
         let st = &mut turns[k].stream.st;
