@@ -3,7 +3,9 @@
 //! two runs gives instructions per call. Not part of the tests; a measuring aid for the
 //! aarch64 targets of issue #4.
 //!
-//! `insn_count TYPE ROWS COLS TOKENS REPS [repack]`, e.g. `insn_count q8_0 4096 640 1 10 repack`.
+//! `insn_count TYPE ROWS COLS TOKENS REPS [repack]`, e.g. `insn_count q8_0 4096 640 1 10 repack`;
+//! `insn_count TYPE ROWS COLS 0 REPS repacks` times the in-place repack itself (what the
+//! expert pager does to each matrix it reads into a slot), `REPS` times, no product.
 use pinch_kernels::{matvec, repack, CpuFeatures, GgmlType};
 
 /// The detected features, or the scalar path with `INSN_CPU=scalar`.
@@ -25,6 +27,7 @@ fn main() {
     let n_tok: usize = args[4].parse().unwrap();
     let reps: usize = args[5].parse().unwrap();
     let packed = args.get(6).is_some_and(|a| a == "repack");
+    let repacks_only = args.get(6).is_some_and(|a| a == "repacks");
     let feat = features();
     let row_bytes = ty.row_bytes(cols as u64).unwrap() as usize;
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
@@ -51,6 +54,16 @@ fn main() {
         for b in w.chunks_mut(bb) {
             b[..2].copy_from_slice(&[0x00, 0x20]);
         }
+    }
+    if repacks_only {
+        let l = repack::Layout::preferred(ty, &feat).unwrap();
+        let mut scratch = vec![0u8; l.scratch_bytes(row_bytes)];
+        for _ in 0..reps {
+            repack::repack_in_place(l, ty, &mut w, row_bytes, &mut scratch).unwrap();
+        }
+        let checksum: u64 = w.iter().map(|&b| u64::from(b)).sum();
+        println!("{} {l:?}: {reps} repacks, checksum {checksum}", ty.name());
+        return;
     }
     let fmt = ty.act_format().unwrap();
     let arb = fmt.row_bytes(cols).unwrap();

@@ -47,36 +47,17 @@ impl Group for BlockQ2Kx8 {
     const ROWS: usize = 8;
     type Plain = BlockQ2K;
     fn pack(rows: &[&BlockQ2K]) -> Self {
-        // Written with 32-bit words, not per weight: the expert pager repacks each Q2_K
-        // expert it reads (`--moe-repack`), so this runs per read, not once per load.
+        // The expert pager repacks each Q2_K expert it reads (`--moe-repack`), so this
+        // runs per read, not once per load: the quants go by vector (NEON) or by word.
         let mut x = BlockQ2Kx8 {
             qs: [[[0; 16]; 2]; 16],
             scales: [[0; 16]; 8],
             d: [[0; 2]; 8],
             dmin: [[0; 2]; 8],
         };
+        pack_q2k_qs(rows, &mut x.qs);
+        pack_q2k_scales(rows, &mut x.scales);
         for (r, row) in rows.iter().enumerate().take(8) {
-            let (h, at) = (r / 4, 4 * (r % 4));
-            // Group g = 8c + 2k' + s (weights 128c + 32k' + 16s ..) is bit pair k' of
-            // plain bytes 32c + 16s + 4k + j; byte j of word k holds weight 4k + j of the
-            // group, and field k of output byte j is word k's.
-            for (c, s) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
-                let base = 32 * c + 16 * s;
-                let w: [u32; 4] = core::array::from_fn(|k| {
-                    let b = &row.qs[base + 4 * k..base + 4 * k + 4];
-                    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
-                });
-                for kp in 0..4 {
-                    let mut v = 0u32;
-                    for (k, wk) in w.iter().enumerate() {
-                        v |= ((wk >> (2 * kp)) & 0x0303_0303) << (2 * k);
-                    }
-                    x.qs[8 * c + 2 * kp + s][h][at..at + 4].copy_from_slice(&v.to_le_bytes());
-                }
-            }
-            for (g, &sc) in row.scales.iter().enumerate() {
-                x.scales[g / 2][8 * (g % 2) + r] = sc;
-            }
             x.d[r] = row.d;
             x.dmin[r] = row.dmin;
         }
@@ -94,6 +75,58 @@ impl Group for BlockQ2Kx8 {
             }),
             d: self.d[r],
             dmin: self.dmin[r],
+        }
+    }
+}
+
+/// `qs` of [`BlockQ2Kx8`] from eight Q2_K rows: NEON on aarch64
+/// ([`crate::arch::neon_q2k_repack`]), else [`pack_q2k_qs_scalar`]; the same bytes.
+fn pack_q2k_qs(rows: &[&BlockQ2K], qs: &mut [[[u8; 16]; 2]; 16]) {
+    #[cfg(target_arch = "aarch64")]
+    crate::arch::neon_q2k_repack::pack_qs(rows, qs);
+    #[cfg(not(target_arch = "aarch64"))]
+    pack_q2k_qs_scalar(rows, qs);
+}
+
+/// `scales` of [`BlockQ2Kx8`] from eight Q2_K rows (NEON on aarch64, the same bytes).
+fn pack_q2k_scales(rows: &[&BlockQ2K], scales: &mut [[u8; 16]; 8]) {
+    #[cfg(target_arch = "aarch64")]
+    crate::arch::neon_q2k_repack::pack_scales(rows, scales);
+    #[cfg(not(target_arch = "aarch64"))]
+    pack_q2k_scales_scalar(rows, scales);
+}
+
+/// [`pack_q2k_scales`] byte by byte.
+#[cfg(any(test, not(target_arch = "aarch64")))]
+pub(crate) fn pack_q2k_scales_scalar(rows: &[&BlockQ2K], scales: &mut [[u8; 16]; 8]) {
+    for (r, row) in rows.iter().enumerate().take(8) {
+        for (g, &sc) in row.scales.iter().enumerate() {
+            scales[g / 2][8 * (g % 2) + r] = sc;
+        }
+    }
+}
+
+/// [`pack_q2k_qs`] with 32-bit words (the reference the NEON version is tested against).
+#[cfg(any(test, not(target_arch = "aarch64")))]
+pub(crate) fn pack_q2k_qs_scalar(rows: &[&BlockQ2K], qs: &mut [[[u8; 16]; 2]; 16]) {
+    for (r, row) in rows.iter().enumerate().take(8) {
+        let (h, at) = (r / 4, 4 * (r % 4));
+        // Group g = 8c + 2k' + s (weights 128c + 32k' + 16s ..) is bit pair k' of
+        // plain bytes 32c + 16s + 4k + j; byte j of word k holds weight 4k + j of the
+        // group, and field k of output byte j is word k's.
+        for (c, s) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+            let base = 32 * c + 16 * s;
+            let w: [u32; 4] = core::array::from_fn(|k| {
+                let b = &row.qs[base + 4 * k..base + 4 * k + 4];
+                u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+            });
+            for kp in 0..4 {
+                let mut v = 0u32;
+                for (k, wk) in w.iter().enumerate() {
+                    v |= ((wk >> (2 * kp)) & 0x0303_0303) << (2 * k);
+                }
+                qs[8 * c + 2 * kp + s][h][at..at + 4].copy_from_slice(&v.to_le_bytes());
+            }
         }
     }
 }

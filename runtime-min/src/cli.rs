@@ -23,6 +23,8 @@ pub enum Command {
     Loops,
     /// Measure the device and recommend settings (`commands::tune`).
     Tune,
+    /// Write the logits of a token-id sequence (`commands::logits`).
+    Logits,
     Help,
 }
 
@@ -74,7 +76,7 @@ pub struct Opts<'s> {
     pub bench_depth: usize,
     pub verbose: bool,
     /// Attention skips keys whose weight is below 1e-4 of the best. `None`: the
-    /// command's default (on, except for `ppl`, which measures the exact model).
+    /// command's default (on, except for `ppl` and `logits`, which measure the exact model).
     pub attn_skip: Option<bool>,
     /// `--swa-full`: sliding-window layers keep a row per position of the context
     /// (llama.cpp's flag), not only their window.
@@ -183,6 +185,7 @@ commands:
   chat      interactive chat in the terminal (uses the model's chat template)
   ppl       perplexity and bits per byte of a text file: pinch ppl -m M -f text.txt -c 512
   tokenize  print token ids/pieces: pinch tokenize -m M -p TEXT [--ids] [--no-bos] [--no-parse-special]
+  logits    raw f32 logits of token ids, every position: pinch logits -m M -p 1,17,42 -o out.f32
   bench     tokens/s table:      pinch bench -m M -p 64,512 -n 128 -t 1,2 -r 3
             storage read speed:  pinch bench --storage FILE (prints the --read-bw to pass)
   inspect   describe a GGUF file: pinch inspect model.gguf
@@ -233,7 +236,8 @@ flags (llama.cpp names):
   --reference             f32 oracle arithmetic (slow; for checking)
   --attn-skip, --no-attn-skip
                           skip keys whose attention weight is < 1e-4 of the best
-                          (default: on; off for ppl, which measures the exact model)
+                          (default: on; off for ppl and logits, which measure the
+                          exact model)
   --ignore-eos            do not stop at end-of-generation tokens
   --grammar GBNF, --grammar-file FILE, -j/--json-schema JSON
                           run, chat: the output (each reply) follows a GBNF grammar
@@ -475,6 +479,7 @@ impl<'s> Opts<'s> {
             "moe-sim" => Command::MoeSim,
             "loops" => Command::Loops,
             "tune" => Command::Tune,
+            "logits" => Command::Logits,
             "help" | "-h" | "--help" => Command::Help,
             other => return Err(CliError::UnknownCommand(other)),
         };

@@ -1,6 +1,7 @@
 //! Shared helpers for the golden tests: load a GGUF into an in-memory platform, run the
 //! forward pass, and compare logits with llama.cpp's reference files.
 pub mod memfs;
+pub mod tiny;
 
 use std::path::{Path, PathBuf};
 

@@ -7,53 +7,12 @@
 //! none beyond the quantization bound, and the same top-1 wherever llama.cpp's margin
 //! is at least 0.5.
 use pinch_runtime_min::model::{KvType, Math, ModelError};
+use pinch_tests::tiny::*;
 use pinch_tests::*;
-
-const N_VOCAB: usize = 300;
-
-fn fixtures() -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(data_dir().join("tiny"))
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".gguf"))
-        .collect();
-    v.sort();
-    assert!(v.len() >= 20, "tiny fixtures missing from tests/data/tiny");
-    v
-}
-
-fn stem(name: &str) -> &str {
-    name.trim_end_matches(".gguf")
-}
-
-fn golden(name: &str, cfg: &str, kind: &str) -> Vec<Vec<f32>> {
-    read_rows(
-        &data_dir()
-            .join("tiny")
-            .join(format!("{}.{cfg}.{kind}.f32", stem(name))),
-        N_VOCAB,
-    )
-}
-
-fn is_f32(name: &str) -> bool {
-    name.ends_with("-F32.gguf")
-}
 
 /// Fixtures pinch cannot run yet (their loading is a clear error, tested below).
 fn unsupported(name: &str) -> bool {
     pending_arch(name)
-}
-
-/// Architectures whose fixtures and goldens are in `tests/data/tiny` but that pinch does
-/// not run yet: loading them must fail with `UnsupportedArch`. An architecture leaves
-/// this list in the change that makes it pass the goldens.
-const PENDING_ARCHS: &[&str] = &[];
-
-fn pending_arch(name: &str) -> bool {
-    PENDING_ARCHS
-        .iter()
-        .any(|a| name.starts_with(&format!("tiny-{a}-")))
 }
 
 #[test]
@@ -89,14 +48,6 @@ fn pending_architectures_are_a_clear_error() {
         run_logits(&bytes, &[1, 2], spec),
         Err(ModelError::UnsupportedArch)
     ));
-}
-
-fn oracle_tol(name: &str) -> f32 {
-    if name.contains("gemma3") {
-        2e-3
-    } else {
-        1e-4
-    }
 }
 
 /// Rewrite, in the GGUF header of `bytes`, the type of the last tensor in the file
@@ -165,11 +116,7 @@ fn oracle_matches_llama_cpp_batched_and_sequential() {
         let bytes = std::fs::read(data_dir().join("tiny").join(&name)).unwrap();
         let meta = Meta::load(&data_dir().join("tiny").join(format!("{name}.meta")));
         let tokens = meta.u32s("token_ids");
-        let cfg = if is_f32(&name) {
-            "f32kv"
-        } else {
-            "dequant-f32kv"
-        };
+        let cfg = oracle_config(&name);
         for (batch, kind) in [(24usize, "batched"), (1, "seq")] {
             let want = golden(&name, cfg, kind);
             let spec = RunSpec {
@@ -220,14 +167,6 @@ fn fast_path_matches_llama_cpp_f32kv() {
         let tokens = meta.u32s("token_ids");
         let want = golden(&name, "f32kv", "batched");
         let dequant = golden(&name, "dequant-f32kv", "batched");
-        // llama.cpp's own f32kv-vs-dequant distance bounds the activation-quantization noise.
-        let bound = want
-            .iter()
-            .zip(&dequant)
-            .map(|(a, b)| max_abs_diff(a, b))
-            .fold(0.0, f32::max)
-            .max(0.05)
-            * 1.5;
         let spec = RunSpec {
             math: Math::Fast,
             kv: KvType::F32,
@@ -236,27 +175,12 @@ fn fast_path_matches_llama_cpp_f32kv() {
             attn_skip: false,
         };
         let (_, got) = run_logits(&bytes, &tokens, spec).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let (mut over, mut worst, mut top1_bad) = (0, 0.0f32, 0);
-        for (g, w) in got.iter().zip(&want) {
-            let d = max_abs_diff(g, w);
-            worst = worst.max(d);
-            if d > 1e-4 {
-                over += 1;
-            }
-            if top1_margin(w) >= 0.5 && argmax(g) != argmax(w) {
-                top1_bad += 1;
-            }
-        }
-        report += &format!("{name:32} positions>1e-4 {over:2}/24 max|diff| {worst:.3} (bound {bound:.3}) top1 mismatches {top1_bad}\n");
-        // x86 reproduces llama.cpp's x86 sums, so all but a few positions agree to 1e-4.
-        // NEON (aarch64 and armv7) sums Q8_0/Q5_0 per block (`q8_0::Order::BlockSum`, as
-        // llama.cpp's own ARM code does in its way): the int8 rounding flips that follow then reach most
-        // positions, still bounded by the quantization noise and with the same top-1.
+        let check = FastCheck::new(&got, &want, &dequant);
+        report += &format!("{name:32} {check}\n");
         let block_sums = pinch_kernels::quant::q8_0::Order::of(&host_cpu())
             == pinch_kernels::quant::q8_0::Order::BlockSum;
-        let few = over <= 3 || block_sums;
-        if !few || worst > bound || top1_bad > 0 {
-            failures.push(format!("{name}: {over} positions > 1e-4, max {worst:.3e} (bound {bound:.3}), top-1 mismatches {top1_bad}"));
+        if !check.passes(block_sums) {
+            failures.push(format!("{name}: {check}"));
         }
     }
     println!("{report}");
@@ -276,11 +200,7 @@ fn greedy_teacher_forced_matches_llama_cpp() {
         }
         let bytes = std::fs::read(data_dir().join("tiny").join(&name)).unwrap();
         let meta = Meta::load(&data_dir().join("tiny").join(format!("{name}.meta")));
-        let cfg = if is_f32(&name) {
-            "f32kv"
-        } else {
-            "dequant-f32kv"
-        };
+        let cfg = oracle_config(&name);
         let ids = meta.u32s(&format!("{cfg}.greedy_ids"));
         let margins = meta.f32s(&format!("{cfg}.greedy_margins"));
         let want = golden(&name, cfg, "greedy");

@@ -6,6 +6,8 @@
 //! meets an illegal instruction. `PINCH_SKIP_MODEL_TESTS=1` skips the model download for
 //! quick local runs (CI must not set it). The platform's unit tests (`pinch-linux --lib`)
 //! join the qemu runs too: its feature detection and O_DIRECT flag are per-architecture.
+//! The shipped armv7 musl binary itself is built and run under qemu-arm on the tiny
+//! goldens (`pinch logits`), so what users copy to a router is what passed.
 //! The last step runs every fuzz target (`fuzz/`, nightly) for 5 s; long fuzz runs and the
 //! soak test are `cargo xtask fuzz` / `cargo xtask soak`, by hand.
 use crate::device::{self, Device, ARMV7, IOS, LINUX_ARM};
@@ -35,6 +37,10 @@ const STEPS: &[Step] = &[
         test_aarch64("cortex-a53")
     }),
     ("test (armv7, qemu-arm cortex-a7)", test_armv7),
+    (
+        "armv7 musl binary vs tiny goldens (qemu-arm cortex-a7)",
+        test_armv7_musl_binary,
+    ),
     ("model + server checks (release, --ignored)", test_slow),
     ("browser test (headless chromium)", test_browser),
     ("llama.cpp server tests (cargo xtask compat)", test_compat),
@@ -388,6 +394,30 @@ fn test_armv7() -> Result<Outcome> {
         ARMV7,
     ])))?);
     Ok(Outcome::Tested(counts))
+}
+
+/// The binary users copy to a 32-bit router (`--device router-armv7`: static musl, std
+/// built from source, release profile), built as shipped and run under qemu-arm's
+/// cortex-a7 on every tiny fixture through `pinch logits`, against llama.cpp's goldens
+/// (`tests/tests/device_binary.rs`). The comparison itself runs on the host, in the
+/// release build of `pinch-tests` that the model checks reuse.
+fn test_armv7_musl_binary() -> Result<Outcome> {
+    let bin = crate::armv7_musl::build()?;
+    let mut golden = cargo([
+        "test",
+        "--release",
+        "-p",
+        "pinch-tests",
+        "--test",
+        "device_binary",
+        "--",
+        "--ignored",
+    ]);
+    golden
+        .env("PINCH_DEVICE_BIN", &bin)
+        .env("PINCH_DEVICE_RUNNER", "qemu-arm")
+        .env("QEMU_CPU", "cortex-a7");
+    run_tests(&mut golden).map(Outcome::Tested)
 }
 
 fn build_no_std() -> Result<Outcome> {

@@ -2,6 +2,7 @@
 //! platform. The OS crate parses nothing itself: it hands the arguments to [`main`].
 pub mod bench;
 pub mod head_select;
+pub mod logits;
 pub mod loops;
 pub mod moe;
 pub mod moe_sim;
@@ -153,6 +154,7 @@ pub fn main<P: Platform>(p: &P, args: &[&str], region: &mut [u8]) -> i32 {
             Command::Chat => run::chat(ctx),
             Command::Ppl => ppl::ppl(ctx),
             Command::Tokenize => tokenize::tokenize(ctx),
+            Command::Logits => logits::logits(ctx),
             Command::Bench => bench::bench(ctx),
             Command::Serve => serve::serve(ctx),
             Command::Loops => loops::loops(ctx),
@@ -255,7 +257,9 @@ pub fn session_options<P: Platform>(p: &P, o: &Opts, cfg: &Config) -> SessionOpt
         math: o.math,
         threads,
         head_group: 1,
-        attn_skip: o.attn_skip.unwrap_or(o.command != Command::Ppl),
+        attn_skip: o
+            .attn_skip
+            .unwrap_or(!matches!(o.command, Command::Ppl | Command::Logits)),
         swa_ring: !o.swa_full,
         state_f16: o.state_f16,
         n_seq,
