@@ -317,3 +317,50 @@ impl Group for BlockQ2_0x16 {
         }
     }
 }
+
+/// Sixteen Q2_0 rows (16 x 18 bytes) for `sdot` by element with the rows interleaved
+/// across the four 2-bit fields of a byte: `qs[i][4l + j]`, bits `2f..`, is the code
+/// of weight `4i + j` of row `4f + l`. Vector `i` is then sixteen rows times activation
+/// word `i`: field `f`, masked in place, is an `sdot` operand for rows `4f..4f + 4`
+/// (scaled by `4^f`, undone for free by the fixed-point `scvtf`), so no accumulator
+/// needs merging. Then the sixteen scales.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ2_0x16d {
+    /// Codes, regrouped as above.
+    pub qs: [[u8; 16]; q2_0::QK / 4],
+    /// Scales (f16 little-endian) of rows 0..16.
+    pub d: [[u8; 2]; 16],
+}
+crate::pod_block!(BlockQ2_0x16d);
+static_assertions::const_assert_eq!(
+    core::mem::size_of::<BlockQ2_0x16d>(),
+    16 * q2_0::BLOCK_BYTES
+);
+
+impl Group for BlockQ2_0x16d {
+    const ROWS: usize = 16;
+    type Plain = BlockQ2_0;
+    fn pack(rows: &[&BlockQ2_0]) -> Self {
+        let code = |r: usize, i: usize| (rows[r].level(i) + 1) as u8;
+        BlockQ2_0x16d {
+            qs: core::array::from_fn(|i| {
+                core::array::from_fn(|b| {
+                    let (l, j) = (b / 4, b % 4);
+                    (0..4).fold(0u8, |acc, f| acc | code(4 * f + l, 4 * i + j) << (2 * f))
+                })
+            }),
+            d: core::array::from_fn(|r| rows[r].d),
+        }
+    }
+    fn unpack(&self, r: usize) -> BlockQ2_0 {
+        let (f, l) = (r / 4, r % 4);
+        let code = |w: usize| (self.qs[w / 4][4 * l + w % 4] >> (2 * f)) & 3;
+        BlockQ2_0 {
+            d: self.d[r],
+            qs: core::array::from_fn(|p| {
+                (0..4).fold(0u8, |acc, t| acc | code(4 * p + t) << (2 * t))
+            }),
+        }
+    }
+}
