@@ -26,8 +26,10 @@
 //!
 //! Per 16 rows x 16 weights: one 64-byte weight load, four 64-byte table loads, eight
 //! index operations (`and`, `ushr`), sixteen `tbl`, fourteen byte adds and four widening
-//! adds. Tables are built for [`KCOLS`] columns at a time (16 KiB on the stack); the
-//! plain tail rows (`rows % 16`) go to the plain row kernels.
+//! adds (Q2_0: `uaddw` of `lo` and `smlal` of `hi` by 32 into one i16 pair that ends at
+//! the exact `isum`, so a Q8_0 block needs only `sxtl`, `scvtf` and `fmla` after it).
+//! Tables are built for [`KCOLS`] columns at a time (16 KiB on the stack); the plain
+//! tail rows (`rows % 16`) go to the plain row kernels.
 #![allow(unsafe_code)]
 
 use core::arch::aarch64::*;
@@ -200,7 +202,6 @@ macro_rules! units_fn {
         }
     };
 }
-units_fn!(units2, unit_asm!(first), unit_asm!(acc));
 units_fn!(
     units16,
     unit_asm!(first),
@@ -220,6 +221,49 @@ units_fn!(
     unit_asm!(acc),
     unit_asm!(acc)
 );
+
+/// Two units (one Q8_0 block of Q2_0) of sixteen rows as their exact sums, i16 (rows
+/// 0..8 and 8..16): `lo + 32 hi` goes straight into one accumulator pair (`uaddw`,
+/// `smlal` by 32), so no merge follows. The 16-bit adds wrap, but the value they end at,
+/// `isum` (`|.| <= 2 x 128 x 32 = 2^13`), is an i16, so it is exact.
+///
+/// # Safety
+/// NEON; `w` (128 bytes) and `t` (512 bytes) are readable.
+#[inline(always)]
+unsafe fn units2_isum(w: *const u8, t: *const u8) -> [int16x8_t; 2] {
+    let (i0, i1);
+    // SAFETY: the caller's contract; the asm reads only those bytes and writes only the
+    // named and clobbered registers.
+    unsafe {
+        core::arch::asm!(
+            unit_asm!(
+                "ushll {a0:v}.8h, v12.8b, #0\n",
+                "ushll2 {a1:v}.8h, v12.16b, #0\n",
+                "smlal {a0:v}.8h, v8.8b, {c:v}.8b\n",
+                "smlal2 {a1:v}.8h, v8.16b, {c:v}.16b\n"
+            ),
+            unit_asm!(
+                "uaddw {a0:v}.8h, {a0:v}.8h, v12.8b\n",
+                "uaddw2 {a1:v}.8h, {a1:v}.8h, v12.16b\n",
+                "smlal {a0:v}.8h, v8.8b, {c:v}.8b\n",
+                "smlal2 {a1:v}.8h, v8.16b, {c:v}.16b\n"
+            ),
+            w = inout(reg) w => _,
+            t = inout(reg) t => _,
+            m = in(vreg) vdupq_n_u8(15),
+            c = in(vreg) vdupq_n_s8(32),
+            a0 = out(vreg) i0,
+            a1 = out(vreg) i1,
+            out("v0") _, out("v1") _, out("v2") _, out("v3") _,
+            out("v4") _, out("v5") _, out("v6") _, out("v7") _,
+            out("v8") _, out("v9") _, out("v10") _, out("v11") _,
+            out("v12") _, out("v13") _, out("v14") _, out("v15") _,
+            out("v16") _,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    [i0, i1]
+}
 
 /// Sixteen rows' `lo` sums (u16, rows 0..8 and 8..16) and `hi` sums (i16).
 #[derive(Clone, Copy)]
@@ -337,10 +381,21 @@ impl Fmt for Q20 {
         let ys = q8_0::act_blocks(a);
         let mut sumi = [vdupq_n_f32(0.0); 4];
         for (s, y) in ys.iter().enumerate().take(2) {
-            let acc = units2(w.add(128 * s), t[32 * s..].as_ptr() as *const u8);
+            let isum = units2_isum(w.add(128 * s), t[32 * s..].as_ptr() as *const u8);
             let da = h2f(y.d);
-            for (q, v) in acc.rows().into_iter().enumerate() {
-                sumi[q] = vfmaq_n_f32(sumi[q], vcvtq_f32_s32(v), da);
+            for (q, si) in sumi.iter_mut().enumerate() {
+                let h = isum[q / 2];
+                let v = if q % 2 == 0 {
+                    vmovl_s16(vget_low_s16(h))
+                } else {
+                    vmovl_high_s16(h)
+                };
+                // The first is `0 + d_a * isum`, the product itself.
+                *si = if s == 0 {
+                    vmulq_n_f32(vcvtq_f32_s32(v), da)
+                } else {
+                    vfmaq_n_f32(*si, vcvtq_f32_s32(v), da)
+                };
             }
         }
         let d = scales(&x.d);
