@@ -40,7 +40,7 @@ use super::neon_ternary_pack::{packed_fn, plain_rows};
 use super::table::{KernelTable, PackedJob};
 use crate::blocks::{cast, Pod};
 use crate::quant::{q2_0, q8_0, q8_k, tq2_0};
-use crate::repack::{BlockQ2_0x16, BlockQ2_0x16d, BlockTq2_0x16};
+use crate::repack::{BlockQ2_0x16, BlockQ2_0x16d, BlockTq2_0x16, BlockTq2_0x16d};
 use crate::GgmlType;
 
 /// Rows per group-block.
@@ -406,37 +406,37 @@ impl Fmt for Q20 {
 }
 
 /// One vector of [`BlockQ2_0x16d`] (`$v`: sixteen rows times activation word `$j` of
-/// `$a`) in asm text: its four fields (three masks `v3..=v5` in place, the top field
+/// `$a`) in asm text: its four fields (three masks `v4..=v6` in place, the top field
 /// shifted down) and four `sdot` by element, field `f` into `v16 + f` (rows `4f..4f +
 /// 4`, scaled by `4^f` for `f < 3`).
 macro_rules! q2d_vec_asm {
     ($v:literal, $a:literal, $j:literal) => {
         concat!(
-            "and v6.16b, ",
-            $v,
-            ".16b, v3.16b\n",
             "and v7.16b, ",
             $v,
             ".16b, v4.16b\n",
             "and v8.16b, ",
             $v,
             ".16b, v5.16b\n",
+            "and v9.16b, ",
+            $v,
+            ".16b, v6.16b\n",
             "ushr ",
             $v,
             ".16b, ",
             $v,
             ".16b, #6\n",
-            "sdot v16.4s, v6.16b, ",
+            "sdot v16.4s, v7.16b, ",
             $a,
             ".4b[",
             $j,
             "]\n",
-            "sdot v17.4s, v7.16b, ",
+            "sdot v17.4s, v8.16b, ",
             $a,
             ".4b[",
             $j,
             "]\n",
-            "sdot v18.4s, v8.16b, ",
+            "sdot v18.4s, v9.16b, ",
             $a,
             ".4b[",
             $j,
@@ -448,6 +448,53 @@ macro_rules! q2d_vec_asm {
             ".4b[",
             $j,
             "]\n",
+        )
+    };
+}
+
+/// Four vectors from `{w}` times the four words of `$a`, in asm text.
+macro_rules! q2d_quad_asm {
+    ($a:literal) => {
+        concat!(
+            "ld1 {{v24.16b, v25.16b, v26.16b, v27.16b}}, [{w}], #64\n",
+            q2d_vec_asm!("v24", $a, "0"),
+            q2d_vec_asm!("v25", $a, "1"),
+            q2d_vec_asm!("v26", $a, "2"),
+            q2d_vec_asm!("v27", $a, "3"),
+        )
+    };
+}
+
+/// The sixteen rows' f16 scales at `{w}` as f32 in asm text: rows 0..4 in `v26`, 4..8
+/// in `v27`, 8..12 in `v24`, 12..16 in `v25`.
+macro_rules! scales16_asm {
+    () => {
+        concat!(
+            "ld1 {{v24.8h, v25.8h}}, [{w}]\n",
+            "fcvtl v26.4s, v24.4h\n",
+            "fcvtl2 v27.4s, v24.8h\n",
+            "fcvtl v24.4s, v25.4h\n",
+            "fcvtl2 v25.4s, v25.8h\n",
+        )
+    };
+}
+
+/// The sixteen rows' sums `v28..=v31` plus the four given registers, in asm text.
+macro_rules! sums_add_asm {
+    ($a:literal, $b:literal, $c:literal, $d:literal) => {
+        concat!(
+            "fadd v28.4s, v28.4s, ",
+            $a,
+            ".4s\n",
+            "fadd v29.4s, v29.4s, ",
+            $b,
+            ".4s\n",
+            "fadd v30.4s, v30.4s, ",
+            $c,
+            ".4s\n",
+            "fadd v31.4s, v31.4s, ",
+            $d,
+            ".4s\n",
         )
     };
 }
@@ -466,16 +513,8 @@ macro_rules! q2d_sub_asm {
             "dup v17.4s, v2.s[1]\n",
             "dup v18.4s, v2.s[2]\n",
             "dup v19.4s, v2.s[0]\n",
-            "ld1 {{v24.16b, v25.16b, v26.16b, v27.16b}}, [{w}], #64\n",
-            q2d_vec_asm!("v24", "v0", "0"),
-            q2d_vec_asm!("v25", "v0", "1"),
-            q2d_vec_asm!("v26", "v0", "2"),
-            q2d_vec_asm!("v27", "v0", "3"),
-            "ld1 {{v24.16b, v25.16b, v26.16b, v27.16b}}, [{w}], #64\n",
-            q2d_vec_asm!("v24", "v1", "0"),
-            q2d_vec_asm!("v25", "v1", "1"),
-            q2d_vec_asm!("v26", "v1", "2"),
-            q2d_vec_asm!("v27", "v1", "3"),
+            q2d_quad_asm!("v0"),
+            q2d_quad_asm!("v1"),
             "scvtf v16.4s, v16.4s\n",
             "scvtf v17.4s, v17.4s, #2\n",
             "scvtf v18.4s, v18.4s, #4\n",
@@ -532,32 +571,123 @@ impl Fmt for Q20d {
             core::arch::asm!(
                 q2d_sub_asm!("fmul"),
                 q2d_sub_asm!("fmla"),
-                "ld1 {{v24.8h, v25.8h}}, [{w}]",
-                "fcvtl v26.4s, v24.4h",
-                "fcvtl2 v27.4s, v24.8h",
-                "fcvtl v24.4s, v25.4h",
-                "fcvtl2 v25.4s, v25.8h",
+                scales16_asm!(),
                 "fmul v20.4s, v26.4s, v20.4s",
                 "fmul v21.4s, v27.4s, v21.4s",
                 "fmul v22.4s, v24.4s, v22.4s",
                 "fmul v23.4s, v25.4s, v23.4s",
-                "fadd v28.4s, v28.4s, v20.4s",
-                "fadd v29.4s, v29.4s, v21.4s",
-                "fadd v30.4s, v30.4s, v22.4s",
-                "fadd v31.4s, v31.4s, v23.4s",
+                sums_add_asm!("v20", "v21", "v22", "v23"),
                 w = inout(reg) (x as *const BlockQ2_0x16d).cast::<u8>() => _,
                 t = inout(reg) t[..Self::TABS].as_ptr() => _,
-                in("v3") vdupq_n_u8(0x03),
-                in("v4") vdupq_n_u8(0x0c),
-                in("v5") vdupq_n_u8(0x30),
+                in("v4") vdupq_n_u8(0x03),
+                in("v5") vdupq_n_u8(0x0c),
+                in("v6") vdupq_n_u8(0x30),
                 inout("v28") s0,
                 inout("v29") s1,
                 inout("v30") s2,
                 inout("v31") s3,
                 out("v0") _, out("v1") _, out("v2") _,
-                out("v6") _, out("v7") _, out("v8") _,
+                out("v7") _, out("v8") _, out("v9") _,
                 out("v16") _, out("v17") _, out("v18") _, out("v19") _,
                 out("v20") _, out("v21") _, out("v22") _, out("v23") _,
+                out("v24") _, out("v25") _, out("v26") _, out("v27") _,
+                options(readonly, nostack, preserves_flags),
+            );
+        }
+        *sum = [s0, s1, s2, s3];
+    }
+}
+
+/// TQ2_0 over [`BlockTq2_0x16d`] with `sdot` (dotprod only), as [`Q20d`] with one
+/// activation block per plain block: per 16 rows 562 instructions per block (0.137 per
+/// weight), 512 of them masks and `sdot`.
+struct Tq2d;
+impl Fmt for Tq2d {
+    type G = BlockTq2_0x16d;
+    const TY: GgmlType = GgmlType::TQ2_0;
+    const QK: usize = tq2_0::QK;
+    const BLOCK: usize = tq2_0::BLOCK_BYTES;
+    const ACT: usize = q8_k::BLOCK_BYTES;
+    /// Per block a 272-byte record: `-s`, `-4 s`, `-16 s` (i32, `s = sum(q)`) and `d_a`
+    /// (f32 bits), then the 256 quants.
+    const TABS: usize = 17;
+    fn quants(a: &[u8]) -> impl Iterator<Item = &[u8]> {
+        q8_k::act_blocks(a).iter().map(|y| &y.qs[..])
+    }
+    #[inline(always)]
+    unsafe fn build(ab: &[u8], t: &mut [[u8; 16]]) {
+        for (y, r) in q8_k::act_blocks(ab).iter().zip(t.chunks_exact_mut(17)) {
+            let s: i32 = y.qs.iter().map(|&q| q as i8 as i32).sum();
+            let c = [-s, -4 * s, -16 * s, y.scale().to_bits() as i32];
+            for (b, v) in r[0].chunks_exact_mut(4).zip(c) {
+                b.copy_from_slice(&v.to_le_bytes());
+            }
+            for (e, q) in r[1..].iter_mut().zip(y.qs.chunks_exact(16)) {
+                e.copy_from_slice(q);
+            }
+        }
+    }
+    /// `|4^f isum| <= 16 x 256 x 2 x 128 = 2^20`: exact in i32 and in the fixed-point
+    /// `scvtf`; `sum += isum * (d_a * d_w)` (multiply, multiply, add), as the reference.
+    #[inline(always)]
+    unsafe fn block(x: &BlockTq2_0x16d, _: &[u8], t: &[[u8; 16]], sum: &mut [float32x4_t; 4]) {
+        let [mut s0, mut s1, mut s2, mut s3] = *sum;
+        // SAFETY: dotprod (only the dotprod table lists this layout's kernel). The asm
+        // reads the 1056 bytes of `x` and the block's 272-byte record (`t` holds at least
+        // `TABS` entries), and writes only the named and clobbered registers.
+        unsafe {
+            core::arch::asm!(
+                "ld1 {{v20.16b}}, [{t}], #16",
+                "dup v16.4s, v20.s[0]",
+                "dup v17.4s, v20.s[1]",
+                "dup v18.4s, v20.s[2]",
+                "dup v19.4s, v20.s[0]",
+                "ld1 {{v0.16b, v1.16b, v2.16b, v3.16b}}, [{t}], #64",
+                q2d_quad_asm!("v0"),
+                q2d_quad_asm!("v1"),
+                q2d_quad_asm!("v2"),
+                q2d_quad_asm!("v3"),
+                "ld1 {{v0.16b, v1.16b, v2.16b, v3.16b}}, [{t}], #64",
+                q2d_quad_asm!("v0"),
+                q2d_quad_asm!("v1"),
+                q2d_quad_asm!("v2"),
+                q2d_quad_asm!("v3"),
+                "ld1 {{v0.16b, v1.16b, v2.16b, v3.16b}}, [{t}], #64",
+                q2d_quad_asm!("v0"),
+                q2d_quad_asm!("v1"),
+                q2d_quad_asm!("v2"),
+                q2d_quad_asm!("v3"),
+                "ld1 {{v0.16b, v1.16b, v2.16b, v3.16b}}, [{t}], #64",
+                q2d_quad_asm!("v0"),
+                q2d_quad_asm!("v1"),
+                q2d_quad_asm!("v2"),
+                q2d_quad_asm!("v3"),
+                "scvtf v16.4s, v16.4s",
+                "scvtf v17.4s, v17.4s, #2",
+                "scvtf v18.4s, v18.4s, #4",
+                "scvtf v19.4s, v19.4s",
+                scales16_asm!(),
+                "fmul v26.4s, v26.4s, v20.s[3]",
+                "fmul v27.4s, v27.4s, v20.s[3]",
+                "fmul v24.4s, v24.4s, v20.s[3]",
+                "fmul v25.4s, v25.4s, v20.s[3]",
+                "fmul v16.4s, v16.4s, v26.4s",
+                "fmul v17.4s, v17.4s, v27.4s",
+                "fmul v18.4s, v18.4s, v24.4s",
+                "fmul v19.4s, v19.4s, v25.4s",
+                sums_add_asm!("v16", "v17", "v18", "v19"),
+                w = inout(reg) (x as *const BlockTq2_0x16d).cast::<u8>() => _,
+                t = inout(reg) t[..Self::TABS].as_ptr() => _,
+                in("v4") vdupq_n_u8(0x03),
+                in("v5") vdupq_n_u8(0x0c),
+                in("v6") vdupq_n_u8(0x30),
+                inout("v28") s0,
+                inout("v29") s1,
+                inout("v30") s2,
+                inout("v31") s3,
+                out("v0") _, out("v1") _, out("v2") _, out("v3") _,
+                out("v7") _, out("v8") _, out("v9") _,
+                out("v16") _, out("v17") _, out("v18") _, out("v19") _, out("v20") _,
                 out("v24") _, out("v25") _, out("v26") _, out("v27") _,
                 options(readonly, nostack, preserves_flags),
             );
@@ -652,3 +782,4 @@ unsafe fn run<F: Fmt>(
 packed_fn!(tq2_0x16_base, tq2_0x16_base_in, "neon", run::<Tq2>);
 packed_fn!(q2_0x16_base, q2_0x16_base_in, "neon", run::<Q20>);
 packed_fn!(q2_0x16d_dot, q2_0x16d_dot_in, "neon,dotprod", run::<Q20d>);
+packed_fn!(tq2_0x16d_dot, tq2_0x16d_dot_in, "neon,dotprod", run::<Tq2d>);
