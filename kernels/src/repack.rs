@@ -58,7 +58,7 @@ use crate::quant::{q2_k, q8_k};
 use crate::{CpuFeatures, GgmlType};
 
 pub use crate::repack_lowbit::{BlockQ2Kx8, BlockQ2_0x4, BlockTq1_0x4, BlockTq2_0x4};
-pub use crate::repack_lowbit::{BlockQ2_0x16, BlockTq2_0x16};
+pub use crate::repack_lowbit::{BlockQ2_0x16, BlockQ2_0x16d, BlockTq2_0x16, BlockTq2_0x16d};
 
 /// How a weight tensor's bytes are arranged in memory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -98,6 +98,12 @@ pub enum Layout {
     /// Q2_0, groups of sixteen rows, the rows' bytes side by side ([`BlockQ2_0x16`], for
     /// the pair-table kernel).
     Q2_0x16,
+    /// Q2_0, groups of sixteen rows interleaved across the 2-bit fields of each byte
+    /// ([`BlockQ2_0x16d`], for `sdot` by element without accumulator merges).
+    Q2_0x16d,
+    /// TQ2_0, groups of sixteen rows interleaved as [`Layout::Q2_0x16d`]
+    /// ([`BlockTq2_0x16d`]).
+    Tq2_0x16d,
 }
 
 impl Layout {
@@ -119,6 +125,8 @@ impl Layout {
             Layout::Q5_0x4d => 8,
             Layout::Tq2_0x16 => 14,
             Layout::Q2_0x16 => 15,
+            Layout::Q2_0x16d => 16,
+            Layout::Tq2_0x16d => 17,
         }
     }
     /// The layout of id `id`, if known.
@@ -138,6 +146,8 @@ impl Layout {
             8 => Some(Layout::Q5_0x4d),
             14 => Some(Layout::Tq2_0x16),
             15 => Some(Layout::Q2_0x16),
+            16 => Some(Layout::Q2_0x16d),
+            17 => Some(Layout::Tq2_0x16d),
             _ => None,
         }
     }
@@ -145,7 +155,11 @@ impl Layout {
     pub fn group_rows(self) -> usize {
         match self {
             Layout::Plain => 1,
-            Layout::Q1_0x16 | Layout::Tq2_0x16 | Layout::Q2_0x16 => 16,
+            Layout::Q1_0x16
+            | Layout::Tq2_0x16
+            | Layout::Q2_0x16
+            | Layout::Q2_0x16d
+            | Layout::Tq2_0x16d => 16,
             Layout::Q2Kx8 => 8,
             _ => 4,
         }
@@ -167,6 +181,8 @@ impl Layout {
             Layout::Q5_0x4d => "q5_0x4d",
             Layout::Tq2_0x16 => "tq2_0x16",
             Layout::Q2_0x16 => "q2_0x16",
+            Layout::Q2_0x16d => "q2_0x16d",
+            Layout::Tq2_0x16d => "tq2_0x16d",
         }
     }
     /// The repacked layout pinch uses for weights of type `ty` on a CPU with `feat`, if
@@ -183,8 +199,8 @@ impl Layout {
             Layout::Q5_0x4s | Layout::Q5_0x4d => Some(GgmlType::Q5_0),
             Layout::Q1_0x16 => Some(GgmlType::Q1_0),
             Layout::Q2Kx8 => Some(GgmlType::Q2_K),
-            Layout::Tq2_0x4 | Layout::Tq2_0x16 => Some(GgmlType::TQ2_0),
-            Layout::Q2_0x4 | Layout::Q2_0x16 => Some(GgmlType::Q2_0),
+            Layout::Tq2_0x4 | Layout::Tq2_0x16 | Layout::Tq2_0x16d => Some(GgmlType::TQ2_0),
+            Layout::Q2_0x4 | Layout::Q2_0x16 | Layout::Q2_0x16d => Some(GgmlType::Q2_0),
             Layout::Tq1_0x4 => Some(GgmlType::TQ1_0),
             Layout::Q4Kx4 => Some(GgmlType::Q4_K),
             Layout::Q6Kx4 => Some(GgmlType::Q6_K),
@@ -486,6 +502,14 @@ macro_rules! with_group {
                 type $G = BlockQ2_0x16;
                 $body
             }
+            Layout::Q2_0x16d => {
+                type $G = BlockQ2_0x16d;
+                $body
+            }
+            Layout::Tq2_0x16d => {
+                type $G = BlockTq2_0x16d;
+                $body
+            }
         }
     };
 }
@@ -692,6 +716,8 @@ pub fn dot_row_scalar(
             | Layout::Tq1_0x4
             | Layout::Tq2_0x16
             | Layout::Q2_0x16
+            | Layout::Q2_0x16d
+            | Layout::Tq2_0x16d
     ) {
         // Block by block through the plain reference: each block's `d_w * sumi` added
         // to the row sum in order, as the type's `vec_dot` does over the whole row.

@@ -350,3 +350,99 @@ impl Group for BlockQ2_0x16 {
         }
     }
 }
+
+/// Sixteen Q2_0 rows (16 x 18 bytes) for `sdot` by element with the rows interleaved
+/// across the four 2-bit fields of a byte: `qs[i][4l + j]`, bits `2f..`, is the code
+/// of weight `4i + j` of row `4f + l`. Vector `i` is then sixteen rows times activation
+/// word `i`: field `f`, masked in place, is an `sdot` operand for rows `4f..4f + 4`
+/// (scaled by `4^f`, undone for free by the fixed-point `scvtf`), so no accumulator
+/// needs merging. Then the sixteen scales.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ2_0x16d {
+    /// Codes, regrouped as above.
+    pub qs: [[u8; 16]; q2_0::QK / 4],
+    /// Scales (f16 little-endian) of rows 0..16.
+    pub d: [[u8; 2]; 16],
+}
+crate::pod_block!(BlockQ2_0x16d);
+static_assertions::const_assert_eq!(
+    core::mem::size_of::<BlockQ2_0x16d>(),
+    16 * q2_0::BLOCK_BYTES
+);
+
+impl Group for BlockQ2_0x16d {
+    const ROWS: usize = 16;
+    type Plain = BlockQ2_0;
+    fn pack(rows: &[&BlockQ2_0]) -> Self {
+        BlockQ2_0x16d {
+            qs: field_rows(|r, i| (rows[r].level(i) + 1) as u8),
+            d: core::array::from_fn(|r| rows[r].d),
+        }
+    }
+    fn unpack(&self, r: usize) -> BlockQ2_0 {
+        let code = |w: usize| field_code(&self.qs, r, w);
+        BlockQ2_0 {
+            d: self.d[r],
+            qs: core::array::from_fn(|p| {
+                (0..4).fold(0u8, |acc, t| acc | code(4 * p + t) << (2 * t))
+            }),
+        }
+    }
+}
+
+/// The vectors of a row-interleaved 16-row layout ([`BlockQ2_0x16d`],
+/// [`BlockTq2_0x16d`]) from `code(row, weight)`: vector `i`, byte `4l + j`, bits `2f..`
+/// is the code of weight `4i + j` of row `4f + l`.
+fn field_rows<const N: usize>(code: impl Fn(usize, usize) -> u8) -> [[u8; 16]; N] {
+    core::array::from_fn(|i| {
+        core::array::from_fn(|b| {
+            let (l, j) = (b / 4, b % 4);
+            (0..4).fold(0u8, |acc, f| acc | code(4 * f + l, 4 * i + j) << (2 * f))
+        })
+    })
+}
+
+/// Code of weight `w` of row `r` in the vectors of [`field_rows`].
+fn field_code(qs: &[[u8; 16]], r: usize, w: usize) -> u8 {
+    (qs[w / 4][4 * (r % 4) + w % 4] >> (2 * (r / 4))) & 3
+}
+
+/// Sixteen TQ2_0 rows (16 x 66 bytes) interleaved across the 2-bit fields of each byte
+/// as [`BlockQ2_0x16d`] (`qs[i][4l + j]`, bits `2f..`: the code of weight `4i + j` of
+/// row `4f + l`), for `sdot` by element; then the sixteen scales.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockTq2_0x16d {
+    /// Codes, regrouped as above.
+    pub qs: [[u8; 16]; tq2_0::QK / 4],
+    /// Scales (f16 little-endian) of rows 0..16.
+    pub d: [[u8; 2]; 16],
+}
+crate::pod_block!(BlockTq2_0x16d);
+static_assertions::const_assert_eq!(
+    core::mem::size_of::<BlockTq2_0x16d>(),
+    16 * tq2_0::BLOCK_BYTES
+);
+
+impl Group for BlockTq2_0x16d {
+    const ROWS: usize = 16;
+    type Plain = BlockTq2_0;
+    fn pack(rows: &[&BlockTq2_0]) -> Self {
+        BlockTq2_0x16d {
+            qs: field_rows(|r, i| (rows[r].level(i) + 1) as u8),
+            d: core::array::from_fn(|r| rows[r].d),
+        }
+    }
+    fn unpack(&self, r: usize) -> BlockTq2_0 {
+        let code = |w: usize| field_code(&self.qs, r, w);
+        // Weight 128c + 32l + m is bits 2l.. of plain byte 32c + m.
+        BlockTq2_0 {
+            qs: core::array::from_fn(|b| {
+                let (c, m) = (b / 32, b % 32);
+                (0..4).fold(0u8, |acc, l| acc | code(128 * c + 32 * l + m) << (2 * l))
+            }),
+            d: self.d[r],
+        }
+    }
+}

@@ -1,4 +1,4 @@
-//! TQ2_0, Q2_0 and TQ1_0 over the repacked `Tq2_0x4` / `Q2_0x4` / `Tq1_0x4` layouts (`sdot`
+//! TQ2_0, Q2_0 and TQ1_0 over the repacked `Tq2_0x4` / `Q2_0x4` / `Tq2_0x16d` / `Q2_0x16d` / `Tq1_0x4` layouts (`sdot`
 //! by element on dotprod, widening multiplies without) against the plain scalar references
 //! (`tq2_0::vec_dot`, `q2_0::vec_dot`, `tq1_0::vec_dot`), **bit for bit** per (row, token): the kernels
 //! regroup exact integer sums and keep the reference's float steps. Every feature set of
@@ -13,20 +13,24 @@ use pinch_kernels::repack::{self, Layout};
 use pinch_kernels::GgmlType;
 
 /// The formats, their layouts, and where the f16 scale sits in a plain block.
-const CASES: [(GgmlType, Layout, usize); 5] = [
+const CASES: [(GgmlType, Layout, usize); 7] = [
     (GgmlType::TQ2_0, Layout::Tq2_0x4, 64),
     (GgmlType::Q2_0, Layout::Q2_0x4, 0),
     (GgmlType::TQ2_0, Layout::Tq2_0x16, 64),
     (GgmlType::Q2_0, Layout::Q2_0x16, 0),
+    (GgmlType::Q2_0, Layout::Q2_0x16d, 0),
+    (GgmlType::TQ2_0, Layout::Tq2_0x16d, 64),
     (GgmlType::TQ1_0, Layout::Tq1_0x4, 52),
 ];
 
 /// Every 2-bit layout (Q2_K's kernels are checked in `q2k_pack.rs`) and its f16 scales.
-const LAYOUTS: [(GgmlType, Layout, &[usize]); 6] = [
+const LAYOUTS: [(GgmlType, Layout, &[usize]); 8] = [
     (GgmlType::TQ2_0, Layout::Tq2_0x4, &[64]),
     (GgmlType::Q2_0, Layout::Q2_0x4, &[0]),
     (GgmlType::TQ2_0, Layout::Tq2_0x16, &[64]),
     (GgmlType::Q2_0, Layout::Q2_0x16, &[0]),
+    (GgmlType::Q2_0, Layout::Q2_0x16d, &[0]),
+    (GgmlType::TQ2_0, Layout::Tq2_0x16d, &[64]),
     (GgmlType::TQ1_0, Layout::Tq1_0x4, &[52]),
     (GgmlType::Q2_K, Layout::Q2Kx8, &[80, 82]),
 ];
@@ -190,11 +194,13 @@ fn two_bit_layouts_repack_and_read_back() {
 }
 
 /// Whether `l` is the layout aarch64 prefers for its type on a CPU with `dotprod` (the
-/// pair tables without dotprod, where `smlal` costs more instructions; `sdot` with it).
+/// pair tables without dotprod, where `smlal` costs more instructions; `sdot` with it,
+/// over the row-interleaved fields; the x4 layouts are listed but never preferred).
 fn preferred_on_neon(l: Layout, dotprod: bool) -> bool {
     match l {
         Layout::Tq2_0x16 | Layout::Q2_0x16 => !dotprod,
-        Layout::Tq2_0x4 | Layout::Q2_0x4 => dotprod,
+        Layout::Tq2_0x16d | Layout::Q2_0x16d => dotprod,
+        Layout::Tq2_0x4 | Layout::Q2_0x4 => false,
         _ => true,
     }
 }
@@ -218,8 +224,13 @@ fn the_two_bit_kernels_run_on_neon() {
             let mut out = vec![0.0f32; rows];
             let ran =
                 pinch_kernels::arch::repack_matmul_rows(l, &feat, &wr, rb, 0..rows, &a, &mut out);
-            // The pair-table layouts are in the baseline table only.
-            let listed = !(matches!(l, Layout::Tq2_0x16 | Layout::Q2_0x16) && feat.dotprod());
+            // The pair-table layouts are in the baseline table only, the x16d ones
+            // (`sdot`) in the dotprod table only.
+            let listed = match l {
+                Layout::Tq2_0x16 | Layout::Q2_0x16 => !feat.dotprod(),
+                Layout::Q2_0x16d | Layout::Tq2_0x16d => feat.dotprod(),
+                _ => true,
+            };
             assert_eq!(ran, expect && listed, "{ty:?} {feat:?}");
         }
     }

@@ -18,10 +18,18 @@
 //! block, fused as in [`super::neon_ternary_pack`] since the product is exact, and `sum
 //! += d_w * sumi` per 64 weights): the result is the plain reference's bit for bit.
 //!
+//! The same 16-row driver runs Q2_0 with `sdot` over [`crate::repack::Layout::Q2_0x16d`]
+//! (dotprod table only, [`Q20d`]): one vector holds sixteen rows times four weights, the
+//! rows spread over the four 2-bit fields of each byte, so each masked field is an `sdot`
+//! operand for four rows with its own accumulator and nothing is merged (0.185
+//! instructions per weight under qemu `max`, against 0.272 for `Q2_0x4`).
+//!
 //! Per 16 rows x 16 weights: one 64-byte weight load, four 64-byte table loads, eight
 //! index operations (`and`, `ushr`), sixteen `tbl`, fourteen byte adds and four widening
-//! adds. Tables are built for [`KCOLS`] columns at a time (16 KiB on the stack); the
-//! plain tail rows (`rows % 16`) go to the plain row kernels.
+//! adds (Q2_0: `uaddw` of `lo` and `smlal` of `hi` by 32 into one i16 pair that ends at
+//! the exact `isum`, so a Q8_0 block needs only `sxtl`, `scvtf` and `fmla` after it).
+//! Tables are built for [`KCOLS`] columns at a time (16 KiB on the stack); the plain
+//! tail rows (`rows % 16`) go to the plain row kernels.
 #![allow(unsafe_code)]
 
 use core::arch::aarch64::*;
@@ -32,7 +40,7 @@ use super::neon_ternary_pack::{packed_fn, plain_rows};
 use super::table::{KernelTable, PackedJob};
 use crate::blocks::{cast, Pod};
 use crate::quant::{q2_0, q8_0, q8_k, tq2_0};
-use crate::repack::{BlockQ2_0x16, BlockTq2_0x16};
+use crate::repack::{BlockQ2_0x16, BlockQ2_0x16d, BlockTq2_0x16, BlockTq2_0x16d};
 use crate::GgmlType;
 
 /// Rows per group-block.
@@ -194,7 +202,6 @@ macro_rules! units_fn {
         }
     };
 }
-units_fn!(units2, unit_asm!(first), unit_asm!(acc));
 units_fn!(
     units16,
     unit_asm!(first),
@@ -214,6 +221,49 @@ units_fn!(
     unit_asm!(acc),
     unit_asm!(acc)
 );
+
+/// Two units (one Q8_0 block of Q2_0) of sixteen rows as their exact sums, i16 (rows
+/// 0..8 and 8..16): `lo + 32 hi` goes straight into one accumulator pair (`uaddw`,
+/// `smlal` by 32), so no merge follows. The 16-bit adds wrap, but the value they end at,
+/// `isum` (`|.| <= 2 x 128 x 32 = 2^13`), is an i16, so it is exact.
+///
+/// # Safety
+/// NEON; `w` (128 bytes) and `t` (512 bytes) are readable.
+#[inline(always)]
+unsafe fn units2_isum(w: *const u8, t: *const u8) -> [int16x8_t; 2] {
+    let (i0, i1);
+    // SAFETY: the caller's contract; the asm reads only those bytes and writes only the
+    // named and clobbered registers.
+    unsafe {
+        core::arch::asm!(
+            unit_asm!(
+                "ushll {a0:v}.8h, v12.8b, #0\n",
+                "ushll2 {a1:v}.8h, v12.16b, #0\n",
+                "smlal {a0:v}.8h, v8.8b, {c:v}.8b\n",
+                "smlal2 {a1:v}.8h, v8.16b, {c:v}.16b\n"
+            ),
+            unit_asm!(
+                "uaddw {a0:v}.8h, {a0:v}.8h, v12.8b\n",
+                "uaddw2 {a1:v}.8h, {a1:v}.8h, v12.16b\n",
+                "smlal {a0:v}.8h, v8.8b, {c:v}.8b\n",
+                "smlal2 {a1:v}.8h, v8.16b, {c:v}.16b\n"
+            ),
+            w = inout(reg) w => _,
+            t = inout(reg) t => _,
+            m = in(vreg) vdupq_n_u8(15),
+            c = in(vreg) vdupq_n_s8(32),
+            a0 = out(vreg) i0,
+            a1 = out(vreg) i1,
+            out("v0") _, out("v1") _, out("v2") _, out("v3") _,
+            out("v4") _, out("v5") _, out("v6") _, out("v7") _,
+            out("v8") _, out("v9") _, out("v10") _, out("v11") _,
+            out("v12") _, out("v13") _, out("v14") _, out("v15") _,
+            out("v16") _,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    [i0, i1]
+}
 
 /// Sixteen rows' `lo` sums (u16, rows 0..8 and 8..16) and `hi` sums (i16).
 #[derive(Clone, Copy)]
@@ -238,7 +288,8 @@ impl Acc {
     }
 }
 
-/// A repacked pair-table format: its group-block, plain type and float steps.
+/// A repacked 16-row format: its group-block, plain type, activation tables and float
+/// steps.
 trait Fmt {
     type G: Pod;
     const TY: GgmlType;
@@ -247,8 +298,18 @@ trait Fmt {
     const BLOCK: usize;
     /// Activation bytes per plain block.
     const ACT: usize;
+    /// Table entries per plain block (the pair tables: 16 per unit).
+    const TABS: usize = Self::QK / U * 16;
     /// The int8 quants of plain block `b`'s activations `a` (`QK` bytes).
     fn quants(a: &[u8]) -> impl Iterator<Item = &[u8]>;
+    /// The tables of the activation blocks `ab` into `t` ([`Fmt::TABS`] per plain
+    /// block): the pair tables unless a format says otherwise.
+    #[inline(always)]
+    unsafe fn build(ab: &[u8], t: &mut [[u8; 16]]) {
+        for (i, q) in Self::quants(ab).enumerate() {
+            build(q, &mut t[i * q.len() / U * 16..]);
+        }
+    }
     /// `sum[q] +=` (rows `4q..`) this block's terms, `t`: its tables.
     unsafe fn block(x: &Self::G, a: &[u8], t: &[[u8; 16]], sum: &mut [float32x4_t; 4]);
 }
@@ -320,16 +381,318 @@ impl Fmt for Q20 {
         let ys = q8_0::act_blocks(a);
         let mut sumi = [vdupq_n_f32(0.0); 4];
         for (s, y) in ys.iter().enumerate().take(2) {
-            let acc = units2(w.add(128 * s), t[32 * s..].as_ptr() as *const u8);
+            let isum = units2_isum(w.add(128 * s), t[32 * s..].as_ptr() as *const u8);
             let da = h2f(y.d);
-            for (q, v) in acc.rows().into_iter().enumerate() {
-                sumi[q] = vfmaq_n_f32(sumi[q], vcvtq_f32_s32(v), da);
+            for (q, si) in sumi.iter_mut().enumerate() {
+                let h = isum[q / 2];
+                let v = if q % 2 == 0 {
+                    vmovl_s16(vget_low_s16(h))
+                } else {
+                    vmovl_high_s16(h)
+                };
+                // The first is `0 + d_a * isum`, the product itself.
+                *si = if s == 0 {
+                    vmulq_n_f32(vcvtq_f32_s32(v), da)
+                } else {
+                    vfmaq_n_f32(*si, vcvtq_f32_s32(v), da)
+                };
             }
         }
         let d = scales(&x.d);
         for q in 0..4 {
             sum[q] = vaddq_f32(sum[q], vmulq_f32(d[q], sumi[q]));
         }
+    }
+}
+
+/// One vector of [`BlockQ2_0x16d`] (`$v`: sixteen rows times activation word `$j` of
+/// `$a`) in asm text: its four fields (three masks `v4..=v6` in place, the top field
+/// shifted down) and four `sdot` by element, field `f` into `v16 + f` (rows `4f..4f +
+/// 4`, scaled by `4^f` for `f < 3`).
+macro_rules! q2d_vec_asm {
+    ($v:literal, $a:literal, $j:literal) => {
+        concat!(
+            "and v7.16b, ",
+            $v,
+            ".16b, v4.16b\n",
+            "and v8.16b, ",
+            $v,
+            ".16b, v5.16b\n",
+            "and v9.16b, ",
+            $v,
+            ".16b, v6.16b\n",
+            "ushr ",
+            $v,
+            ".16b, ",
+            $v,
+            ".16b, #6\n",
+            "sdot v16.4s, v7.16b, ",
+            $a,
+            ".4b[",
+            $j,
+            "]\n",
+            "sdot v17.4s, v8.16b, ",
+            $a,
+            ".4b[",
+            $j,
+            "]\n",
+            "sdot v18.4s, v9.16b, ",
+            $a,
+            ".4b[",
+            $j,
+            "]\n",
+            "sdot v19.4s, ",
+            $v,
+            ".16b, ",
+            $a,
+            ".4b[",
+            $j,
+            "]\n",
+        )
+    };
+}
+
+/// Four vectors from `{w}` times the four words of `$a`, in asm text.
+macro_rules! q2d_quad_asm {
+    ($a:literal) => {
+        concat!(
+            "ld1 {{v24.16b, v25.16b, v26.16b, v27.16b}}, [{w}], #64\n",
+            q2d_vec_asm!("v24", $a, "0"),
+            q2d_vec_asm!("v25", $a, "1"),
+            q2d_vec_asm!("v26", $a, "2"),
+            q2d_vec_asm!("v27", $a, "3"),
+        )
+    };
+}
+
+/// The sixteen rows' f16 scales at `{w}` as f32 in asm text: rows 0..4 in `v26`, 4..8
+/// in `v27`, 8..12 in `v24`, 12..16 in `v25`.
+macro_rules! scales16_asm {
+    () => {
+        concat!(
+            "ld1 {{v24.8h, v25.8h}}, [{w}]\n",
+            "fcvtl v26.4s, v24.4h\n",
+            "fcvtl2 v27.4s, v24.8h\n",
+            "fcvtl v24.4s, v25.4h\n",
+            "fcvtl2 v25.4s, v25.8h\n",
+        )
+    };
+}
+
+/// The sixteen rows' sums `v28..=v31` plus the four given registers, in asm text.
+macro_rules! sums_add_asm {
+    ($a:literal, $b:literal, $c:literal, $d:literal) => {
+        concat!(
+            "fadd v28.4s, v28.4s, ",
+            $a,
+            ".4s\n",
+            "fadd v29.4s, v29.4s, ",
+            $b,
+            ".4s\n",
+            "fadd v30.4s, v30.4s, ",
+            $c,
+            ".4s\n",
+            "fadd v31.4s, v31.4s, ",
+            $d,
+            ".4s\n",
+        )
+    };
+}
+
+/// One Q8_0 block of [`BlockQ2_0x16d`] in asm text: its record from `{t}` (`v0`, `v1`:
+/// the 32 quants; `v2`: `-s`, `-4 s`, `-16 s`, `d_a` with `s = sum(q)`), the four
+/// accumulators started at `-4^f s` (so that field `f`'s ends at `4^f isum`), eight
+/// vectors from `{w}`, then `isum` as f32 (`scvtf` with 0, 2, 4 fraction bits: exact,
+/// `|4^f isum| <= 2^17`) and `sumi += d_a * isum` into `v20..=v23`, fused (the product
+/// is exact, see [`Q20`]); `$op` is `fmul` for the first block (`0 + d_a * isum`).
+macro_rules! q2d_sub_asm {
+    ($op:literal) => {
+        concat!(
+            "ld1 {{v0.16b, v1.16b, v2.16b}}, [{t}], #48\n",
+            "dup v16.4s, v2.s[0]\n",
+            "dup v17.4s, v2.s[1]\n",
+            "dup v18.4s, v2.s[2]\n",
+            "dup v19.4s, v2.s[0]\n",
+            q2d_quad_asm!("v0"),
+            q2d_quad_asm!("v1"),
+            "scvtf v16.4s, v16.4s\n",
+            "scvtf v17.4s, v17.4s, #2\n",
+            "scvtf v18.4s, v18.4s, #4\n",
+            "scvtf v19.4s, v19.4s\n",
+            $op,
+            " v20.4s, v16.4s, v2.s[3]\n",
+            $op,
+            " v21.4s, v17.4s, v2.s[3]\n",
+            $op,
+            " v22.4s, v18.4s, v2.s[3]\n",
+            $op,
+            " v23.4s, v19.4s, v2.s[3]\n",
+        )
+    };
+}
+
+/// Q2_0 over [`BlockQ2_0x16d`] with `sdot` (dotprod only): per Q8_0 block and 16 rows
+/// 79 instructions (64 of them masks and `sdot`), per Q2_0 block 171 (0.167 per weight).
+struct Q20d;
+impl Fmt for Q20d {
+    type G = BlockQ2_0x16d;
+    const TY: GgmlType = GgmlType::Q2_0;
+    const QK: usize = q2_0::QK;
+    const BLOCK: usize = q2_0::BLOCK_BYTES;
+    const ACT: usize = 2 * q8_0::BLOCK_BYTES;
+    /// Per Q8_0 block a 48-byte record: the quants, then `-s`, `-4 s`, `-16 s` (i32)
+    /// and `d_a` (f32 bits).
+    const TABS: usize = 6;
+    fn quants(a: &[u8]) -> impl Iterator<Item = &[u8]> {
+        q8_0::act_blocks(a).iter().map(|y| &y.qs[..])
+    }
+    #[inline(always)]
+    unsafe fn build(ab: &[u8], t: &mut [[u8; 16]]) {
+        for (y, r) in q8_0::act_blocks(ab).iter().zip(t.chunks_exact_mut(3)) {
+            let s = y.q_sum();
+            r[0].copy_from_slice(&y.qs[..16]);
+            r[1].copy_from_slice(&y.qs[16..]);
+            let c = [-s, -4 * s, -16 * s, y.scale().to_bits() as i32];
+            for (b, v) in r[2].chunks_exact_mut(4).zip(c) {
+                b.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+    }
+    /// Per Q8_0 block `sumi += d_a * isum` (fused, as [`Q20`]), then `sum += d_w *
+    /// sumi` (multiply, then add).
+    #[inline(always)]
+    unsafe fn block(x: &BlockQ2_0x16d, _: &[u8], t: &[[u8; 16]], sum: &mut [float32x4_t; 4]) {
+        let [mut s0, mut s1, mut s2, mut s3] = *sum;
+        // SAFETY: dotprod (the caller's contract: only the dotprod table lists this
+        // layout's kernel). The asm reads the 288 bytes of `x` and the block's two
+        // 48-byte records (`t` holds at least `TABS` entries), and writes only the named
+        // and clobbered registers.
+        unsafe {
+            core::arch::asm!(
+                q2d_sub_asm!("fmul"),
+                q2d_sub_asm!("fmla"),
+                scales16_asm!(),
+                "fmul v20.4s, v26.4s, v20.4s",
+                "fmul v21.4s, v27.4s, v21.4s",
+                "fmul v22.4s, v24.4s, v22.4s",
+                "fmul v23.4s, v25.4s, v23.4s",
+                sums_add_asm!("v20", "v21", "v22", "v23"),
+                w = inout(reg) (x as *const BlockQ2_0x16d).cast::<u8>() => _,
+                t = inout(reg) t[..Self::TABS].as_ptr() => _,
+                in("v4") vdupq_n_u8(0x03),
+                in("v5") vdupq_n_u8(0x0c),
+                in("v6") vdupq_n_u8(0x30),
+                inout("v28") s0,
+                inout("v29") s1,
+                inout("v30") s2,
+                inout("v31") s3,
+                out("v0") _, out("v1") _, out("v2") _,
+                out("v7") _, out("v8") _, out("v9") _,
+                out("v16") _, out("v17") _, out("v18") _, out("v19") _,
+                out("v20") _, out("v21") _, out("v22") _, out("v23") _,
+                out("v24") _, out("v25") _, out("v26") _, out("v27") _,
+                options(readonly, nostack, preserves_flags),
+            );
+        }
+        *sum = [s0, s1, s2, s3];
+    }
+}
+
+/// TQ2_0 over [`BlockTq2_0x16d`] with `sdot` (dotprod only), as [`Q20d`] with one
+/// activation block per plain block: per 16 rows 562 instructions per block (0.137 per
+/// weight), 512 of them masks and `sdot`.
+struct Tq2d;
+impl Fmt for Tq2d {
+    type G = BlockTq2_0x16d;
+    const TY: GgmlType = GgmlType::TQ2_0;
+    const QK: usize = tq2_0::QK;
+    const BLOCK: usize = tq2_0::BLOCK_BYTES;
+    const ACT: usize = q8_k::BLOCK_BYTES;
+    /// Per block a 272-byte record: `-s`, `-4 s`, `-16 s` (i32, `s = sum(q)`) and `d_a`
+    /// (f32 bits), then the 256 quants.
+    const TABS: usize = 17;
+    fn quants(a: &[u8]) -> impl Iterator<Item = &[u8]> {
+        q8_k::act_blocks(a).iter().map(|y| &y.qs[..])
+    }
+    #[inline(always)]
+    unsafe fn build(ab: &[u8], t: &mut [[u8; 16]]) {
+        for (y, r) in q8_k::act_blocks(ab).iter().zip(t.chunks_exact_mut(17)) {
+            let s: i32 = y.qs.iter().map(|&q| q as i8 as i32).sum();
+            let c = [-s, -4 * s, -16 * s, y.scale().to_bits() as i32];
+            for (b, v) in r[0].chunks_exact_mut(4).zip(c) {
+                b.copy_from_slice(&v.to_le_bytes());
+            }
+            for (e, q) in r[1..].iter_mut().zip(y.qs.chunks_exact(16)) {
+                e.copy_from_slice(q);
+            }
+        }
+    }
+    /// `|4^f isum| <= 16 x 256 x 2 x 128 = 2^20`: exact in i32 and in the fixed-point
+    /// `scvtf`; `sum += isum * (d_a * d_w)` (multiply, multiply, add), as the reference.
+    #[inline(always)]
+    unsafe fn block(x: &BlockTq2_0x16d, _: &[u8], t: &[[u8; 16]], sum: &mut [float32x4_t; 4]) {
+        let [mut s0, mut s1, mut s2, mut s3] = *sum;
+        // SAFETY: dotprod (only the dotprod table lists this layout's kernel). The asm
+        // reads the 1056 bytes of `x` and the block's 272-byte record (`t` holds at least
+        // `TABS` entries), and writes only the named and clobbered registers.
+        unsafe {
+            core::arch::asm!(
+                "ld1 {{v20.16b}}, [{t}], #16",
+                "dup v16.4s, v20.s[0]",
+                "dup v17.4s, v20.s[1]",
+                "dup v18.4s, v20.s[2]",
+                "dup v19.4s, v20.s[0]",
+                "ld1 {{v0.16b, v1.16b, v2.16b, v3.16b}}, [{t}], #64",
+                q2d_quad_asm!("v0"),
+                q2d_quad_asm!("v1"),
+                q2d_quad_asm!("v2"),
+                q2d_quad_asm!("v3"),
+                "ld1 {{v0.16b, v1.16b, v2.16b, v3.16b}}, [{t}], #64",
+                q2d_quad_asm!("v0"),
+                q2d_quad_asm!("v1"),
+                q2d_quad_asm!("v2"),
+                q2d_quad_asm!("v3"),
+                "ld1 {{v0.16b, v1.16b, v2.16b, v3.16b}}, [{t}], #64",
+                q2d_quad_asm!("v0"),
+                q2d_quad_asm!("v1"),
+                q2d_quad_asm!("v2"),
+                q2d_quad_asm!("v3"),
+                "ld1 {{v0.16b, v1.16b, v2.16b, v3.16b}}, [{t}], #64",
+                q2d_quad_asm!("v0"),
+                q2d_quad_asm!("v1"),
+                q2d_quad_asm!("v2"),
+                q2d_quad_asm!("v3"),
+                "scvtf v16.4s, v16.4s",
+                "scvtf v17.4s, v17.4s, #2",
+                "scvtf v18.4s, v18.4s, #4",
+                "scvtf v19.4s, v19.4s",
+                scales16_asm!(),
+                "fmul v26.4s, v26.4s, v20.s[3]",
+                "fmul v27.4s, v27.4s, v20.s[3]",
+                "fmul v24.4s, v24.4s, v20.s[3]",
+                "fmul v25.4s, v25.4s, v20.s[3]",
+                "fmul v16.4s, v16.4s, v26.4s",
+                "fmul v17.4s, v17.4s, v27.4s",
+                "fmul v18.4s, v18.4s, v24.4s",
+                "fmul v19.4s, v19.4s, v25.4s",
+                sums_add_asm!("v16", "v17", "v18", "v19"),
+                w = inout(reg) (x as *const BlockTq2_0x16d).cast::<u8>() => _,
+                t = inout(reg) t[..Self::TABS].as_ptr() => _,
+                in("v4") vdupq_n_u8(0x03),
+                in("v5") vdupq_n_u8(0x0c),
+                in("v6") vdupq_n_u8(0x30),
+                inout("v28") s0,
+                inout("v29") s1,
+                inout("v30") s2,
+                inout("v31") s3,
+                out("v0") _, out("v1") _, out("v2") _, out("v3") _,
+                out("v7") _, out("v8") _, out("v9") _,
+                out("v16") _, out("v17") _, out("v18") _, out("v19") _, out("v20") _,
+                out("v24") _, out("v25") _, out("v26") _, out("v27") _,
+                options(readonly, nostack, preserves_flags),
+            );
+        }
+        *sum = [s0, s1, s2, s3];
     }
 }
 
@@ -370,9 +733,7 @@ unsafe fn run<F: Fmt>(
         for b0 in (0..nb).step_by(kb) {
             let nkb = kb.min(nb - b0);
             let ab = &a[b0 * F::ACT..(b0 + nkb) * F::ACT];
-            for (i, q) in F::quants(ab).enumerate() {
-                build(q, &mut tabs.0[i * q.len() / U * 16..]);
-            }
+            F::build(ab, &mut tabs.0);
             for g in g0..g1 {
                 let Some(x) = cast::<F::G>(&w[g * gb..(g + 1) * gb]) else {
                     return false;
@@ -397,7 +758,7 @@ unsafe fn run<F: Fmt>(
                 let mut sum: [float32x4_t; 4] =
                     core::array::from_fn(|q| vld1q_f32(s[4 * q..].as_ptr()));
                 for b in 0..nkb {
-                    let tb = &tabs.0[b * F::QK / U * 16..];
+                    let tb = &tabs.0[b * F::TABS..];
                     F::block(&x[b0 + b], &ab[b * F::ACT..(b + 1) * F::ACT], tb, &mut sum);
                 }
                 for (q, v) in sum.into_iter().enumerate() {
@@ -420,3 +781,5 @@ unsafe fn run<F: Fmt>(
 
 packed_fn!(tq2_0x16_base, tq2_0x16_base_in, "neon", run::<Tq2>);
 packed_fn!(q2_0x16_base, q2_0x16_base_in, "neon", run::<Q20>);
+packed_fn!(q2_0x16d_dot, q2_0x16d_dot_in, "neon,dotprod", run::<Q20d>);
+packed_fn!(tq2_0x16d_dot, tq2_0x16d_dot_in, "neon,dotprod", run::<Tq2d>);

@@ -7,17 +7,18 @@
 //! Per 16 rows and four activations: one `tbl` into the `L` table and one into the `H`
 //! table, indexed by a nibble of the rows' sign bytes (`and` / `ushr` of one 16-byte
 //! load, shared by both lookups). Four groups add up in bytes, then go into two i16
-//! accumulators as `2 L + 32 H` (`umull`/`umlal`, `smlal`); per Q8_0 block the
-//! accumulators widen onto `-sum(q)` (`saddw`), convert and meet the activation scale
-//! in one `fmla` per four rows (exact, see [`super::q1_lut`]). Two row groups share
-//! each table load, and the tables of one half Q8_0 block (8 registers) are all that is
-//! live, so nothing spills.
+//! accumulators started at `-sum(q)` as `2 L + 32 H` (`umlal`, `smlal`); per Q8_0 block
+//! the accumulators widen (`sxtl`), convert and meet the activation scale in one `fmla`
+//! per four rows (exact, see [`super::q1_lut`]). One row group at a time: the tables of
+//! one half Q8_0 block (8 registers), the accumulators and the temporaries fill the 32
+//! vector registers. Per 16 rows and Q8_0 block 63 instructions (50 of them lookups,
+//! their indices, byte sums and widening), per Q1_0 block 268 (0.131 per weight).
 #![allow(unsafe_code)]
 
 use core::arch::aarch64::*;
 
-use super::neon_legacy::{h2f, h2f4};
-use super::q1_lut::{LutKernel, Tables, GROUPS, KC, R, RG, SUB};
+use super::neon_legacy::h2f;
+use super::q1_lut::{LutKernel, Tables, KC, R, RG, SUB};
 use crate::quant::q8_0::BlockQ8_0;
 use crate::repack::BlockQ1_0x16;
 
@@ -58,7 +59,7 @@ unsafe fn build(act: &[BlockQ8_0], t: &mut Tables) {
     let m15 = vdupq_n_u8(15);
     for (k, y) in act.iter().enumerate().take(KC * SUB) {
         t.d[k] = h2f(y.d);
-        t.neg_sum[k] = -y.q_sum();
+        t.neg_sum[k] = [-y.q_sum() as i16; 2];
         for half in 0..2 {
             let v = vld1q_u8(y.qs[16 * half..].as_ptr());
             let l = vandq_u8(v, m15);
@@ -94,90 +95,145 @@ unsafe fn build(act: &[BlockQ8_0], t: &mut Tables) {
     }
 }
 
-/// The byte sums of four groups for 16 rows: `(L, H)` looked up by the nibbles of the
-/// rows' sign bytes `p` (groups `2i`, `2i + 1` of `p.i`).
-#[inline(always)]
-unsafe fn lookups(
-    p: uint8x16x2_t,
-    lt: &uint8x16x4_t,
-    ht: &uint8x16x4_t,
-) -> (uint8x16_t, int8x16_t) {
-    let m15 = vdupq_n_u8(15);
-    let i0 = vandq_u8(p.0, m15);
-    let i1 = vshrq_n_u8::<4>(p.0);
-    let i2 = vandq_u8(p.1, m15);
-    let i3 = vshrq_n_u8::<4>(p.1);
-    let lb = vaddq_u8(
-        vaddq_u8(vqtbl1q_u8(lt.0, i0), vqtbl1q_u8(lt.1, i1)),
-        vaddq_u8(vqtbl1q_u8(lt.2, i2), vqtbl1q_u8(lt.3, i3)),
-    );
-    let hb = vaddq_u8(
-        vaddq_u8(vqtbl1q_u8(ht.0, i0), vqtbl1q_u8(ht.1, i1)),
-        vaddq_u8(vqtbl1q_u8(ht.2, i2), vqtbl1q_u8(ht.3, i3)),
-    );
-    (lb, vreinterpretq_s8_u8(hb))
+/// Half a Q8_0 block (four groups, sixteen rows) in asm text: the groups' `L` and `H`
+/// tables (`v0..=v3`, `v4..=v7`, 128 bytes from `{t}`), the rows' two sign-byte vectors
+/// (`v8`, `v9`, 32 bytes from `{w}`), their nibbles (`and` / `ushr`, `v10..=v13`),
+/// eight `tbl`, the byte sums of `L` (`v14`, at most 4 x 60 = 240) and `H` (`v8`, i8:
+/// -128..=112), and `acc += 2 L + 32 H` into the 16-bit accumulators `v18` (rows 0..8)
+/// and `v19` (rows 8..16) with `umlal` / `smlal` by the constant vectors `v29` (2) and
+/// `v30` (32). The 16-bit arithmetic wraps, but the value it ends at (`isum`, `|.| <=
+/// 4096`) is an i16, so it is exact. 25 instructions per 256 multiply-adds.
+macro_rules! half_asm {
+    () => {
+        concat!(
+            "ld1 {{v0.16b, v1.16b, v2.16b, v3.16b}}, [{t}], #64\n",
+            "ld1 {{v4.16b, v5.16b, v6.16b, v7.16b}}, [{t}], #64\n",
+            "ld1 {{v8.16b, v9.16b}}, [{w}], #32\n",
+            "and v10.16b, v8.16b, v28.16b\n",
+            "ushr v11.16b, v8.16b, #4\n",
+            "and v12.16b, v9.16b, v28.16b\n",
+            "ushr v13.16b, v9.16b, #4\n",
+            "tbl v14.16b, {{v0.16b}}, v10.16b\n",
+            "tbl v15.16b, {{v1.16b}}, v11.16b\n",
+            "tbl v16.16b, {{v2.16b}}, v12.16b\n",
+            "tbl v17.16b, {{v3.16b}}, v13.16b\n",
+            "tbl v8.16b, {{v4.16b}}, v10.16b\n",
+            "tbl v9.16b, {{v5.16b}}, v11.16b\n",
+            "tbl v10.16b, {{v6.16b}}, v12.16b\n",
+            "tbl v11.16b, {{v7.16b}}, v13.16b\n",
+            "add v14.16b, v14.16b, v15.16b\n",
+            "add v16.16b, v16.16b, v17.16b\n",
+            "add v8.16b, v8.16b, v9.16b\n",
+            "add v10.16b, v10.16b, v11.16b\n",
+            "add v14.16b, v14.16b, v16.16b\n",
+            "add v8.16b, v8.16b, v10.16b\n",
+            "umlal v18.8h, v14.8b, v29.8b\n",
+            "umlal2 v19.8h, v14.16b, v29.16b\n",
+            "smlal v18.8h, v8.8b, v30.8b\n",
+            "smlal2 v19.8h, v8.16b, v30.16b\n",
+        )
+    };
+}
+
+/// One Q8_0 block (`$lane`: its scale's lane of `v31`) in asm text: the accumulators
+/// start at `-sum(q)` (`ld2r` from `{n}`), two halves, then `isum` widened to i32,
+/// converted, and `sumi += d_a * isum` into `v20..=v23` (rows 4q..4q + 4), fused: the
+/// product is exact (see [`super::q1_lut`]). `$op` is `fmul` for the first block (the
+/// product itself: `0 + d_a * isum`) and `fmla` after it.
+macro_rules! sub_asm {
+    ($op:literal, $lane:literal) => {
+        concat!(
+            "ld2r {{v18.8h, v19.8h}}, [{n}], #4\n",
+            half_asm!(),
+            half_asm!(),
+            "sxtl v14.4s, v18.4h\n",
+            "sxtl2 v15.4s, v18.8h\n",
+            "sxtl v16.4s, v19.4h\n",
+            "sxtl2 v17.4s, v19.8h\n",
+            "scvtf v14.4s, v14.4s\n",
+            "scvtf v15.4s, v15.4s\n",
+            "scvtf v16.4s, v16.4s\n",
+            "scvtf v17.4s, v17.4s\n",
+            $op,
+            " v20.4s, v14.4s, v31.s[",
+            $lane,
+            "]\n",
+            $op,
+            " v21.4s, v15.4s, v31.s[",
+            $lane,
+            "]\n",
+            $op,
+            " v22.4s, v16.4s, v31.s[",
+            $lane,
+            "]\n",
+            $op,
+            " v23.4s, v17.4s, v31.s[",
+            $lane,
+            "]\n",
+        )
+    };
 }
 
 /// `sums` (16 rows) plus the dot products of the group-blocks `blocks[..nkb]` with the
-/// tabled activations. One row group at a time: the 16 table registers of a Q8_0 block,
-/// the accumulators and the temporaries just fit the 32 vector registers (two groups
-/// side by side would share the table loads but spill more than they save).
+/// tabled activations, one Q1_0 block per loop trip, written out in asm (LLVM split
+/// the grouped loads, turned the multiply-accumulates by constants into `mul`/`mla`
+/// after widening adds and spilled: about 330 instructions per block against 268).
+/// Per block: four Q8_0 blocks, then the rows' f16 scales (`fcvtl`) and `sum += d_w *
+/// sumi` (multiply, then add: no fused step, as the reference).
 #[target_feature(enable = "neon")]
 unsafe fn group(blocks: &[BlockQ1_0x16], nkb: usize, t: &Tables, io: &mut [f32; R]) {
-    // Opaque to the optimizer: with a known 32 or 2 it turns each `smlal`/`umlal` into
-    // a shift and an add (twice the instructions).
-    let c32q = core::hint::black_box(vdupq_n_s8(32));
-    let c2q = core::hint::black_box(vdupq_n_u8(2));
-    let c32 = vget_low_s8(c32q);
-    let c2 = vget_low_u8(c2q);
-    let mut sums: [float32x4_t; 4] = core::array::from_fn(|q| vld1q_f32(io[4 * q..].as_ptr()));
-    for (b, blk) in blocks.iter().enumerate().take(nkb) {
-        let mut sumi = [vdupq_n_f32(0.0); 4];
-        for sb in 0..SUB {
-            let k = b * SUB + sb;
-            let g = b * GROUPS + sb * 8;
-            let p = sb * 4;
-            let lt = vld1q_u8_x4(t.lh[Tables::lo(g)].as_ptr());
-            let ht = vld1q_u8_x4(t.lh[Tables::hi(g)].as_ptr());
-            let (lb, hb) = lookups(vld1q_u8_x2(blk.qs[p].as_ptr()), &lt, &ht);
-            let mut a0 = vreinterpretq_s16_u16(vmull_u8(vget_low_u8(lb), c2));
-            let mut a1 = vreinterpretq_s16_u16(vmull_high_u8(lb, c2q));
-            a0 = vmlal_s8(a0, vget_low_s8(hb), c32);
-            a1 = vmlal_high_s8(a1, hb, c32q);
-            let lt = vld1q_u8_x4(t.lh[Tables::lo(g + 4)].as_ptr());
-            let ht = vld1q_u8_x4(t.lh[Tables::hi(g + 4)].as_ptr());
-            let (lb, hb) = lookups(vld1q_u8_x2(blk.qs[p + 2].as_ptr()), &lt, &ht);
-            a0 = vreinterpretq_s16_u16(vmlal_u8(vreinterpretq_u16_s16(a0), vget_low_u8(lb), c2));
-            a1 = vreinterpretq_s16_u16(vmlal_high_u8(vreinterpretq_u16_s16(a1), lb, c2q));
-            a0 = vmlal_s8(a0, vget_low_s8(hb), c32);
-            a1 = vmlal_high_s8(a1, hb, c32q);
-            let neg = vld1q_dup_s32(&t.neg_sum[k]);
-            let s = [
-                vaddw_s16(neg, vget_low_s16(a0)),
-                vaddw_high_s16(neg, a0),
-                vaddw_s16(neg, vget_low_s16(a1)),
-                vaddw_high_s16(neg, a1),
-            ];
-            for (q, sq) in s.into_iter().enumerate() {
-                // `sumi += d_a * isum`, fused: the product is exact (see `q1_lut`); the
-                // first is `0 + d_a * isum`, the product itself.
-                let x = vcvtq_f32_s32(sq);
-                sumi[q] = if sb == 0 {
-                    vmulq_n_f32(x, t.d[k])
-                } else {
-                    vfmaq_n_f32(sumi[q], x, t.d[k])
-                };
-            }
-        }
-        let dp = blk.d.as_ptr() as *const u16;
-        for (q, si) in sumi.into_iter().enumerate() {
-            let dw = h2f4(vld1_u16(dp.add(4 * q)));
-            // `sum += d_w * sumi`: multiply, then add (not exact: no fused step).
-            sums[q] = vaddq_f32(sums[q], vmulq_f32(dw, si));
-        }
+    let nkb = nkb.min(blocks.len()).min(KC);
+    if nkb == 0 {
+        return;
     }
-    for (q, v) in sums.into_iter().enumerate() {
-        vst1q_f32(io[4 * q..].as_mut_ptr(), v);
+    // SAFETY: NEON (the caller's contract). The asm reads `nkb` group-blocks from
+    // `blocks` (288 bytes each: 256 sign bytes, then 32 scale bytes), their tables
+    // (1024 bytes each from `t.lh`), `4 nkb` entries of `t.neg_sum` and of `t.d`, and
+    // reads and writes the 16 floats of `io`; it writes only the clobbered registers.
+    unsafe {
+        core::arch::asm!(
+            "ld1 {{v24.4s, v25.4s, v26.4s, v27.4s}}, [{io}]",
+            "movi v28.16b, #15",
+            "movi v29.16b, #2",
+            "movi v30.16b, #32",
+            "2:",
+            "ldr q31, [{d}], #16",
+            sub_asm!("fmul", "0"),
+            sub_asm!("fmla", "1"),
+            sub_asm!("fmla", "2"),
+            sub_asm!("fmla", "3"),
+            "ld1 {{v8.8h, v9.8h}}, [{w}], #32",
+            "fcvtl v10.4s, v8.4h",
+            "fcvtl2 v11.4s, v8.8h",
+            "fcvtl v12.4s, v9.4h",
+            "fcvtl2 v13.4s, v9.8h",
+            "fmul v20.4s, v10.4s, v20.4s",
+            "fmul v21.4s, v11.4s, v21.4s",
+            "fmul v22.4s, v12.4s, v22.4s",
+            "fmul v23.4s, v13.4s, v23.4s",
+            "fadd v24.4s, v24.4s, v20.4s",
+            "fadd v25.4s, v25.4s, v21.4s",
+            "fadd v26.4s, v26.4s, v22.4s",
+            "fadd v27.4s, v27.4s, v23.4s",
+            "subs {k}, {k}, #1",
+            "b.ne 2b",
+            "st1 {{v24.4s, v25.4s, v26.4s, v27.4s}}, [{io}]",
+            io = in(reg) io.as_mut_ptr(),
+            w = inout(reg) blocks.as_ptr() => _,
+            t = inout(reg) t.lh.as_ptr() => _,
+            n = inout(reg) t.neg_sum.as_ptr() => _,
+            d = inout(reg) t.d.as_ptr() => _,
+            k = inout(reg) nkb => _,
+            out("v0") _, out("v1") _, out("v2") _, out("v3") _,
+            out("v4") _, out("v5") _, out("v6") _, out("v7") _,
+            out("v8") _, out("v9") _, out("v10") _, out("v11") _,
+            out("v12") _, out("v13") _, out("v14") _, out("v15") _,
+            out("v16") _, out("v17") _, out("v18") _, out("v19") _,
+            out("v20") _, out("v21") _, out("v22") _, out("v23") _,
+            out("v24") _, out("v25") _, out("v26") _, out("v27") _,
+            out("v28") _, out("v29") _, out("v30") _, out("v31") _,
+            options(nostack),
+        );
     }
 }
 

@@ -188,7 +188,10 @@ pub(super) static NEON_DOT: KernelTable = KernelTable {
         // The lookup-table kernel needs no `sdot` (and counts fewer instructions).
         Kernels::packed(T::Q1_0, Layout::Q1_0x16, q1_lut::matmul::<Q1Lut>),
         Kernels::packed(T::Q2_K, Layout::Q2Kx8, q2k_pack::dot),
+        // Preferred first: 16 rows per vector, no accumulator merges (both).
+        Kernels::packed(T::TQ2_0, Layout::Tq2_0x16d, pair_lut::tq2_0x16d_dot),
         Kernels::packed(T::TQ2_0, Layout::Tq2_0x4, tern::tq2_0x4_dot),
+        Kernels::packed(T::Q2_0, Layout::Q2_0x16d, pair_lut::q2_0x16d_dot),
         Kernels::packed(T::Q2_0, Layout::Q2_0x4, tern::q2_0x4_dot),
         Kernels::packed(T::TQ1_0, Layout::Tq1_0x4, tern::tq1_0x4_dot),
     ],

@@ -57,8 +57,9 @@ pub(super) struct Tables {
     /// `q >> 4`, i8 as bytes), so the eight registers a kernel needs at once are 128
     /// contiguous bytes ([`Tables::lo`], [`Tables::hi`] index them).
     pub(super) lh: [[u8; 16]; 2 * KC * GROUPS],
-    /// Per Q8_0 block: `-sum(q)`.
-    pub(super) neg_sum: [i32; KC * SUB],
+    /// Per Q8_0 block: `-sum(q)` (|.| <= 32 x 128, an i16), twice: NEON's `ld2r` starts
+    /// both 16-bit accumulators of a row group with it in one instruction.
+    pub(super) neg_sum: [[i16; 2]; KC * SUB],
     /// Per Q8_0 block: the scale.
     pub(super) d: [f32; KC * SUB],
 }
@@ -133,7 +134,7 @@ pub(super) unsafe fn matmul<K: LutKernel>(
     let contiguous = |first: usize| n_tok == 1 && rows.start <= first && first + R <= rows.end;
     let mut tabs = Tables {
         lh: [[0; 16]; 2 * KC * GROUPS],
-        neg_sum: [0; KC * SUB],
+        neg_sum: [[0; 2]; KC * SUB],
         d: [0.0; KC * SUB],
     };
     let zero = BlockQ1_0x16 {

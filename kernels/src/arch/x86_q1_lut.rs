@@ -52,7 +52,7 @@ unsafe fn groups(
                     hb[r] = _mm256_add_epi8(hb[r], _mm256_shuffle_epi8(ht, idx));
                 }
             }
-            let start = _mm256_set1_epi16(t.neg_sum[k] as i16);
+            let start = _mm256_set1_epi16(t.neg_sum[k][0]);
             let d = _mm256_set1_ps(t.d[k]);
             for r in 0..RG {
                 let l16 = _mm256_add_epi16(
@@ -99,7 +99,7 @@ unsafe fn groups(
 fn build_scalar(act: &[BlockQ8_0], t: &mut Tables) {
     for (k, y) in act.iter().enumerate().take(KC * SUB) {
         t.d[k] = y.scale();
-        t.neg_sum[k] = -y.q_sum();
+        t.neg_sum[k] = [-y.q_sum() as i16; 2];
         for g in 0..8 {
             let (lo, hi) = (Tables::lo(8 * k + g), Tables::hi(8 * k + g));
             t.lh[lo][0] = 0;
