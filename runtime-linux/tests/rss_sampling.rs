@@ -37,13 +37,17 @@ fn sampled_rss_matches_the_reported_peak_and_fails_a_smaller_budget() {
         rss.max, rss.samples
     );
     assert!(rss.samples > 0);
-    // Samples can miss the last moments, never exceed the true peak.
+    // Samples can miss moments, and the process reads its VmHWM before it formats and
+    // writes the JSON line, so a few pages touched after that read (CI saw 28 KiB) may
+    // show in a late sample; anything beyond that allowance means the sampler and the
+    // report disagree.
+    const AFTER_REPORT: u64 = 256 << 10;
     assert!(
-        rss.max <= peak && rss.max * 2 >= peak,
+        rss.max <= peak + AFTER_REPORT && rss.max * 2 >= peak,
         "sampled {} vs peak {peak}",
         rss.max
     );
-    rss.assert_under(peak, "pinch run");
+    rss.assert_under(peak + AFTER_REPORT, "pinch run");
     let over = std::panic::catch_unwind(|| rss.assert_under(rss.max - 1, "pinch run"));
     assert!(over.is_err(), "a budget below the sampled RSS must fail");
 }
