@@ -384,6 +384,26 @@ def write_model(s, path, seed):
 _LLAMA = []
 
 
+def no_extra_bufts():
+    """Load every model without llama.cpp's "extra buffer types" (AMX, CPU_REPACK).
+
+    Some llama-cpp-python builds on these VMs crash in a multi-token llama_decode with
+    them on (SIGSEGV/SIGILL in ggml_backend_amx_mul_mat); the plain CPU path is
+    llama.cpp's reference computation anyway. Call before the first model is loaded.
+    """
+    import llama_cpp  # noqa: PLC0415
+    import llama_cpp.llama  # noqa: PLC0415
+    default = llama_cpp.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    llama_cpp.llama_model_default_params = params
+    llama_cpp.llama.llama_cpp.llama_model_default_params = params
+
+
 def deny_amx():
     """Make this process's request for AMX tile state fail, so ggml runs without AMX.
 

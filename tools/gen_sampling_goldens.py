@@ -28,6 +28,7 @@ last-bit difference in the logits could flip.
 import ctypes
 import os
 import random
+import sys
 
 import llama_cpp
 import llama_cpp.llama
@@ -35,20 +36,10 @@ import llama_cpp.llama
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "data", "sampling")
 
-# This machine's llama-cpp-python build crashes in a multi-token llama_decode when the
-# "extra buffer types" (AMX / CPU repack of the weights) are on (see
-# gen_smollm2_goldens.py); the plain CPU path is llama.cpp's reference computation.
-_default_model_params = llama_cpp.llama_model_default_params
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gen_random import no_extra_bufts  # noqa: E402
 
-
-def _model_params():
-    p = _default_model_params()
-    p.use_extra_bufts = False
-    return p
-
-
-llama_cpp.llama_model_default_params = _model_params
-llama_cpp.llama.llama_cpp.llama_model_default_params = _model_params
+no_extra_bufts()
 
 
 class Mt19937:

@@ -17,16 +17,8 @@ deny_amx()  # ggml's AMX path segfaults where the VM reports AMX but does not gr
 import llama_cpp  # noqa: E402
 import llama_cpp.llama  # noqa: E402
 if os.environ.get("PINCH_LLAMA_NO_EXTRA_BUFTS"):
-    # Without llama.cpp's extra buffer types (AMX, CPU_REPACK): its AMX path crashes on
-    # VMs that report AMX but do not grant it (SIGSEGV/SIGILL in ggml_backend_amx_mul_mat).
-    _default = llama_cpp.llama_model_default_params
-
-    def _no_extra():
-        p = _default()
-        p.use_extra_bufts = False
-        return p
-
-    llama_cpp.llama.llama_cpp.llama_model_default_params = _no_extra
+    from gen_random import no_extra_bufts  # noqa: E402
+    no_extra_bufts()
 from llama_cpp import Llama  # noqa: E402
 
 llm = Llama(model_path=model, n_ctx=max(pp, tg) + 8, n_batch=512, n_ubatch=512,
