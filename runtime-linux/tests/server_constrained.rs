@@ -1,7 +1,8 @@
 //! Constrained output and tool calls through `pinch serve` over real TCP, with the tiny
 //! random Qwen3 fixture (whose free text is noise, so whatever shape comes out is the
 //! grammar's doing): `grammar`, `json_schema`, `response_format`, their 400s, and
-//! `tools` with `tool_choice: "required"` returned as `tool_calls`, streamed and not.
+//! `tools` with `tool_choice: "required"` returned as `tool_calls`, streamed and not, in
+//! the Hermes format and in Llama 3's.
 mod server_util;
 
 use serde_json::{json, Value};
@@ -29,6 +30,69 @@ fn ask(extra: Value) -> Value {
         body[k] = v.clone();
     }
     body
+}
+
+/// Two tools whose arguments a forced call must follow.
+fn two_tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "city", "parameters": {"type": "object",
+            "properties": {"c": {"type": "string", "maxLength": 6}}, "required": ["c"]}}},
+        {"type": "function", "function": {"name": "test", "parameters": {"type": "object",
+            "properties": {"success": {"type": "boolean", "const": true}}, "required": ["success"]}}}
+    ])
+}
+
+/// `tool_choice: "required"` on four seeds: each answer that finishes is one call of one
+/// of [`two_tools`] with arguments that parse and follow its schema, without content
+/// (and at least one finishes); a named function, streamed: the call as one
+/// `tool_calls` delta, none of it as content.
+fn forced_calls_follow_the_schemas(s: &Server) {
+    let tools = two_tools();
+    let mut called = 0;
+    for seed in 0..4 {
+        let body = ask(
+            json!({"tools": tools, "tool_choice": "required", "seed": seed, "max_tokens": 200}),
+        );
+        let (st, v) = s.post_json("/v1/chat/completions", &body);
+        assert_eq!(st, 200, "{v}");
+        let choice = &v["choices"][0];
+        if choice["finish_reason"] != "tool_calls" {
+            // Cut by max_tokens inside the call: no call is made up.
+            assert_eq!(choice["finish_reason"], "length", "{v}");
+            continue;
+        }
+        called += 1;
+        assert!(choice["message"]["content"].is_null(), "{v}");
+        let calls = choice["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{v}");
+        assert_eq!(calls[0]["type"], "function");
+        let f = &calls[0]["function"];
+        let args: Value = serde_json::from_str(f["arguments"].as_str().unwrap()).unwrap();
+        match f["name"].as_str().unwrap() {
+            "city" => {
+                let c = args["c"].as_str().unwrap_or_else(|| panic!("{args}"));
+                assert!(c.chars().count() <= 6, "{args}");
+            }
+            "test" => assert_eq!(args, json!({"success": true})),
+            other => panic!("{other}"),
+        }
+    }
+    assert!(called > 0, "no call finished in 200 tokens");
+    let body = ask(json!({"tools": tools, "stream": true, "max_tokens": 200,
+        "tool_choice": {"type": "function", "function": {"name": "test"}}}));
+    let chunks = s.post("/v1/chat/completions", &body.to_string()).chunks();
+    let call = chunks
+        .iter()
+        .find_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array().cloned())
+        .unwrap_or_else(|| panic!("no tool_calls delta: {chunks:?}"));
+    assert_eq!(call[0]["function"]["name"], "test");
+    assert_eq!(call[0]["function"]["arguments"], "{\"success\":true}");
+    assert!(chunks
+        .iter()
+        .any(|c| c["choices"][0]["finish_reason"] == "tool_calls"));
+    assert!(!chunks.iter().any(|c| c["choices"][0]["delta"]["content"]
+        .as_str()
+        .is_some_and(|t| t.contains('{'))));
 }
 
 #[test]
@@ -108,53 +172,7 @@ fn a_required_tool_call_comes_back_as_tool_calls() {
     // context is raised to 2048 (random weights: later positions mean no less).
     let model = raised_context(2048);
     let s = Server::start_model(&model, &["-c", "2048"]);
-    let tools = json!([
-        {"type": "function", "function": {"name": "city", "parameters": {"type": "object",
-            "properties": {"c": {"type": "string", "maxLength": 6}}, "required": ["c"]}}},
-        {"type": "function", "function": {"name": "test", "parameters": {"type": "object",
-            "properties": {"success": {"type": "boolean", "const": true}}, "required": ["success"]}}}
-    ]);
-    let mut called = 0;
-    for seed in 0..4 {
-        let body = ask(
-            json!({"tools": tools, "tool_choice": "required", "seed": seed, "max_tokens": 200}),
-        );
-        let (st, v) = s.post_json("/v1/chat/completions", &body);
-        assert_eq!(st, 200, "{v}");
-        let choice = &v["choices"][0];
-        if choice["finish_reason"] != "tool_calls" {
-            // Cut by max_tokens inside the call: no call is made up.
-            assert_eq!(choice["finish_reason"], "length", "{v}");
-            continue;
-        }
-        called += 1;
-        assert!(choice["message"]["content"].is_null(), "{v}");
-        let calls = choice["message"]["tool_calls"].as_array().unwrap();
-        assert_eq!(calls.len(), 1, "{v}");
-        let f = &calls[0]["function"];
-        let args: Value = serde_json::from_str(f["arguments"].as_str().unwrap()).unwrap();
-        match f["name"].as_str().unwrap() {
-            "city" => assert!(args["c"].is_string(), "{args}"),
-            "test" => assert_eq!(args, json!({"success": true})),
-            other => panic!("{other}"),
-        }
-        assert_eq!(calls[0]["type"], "function");
-    }
-    assert!(called > 0, "no call finished in 200 tokens");
-    // A named function, streamed: the call arrives as a tool_calls delta.
-    let body = ask(json!({"tools": tools, "stream": true, "max_tokens": 200,
-        "tool_choice": {"type": "function", "function": {"name": "test"}}}));
-    let r = s.post("/v1/chat/completions", &body.to_string());
-    let chunks = r.chunks();
-    let call = chunks
-        .iter()
-        .find_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array().cloned())
-        .unwrap_or_else(|| panic!("no tool_calls delta: {chunks:?}"));
-    assert_eq!(call[0]["function"]["name"], "test");
-    assert_eq!(call[0]["function"]["arguments"], "{\"success\":true}");
-    assert!(chunks
-        .iter()
-        .any(|c| c["choices"][0]["finish_reason"] == "tool_calls"));
+    forced_calls_follow_the_schemas(&s);
     // Bad tool lists.
     for bad in [
         json!({"tools": 5}),
@@ -196,4 +214,72 @@ fn a_template_that_reads_tools_writes_them_itself() {
     let (code, v) = s.post_json("/apply-template", &none);
     assert_eq!(code, 200, "{v}");
     assert!(!v["prompt"].as_str().unwrap().contains("# Tools"), "{v}");
+}
+
+/// Llama 3's tool format (`--chat-template llama3`: a built-in template that does not
+/// read `tools`): the prompt is the one Llama 3.1's template writes with tools (jinja2's
+/// rendering in `tests/data/templates/tools-expected.json`, made by
+/// `tools/gen_chat_tools.py`), earlier calls and tool results are written as it writes
+/// them, and a forced call is a bare JSON object returned as `tool_calls`.
+#[test]
+fn llama3_tools_are_prompted_and_called_as_llama_31_does() {
+    let model = raised_context(2048);
+    let s = Server::start_model(&model, &["-c", "2048", "--chat-template", "llama3"]);
+    let p = repo().join("tests/data/templates/tools-expected.json");
+    let d: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    // The tools as the generator's text writes them: serde_json would sort their keys,
+    // and the template keeps the request's order.
+    let tools_json = d["tools_json"].as_str().unwrap();
+    for conv in ["user", "system_user"] {
+        let want = d["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["source"] == "meta-llama-Llama-3.1-8B-Instruct.jinja" && c["conv"] == conv)
+            .unwrap()["out"]
+            .as_str()
+            .unwrap()
+            .strip_prefix("<s>")
+            .unwrap();
+        let body = format!(
+            "{{\"messages\": {}, \"tools\": {tools_json}}}",
+            d["convs"][conv]
+        );
+        let r = s.post("/apply-template", &body);
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        assert_eq!(r.json()["prompt"].as_str().unwrap(), want, "{conv}");
+    }
+    // A call and its result in the history: Llama 3.1's `{"name": .., "parameters": ..}`
+    // (the assistant's text left out, as its template does) and an `ipython` turn.
+    let tools: Value = serde_json::from_str(tools_json).unwrap();
+    let body = json!({"tools": tools, "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "Checking.", "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]});
+    let (code, v) = s.post_json("/apply-template", &body);
+    assert_eq!(code, 200, "{v}");
+    let prompt = v["prompt"].as_str().unwrap();
+    assert!(prompt.ends_with("Weather in Paris?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}<|eot_id|><|start_header_id|>ipython<|end_header_id|>\n\n\"sunny\"<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"), "{prompt}");
+    assert!(
+        !prompt.contains("<tool_call>") && !prompt.contains("Checking."),
+        "{prompt}"
+    );
+    // Llama 3.1's own template, run by the interpreter (it reads `tools`), writes the
+    // same prompt from the history pinch passes it (after its BOS text).
+    let tpl = repo().join("tests/data/templates/meta-llama-Llama-3.1-8B-Instruct.jinja");
+    let j = Server::start_model(
+        &model,
+        &["-c", "2048", "--chat-template-file", tpl.to_str().unwrap()],
+    );
+    let (code, v) = j.post_json("/apply-template", &body);
+    assert_eq!(code, 200, "{v}");
+    let own = v["prompt"].as_str().unwrap();
+    let at = own.find("<|start_header_id|>").unwrap();
+    assert_eq!(&own[at..], prompt);
+    drop(j);
+
+    // tool_choice "required": the grammar makes the answer a bare call object, which
+    // is what a stream watches for (`{"name"`).
+    forced_calls_follow_the_schemas(&s);
 }

@@ -245,3 +245,49 @@ fn cut_tools_and_small_buffers_are_typed_errors() {
         }
     }
 }
+
+/// pinch's own Llama 3 tool prompt (for a Llama 3 template that does not read `tools`,
+/// e.g. `--chat-template llama3`) is the prompt Llama 3.1 / 3.2 / 3.3's templates write
+/// with the same tools, as jinja2 renders them, after the BOS text.
+#[test]
+fn the_builtin_llama3_tool_prompt_is_llama_31s() {
+    use pinch_runtime_min::server::{jraw, tools};
+    let d = data();
+    let list = jraw::root(d["tools_json"].as_str().unwrap().as_bytes()).unwrap();
+    let mut n = 0;
+    for case in d["cases"].as_array().unwrap() {
+        let src = case["source"].as_str().unwrap();
+        if !src.starts_with("meta-llama-Llama-3.") {
+            continue;
+        }
+        let conv = d["convs"][case["conv"].as_str().unwrap()]
+            .as_array()
+            .unwrap();
+        let msgs: Vec<ChatMessage<'_>> = conv
+            .iter()
+            .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+            .collect();
+        let mut got = String::new();
+        tools::llama3_prompt(&mut got, &msgs, list, true).unwrap();
+        let want = case["out"].as_str().unwrap().strip_prefix("<s>").unwrap();
+        assert_eq!(got, want, "{src} {}", case["conv"]);
+        n += 1;
+    }
+    assert_eq!(n, 6, "Llama 3.1, 3.2 and 3.3 on two conversations");
+    // Later turns: a tool result in an `ipython` turn (the template quotes a string).
+    let msgs = [
+        ChatMessage::new("user", "Weather?"),
+        ChatMessage::new(
+            "assistant",
+            "{\"name\": \"get_weather\", \"parameters\": {}}",
+        ),
+        ChatMessage::new("ipython", "{\"t\": 20}"),
+    ];
+    let mut got = String::new();
+    tools::llama3_prompt(&mut got, &msgs, list, true).unwrap();
+    assert!(got.ends_with("<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"get_weather\", \"parameters\": {}}<|eot_id|><|start_header_id|>ipython<|end_header_id|>\n\n\"{\\\"t\\\": 20}\"<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"), "{got}");
+    assert_eq!(
+        tools::llama3_prompt(&mut String::new(), &msgs[..0], list, true),
+        Err(tools::PromptError::NoUserMessage)
+    );
+}

@@ -11,7 +11,7 @@ use super::gen::*;
 use super::http::{self, SockWriter};
 use super::jraw::Kind;
 use super::json::{json_bytes_str, Api, Params, MAX_STOP_LEN, MAX_TOP};
-use super::{msg, tools, Io};
+use super::{msg, Io};
 use crate::commands::run::SliceWriter;
 use crate::commands::Ctx;
 use crate::generate::{self, Adjust, Constrain, End, Settings, Sink};
@@ -176,10 +176,11 @@ impl<P: Platform> Sink for ServeSink<'_, '_, '_, '_, '_, '_, P> {
             s.full = true;
             return false;
         }
-        if s.hit.is_some() && s.hit == s.tool_stop {
+        if let Some(k) = s.hit.filter(|_| s.hit == s.tool_stop) {
             s.hit = None;
             s.calling = true;
-            let open = tools::OPEN.as_bytes();
+            // The stop string is the call's opening text: it starts the call kept.
+            let open = self.stops.get(k).map_or(&[][..], |v| &v[..]);
             if !keep(self.out, &mut s.out_len, open) {
                 s.full = true;
                 return false;

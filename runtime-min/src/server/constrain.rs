@@ -96,7 +96,7 @@ impl<'a> GrammarBufs<'a> {
     pub fn prepare(
         &mut self,
         c: Constraint<'_>,
-        tool_call: Option<(Val<'_>, ToolChoice<'_>)>,
+        tool_call: Option<(Val<'_>, ToolChoice<'_>, super::tools::Format)>,
         strs: &mut &mut [u8],
     ) -> Result<Option<Parsed>, ConstraintError> {
         let mut w = SliceWriter {
@@ -106,8 +106,8 @@ impl<'a> GrammarBufs<'a> {
         let text: &str = match c {
             Constraint::None => match tool_call {
                 None => return Ok(None),
-                Some((list, choice)) => {
-                    super::tools::call_gbnf(&mut w, list, choice)
+                Some((list, choice, fmt)) => {
+                    super::tools::call_gbnf(&mut w, list, choice, fmt)
                         .map_err(ConstraintError::Schema)?;
                     core::str::from_utf8(&w.buf[..w.len]).unwrap_or("")
                 }

@@ -113,8 +113,8 @@ pub(super) struct Prepared {
     pub(super) shown: Option<(usize, usize)>,
     /// The grammar the answers follow (parsed into `Bufs::grammar`).
     pub(super) grammar: Option<crate::grammar::parse::Parsed>,
-    /// Tool calls in the answer become `tool_calls` (chat with `tools`).
-    pub(super) tools: bool,
+    /// Tool calls in the answer, in this format, become `tool_calls` (chat with `tools`).
+    pub(super) tools: Option<tools::Format>,
     /// Index in `stops` of the tool call's opening marker (streamed chat with tools).
     pub(super) tool_stop: Option<usize>,
 }
@@ -240,6 +240,7 @@ pub(super) fn prepare<P: Platform>(
     let (scratch, tokens) = (&mut *bufs.scratch, &mut *lane.tokens);
     match api {
         Api::Chat | Api::ApplyTemplate | Api::InputTokens => {
+            let fmt = tools::Format::of(&setup.template);
             let mut msgs: heapless::Vec<ChatMessage<'_>, { json::MAX_MESSAGES }> =
                 heapless::Vec::new();
             for m in req.messages.iter() {
@@ -281,10 +282,7 @@ pub(super) fn prepare<P: Platform>(
                             buf: region,
                             len: 0,
                         };
-                        let sep = if content.is_empty() { "" } else { "\n" };
-                        if write!(w, "{content}{sep}").is_err()
-                            || tools::write_history(&mut w, calls).is_err()
-                        {
+                        if fmt.write_history(&mut w, content, calls).is_err() {
                             return Err(refuse(
                                 400,
                                 &"the conversation is too long for the request buffer",
@@ -297,14 +295,21 @@ pub(super) fn prepare<P: Platform>(
                     }
                     None => content,
                 };
-                let _ = msgs.push(ChatMessage::new(role, content));
+                let _ = msgs.push(ChatMessage::new(fmt.tool_role(role), content));
             }
             // Tools: a Jinja template that reads `tools` writes them itself; for the
-            // others, their signatures and the call format go in the system message (a
-            // new one first when there is none).
+            // others, Llama 3's format writes the whole prompt (below), Hermes' puts the
+            // signatures and the call format in the system message (a new one first
+            // when there is none).
             let tools_on = req.tool_choice != ToolChoice::None;
             let own_tools = tools_on && setup.template.takes_tools();
-            if let (Some(list), true) = (req.tools, tools_on && !own_tools) {
+            let llama3_tools = req
+                .tools
+                .filter(|_| tools_on && !own_tools && fmt == tools::Format::Llama3);
+            if let (Some(list), true) = (
+                req.tools,
+                tools_on && !own_tools && fmt == tools::Format::Hermes,
+            ) {
                 let region: &mut [u8] = core::mem::take(&mut strs);
                 let mut w = SliceWriter {
                     buf: region,
@@ -358,10 +363,21 @@ pub(super) fn prepare<P: Platform>(
                 .tools
                 .filter(|_| own_tools)
                 .and_then(|v| core::str::from_utf8(v.0).ok());
-            let rendered =
-                setup
+            let rendered = match llama3_tools {
+                Some(list) => match tools::llama3_prompt(&mut w, turns, list, gen_prompt) {
+                    Ok(()) => Ok(w.len),
+                    Err(tools::PromptError::Write) => Err(crate::chat::ChatError::Write),
+                    Err(tools::PromptError::NoUserMessage) => {
+                        return Err(refuse(
+                            400,
+                            &"Llama 3's tool format puts the tools in the first message after the system one: the conversation has none",
+                        ))
+                    }
+                },
+                None => setup
                     .template
-                    .render_with_tools(turns, gen_prompt, tools_json, &mut w.buf[..]);
+                    .render_with_tools(turns, gen_prompt, tools_json, &mut w.buf[..]),
+            };
             let ok = match rendered {
                 Ok(n) => {
                     w.len = n;
@@ -514,10 +530,11 @@ pub(super) fn prepare<P: Platform>(
         let _ = stops.push(heapless::Vec::from_slice(t.as_bytes()).unwrap_or_default());
     }
     let tools_on = api == Api::Chat && req.tools.is_some() && req.tool_choice != ToolChoice::None;
+    let fmt = tools::Format::of(&setup.template);
     let mut tool_stop = None;
     if tools_on && p.stream && stops.len() < MAX_STOP {
         tool_stop = Some(stops.len());
-        let _ = stops.push(heapless::Vec::from_slice(tools::OPEN.as_bytes()).unwrap_or_default());
+        let _ = stops.push(heapless::Vec::from_slice(fmt.open().as_bytes()).unwrap_or_default());
     }
     if api == Api::Chat && stops.len() < MAX_STOP {
         let eot = setup.template.end_of_turn().as_bytes();
@@ -529,7 +546,7 @@ pub(super) fn prepare<P: Platform>(
         (Some(list), ToolChoice::Required | ToolChoice::Named(_))
             if req.constraint == json::Constraint::None =>
         {
-            Some((list, req.tool_choice))
+            Some((list, req.tool_choice, fmt))
         }
         _ => None,
     };
@@ -603,7 +620,7 @@ pub(super) fn prepare<P: Platform>(
         bias,
         shown,
         grammar,
-        tools: tools_on,
+        tools: tools_on.then_some(fmt),
         tool_stop,
     })
 }
@@ -1075,8 +1092,8 @@ pub(super) struct Body<'x, 'b> {
     /// The rendered or given prompt text (for `echo` and `__verbose`).
     pub(super) shown: &'x [u8],
     pub(super) verbose: bool,
-    /// Calls in the text become `tool_calls`.
-    pub(super) tools: bool,
+    /// Calls in the text, in this format, become `tool_calls`.
+    pub(super) tools: Option<tools::Format>,
     /// `Bufs::tokens`: each answer's prompt, shown as llama-server shows it (the
     /// tokens' text, specials included).
     pub(super) tokens: &'x [u32],
@@ -1196,15 +1213,15 @@ impl Body<'_, '_> {
             if self.r.api == Api::Chat {
                 w.write_str("\"message\":{\"role\":\"assistant\",\"content\":")?;
                 let text = self.text(res);
-                match self.tools.then(|| tools::first_call(text)).flatten() {
-                    Some(at) => {
+                match self.tools.and_then(|f| Some((f, f.first_call(text)?))) {
+                    Some((fmt, at)) => {
                         let content = text[..at].trim_ascii();
                         match content.is_empty() {
                             true => w.write_str("null")?,
                             false => json_bytes_str(w, content)?,
                         }
                         w.write_str(",\"tool_calls\":")?;
-                        tools::write_calls(w, &text[at..], self.r.id, false)?;
+                        fmt.write_calls(w, &text[at..], self.r.id, false)?;
                         finish = "tool_calls";
                     }
                     None => json_bytes_str(w, text)?,
@@ -1341,12 +1358,15 @@ pub(super) fn final_events(
             }
             let mut finish = res.fin.openai();
             let call = &b.out[res.text.0..res.text.0 + res.text.1];
-            if chat && res.calling && tools::first_call(call).is_some() {
+            let fmt = b
+                .tools
+                .filter(|f| chat && res.calling && f.first_call(call).is_some());
+            if let Some(fmt) = fmt {
                 // The tool call the answer switched to, as one delta.
                 w.write_str("data: ")?;
                 r.open(w, obj)?;
                 w.write_str(",\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":")?;
-                tools::write_calls(w, call, r.id, true)?;
+                fmt.write_calls(w, call, r.id, true)?;
                 w.write_str("},\"logprobs\":null,\"finish_reason\":null}]}\n\n")?;
                 finish = "tool_calls";
             }

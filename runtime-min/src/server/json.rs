@@ -609,7 +609,7 @@ pub fn unescape<'b>(s: &EscapedStr<'_>, buf: &mut &'b mut [u8]) -> Result<&'b st
 }
 
 /// The unescaped bytes of `s` in pieces, in order, to `put` (which may refuse).
-fn unescape_each(
+pub(super) fn unescape_each(
     s: &EscapedStr<'_>,
     put: &mut dyn FnMut(&[u8]) -> Result<(), BodyError>,
 ) -> Result<(), BodyError> {
