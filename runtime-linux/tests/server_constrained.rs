@@ -283,3 +283,76 @@ fn llama3_tools_are_prompted_and_called_as_llama_31_does() {
     // is what a stream watches for (`{"name"`).
     forced_calls_follow_the_schemas(&s);
 }
+
+/// Forced tool calls (`tool_choice` required, and a named function) batched with a
+/// schema-constrained and a free request on a `--parallel 2` server: each answer is
+/// the one a one-slot server gives it (each slot runs its own grammar).
+#[test]
+fn tool_calls_in_a_batch_answer_as_alone() {
+    let model = raised_context(2048);
+    let tools = json!([
+        {"type": "function", "function": {"name": "city", "parameters": {"type": "object",
+            "properties": {"c": {"type": "string", "maxLength": 6}}, "required": ["c"]}}},
+        {"type": "function", "function": {"name": "test", "parameters": {"type": "object",
+            "properties": {"success": {"type": "boolean", "const": true}}, "required": ["success"]}}}
+    ]);
+    let schema = json!({"type": "object", "properties": {"n": {"type": "boolean"}},
+        "required": ["n"]});
+    let bodies = [
+        ask(json!({"tools": tools, "tool_choice": "required", "seed": 1, "max_tokens": 120})),
+        ask(json!({"json_schema": schema, "seed": 2, "max_tokens": 60})),
+        ask(json!({"tools": tools, "seed": 3, "max_tokens": 120,
+            "tool_choice": {"type": "function", "function": {"name": "city"}}})),
+        ask(json!({"seed": 4, "max_tokens": 60})),
+    ];
+    let answers = |s: &Server| -> Vec<Value> {
+        let mut conns: Vec<_> = bodies
+            .iter()
+            .map(|b| {
+                let mut c = connect(s.port);
+                let t = post_text("/v1/chat/completions", &b.to_string());
+                std::io::Write::write_all(&mut c, t.as_bytes()).unwrap();
+                c
+            })
+            .collect();
+        conns
+            .iter_mut()
+            .map(|c| {
+                let r = read_response(c);
+                assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+                let mut v = r.json();
+                // A call's id carries the generation's number, which is the order the
+                // server took the requests in, not part of the answer.
+                if let Some(calls) = v["choices"][0]["message"]["tool_calls"].as_array_mut() {
+                    calls.iter_mut().for_each(|c| c["id"] = Value::Null);
+                }
+                json!({"choice": v["choices"][0], "n": v["usage"]["completion_tokens"]})
+            })
+            .collect()
+    };
+    let one = Server::start_model(&model, &["-c", "2048"]);
+    let want = answers(&one);
+    drop(one);
+    // The forced calls came back as calls (or were cut by max_tokens, never made up).
+    for k in [0, 2] {
+        let c = &want[k]["choice"];
+        match c["finish_reason"].as_str().unwrap() {
+            "tool_calls" => {
+                let f = &c["message"]["tool_calls"][0]["function"];
+                let _: Value = serde_json::from_str(f["arguments"].as_str().unwrap()).unwrap();
+            }
+            other => assert_eq!(other, "length", "request {k}: {c}"),
+        }
+    }
+    assert_eq!(
+        want[2]["choice"]["message"]["tool_calls"][0]["function"]["name"], "city",
+        "{}",
+        want[2]
+    );
+    let s = Server::start_model(&model, &["-c", "4096", "--parallel", "2", "--queue", "4"]);
+    let got = answers(&s);
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g, w, "request {k}: differs from its answer alone");
+    }
+    assert!(s.metric("pinch_batch_rows_max") >= 2.0);
+}

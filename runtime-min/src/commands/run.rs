@@ -8,7 +8,7 @@ use crate::grammar::parse::Parsed;
 use crate::guard::MemoryGuard;
 use crate::platform::Platform;
 use crate::sampler::Sampler;
-use crate::server::constrain::GrammarBufs;
+use crate::server::constrain::{GrammarBufs, SlotGrammar};
 use crate::tokenizer::{Tokenizer, TokenizerError, Utf8Stream};
 
 /// Read the whole file `path` into the arena (for `-f`).
@@ -97,7 +97,7 @@ pub fn generate<P: Platform>(
 /// the grammar parsed into buffers carved from the arena; `None` without one.
 fn grammar<'a, P: Platform>(
     ctx: &mut Ctx<'_, '_, 'a, P>,
-) -> Result<Option<(GrammarBufs<'a>, Parsed)>, AppError> {
+) -> Result<Option<(GrammarBufs<'a>, SlotGrammar<'a>, Parsed)>, AppError> {
     let o = ctx.o;
     let (text, schema) = match (o.grammar_file, o.grammar, o.json_schema) {
         (Some(f), ..) => (read_text(ctx, f)?, false),
@@ -106,8 +106,9 @@ fn grammar<'a, P: Platform>(
         (None, None, None) => return Ok(None),
     };
     let mut b = GrammarBufs::carve(ctx.arena, ctx.tok)?;
-    match b.prepare_text(text, schema) {
-        Ok(g) => Ok(Some((b, g))),
+    let mut slot = SlotGrammar::carve(ctx.arena, ctx.tok.n_vocab() as usize)?;
+    match b.prepare_text(&mut slot, text, schema) {
+        Ok(g) => Ok(Some((b, slot, g))),
         Err(e) => {
             let _ = writeln!(Out::stderr(ctx.p), "pinch: {e}");
             Err(AppError::Usage(
@@ -232,7 +233,10 @@ pub fn run<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
         return Err(AppError::PromptTooLong { tokens: n, n_ctx });
     }
     let mut gram = grammar(ctx)?;
-    let mut parts = gram.as_mut().and_then(|(b, g)| b.split(g));
+    let mut parts = gram.as_mut().and_then(|(b, slot, g)| {
+        let (m, masked) = slot.matcher(g, None)?;
+        Some((m, &b.vocab, masked))
+    });
     let mut constrain = parts
         .as_mut()
         .map(|(m, vocab, masked)| crate::generate::Constrain::new(m, vocab, masked));
@@ -507,7 +511,10 @@ pub fn chat<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
         }
         let mut out = Out::stdout(p);
         let mut stream = Utf8Stream::new();
-        let mut parts = gram.as_mut().and_then(|(b, g)| b.split(g));
+        let mut parts = gram.as_mut().and_then(|(b, slot, g)| {
+            let (m, masked) = slot.matcher(g, None)?;
+            Some((m, &b.vocab, masked))
+        });
         let mut constrain = parts
             .as_mut()
             .map(|(m, vocab, masked)| crate::generate::Constrain::new(m, vocab, masked));

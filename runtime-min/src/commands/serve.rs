@@ -39,6 +39,7 @@ pub fn buffer_bytes(o: &crate::cli::Opts, n_ctx: usize, tok: &crate::tokenizer::
         4 * n_ctx * stride,
         4 * n_ctx,
         4 * tok.n_vocab() as usize,
+        crate::server::constrain::slot_bytes(tok.n_vocab() as usize),
     ];
     let sum = |v: &[usize]| v.iter().map(|&b| b as u64 + 64).sum::<u64>();
     sum(&shared) + n_par as u64 * sum(&per_lane)
@@ -68,6 +69,10 @@ fn lane<'a, P: Platform>(ctx: &mut Ctx<'_, 'a, '_, P>, n_ctx: usize) -> Result<L
         rec_id: ctx.arena.slice::<u32>(a, n_ctx * stride)?,
         rec_lp: ctx.arena.slice::<f32>(a, n_ctx * stride)?,
         logits: ctx.arena.slice::<f32>(a, ctx.tok.n_vocab() as usize)?,
+        grammar: crate::server::constrain::SlotGrammar::carve(
+            ctx.arena,
+            ctx.tok.n_vocab() as usize,
+        )?,
     })
 }
 

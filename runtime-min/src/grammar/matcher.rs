@@ -65,6 +65,20 @@ impl Level {
     }
 }
 
+/// Where a matcher stands, apart from its buffers: what [`Matcher::resume`] needs to go
+/// on over the same buffers (a batched answer keeps it between the steps of the
+/// server, whose buffers are borrowed again for each step).
+#[derive(Clone, Copy, Debug)]
+pub struct Saved {
+    n_nodes: usize,
+    n_tops: usize,
+    state: Level,
+    overflowed: bool,
+    /// The committed nodes are in the buffer lent as `spare` (each accepted token swaps
+    /// the pools).
+    flipped: bool,
+}
+
 /// Out of matcher buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Full;
@@ -79,6 +93,8 @@ pub struct Matcher<'g, 'm> {
     /// A token was rejected because the buffers ran out (or was longer than
     /// [`MAX_TOKEN`]).
     pub overflowed: bool,
+    /// `b.nodes` is the buffer first lent as `spare`.
+    flipped: bool,
 }
 
 impl<'g, 'm> Matcher<'g, 'm> {
@@ -102,6 +118,7 @@ impl<'g, 'm> Matcher<'g, 'm> {
                 done: false,
             },
             overflowed: false,
+            flipped: false,
         };
         let mut done = false;
         let root = m.g.rules.get(m.g.root as usize).copied().ok_or(Full)?;
@@ -116,6 +133,42 @@ impl<'g, 'm> Matcher<'g, 'm> {
             done,
         };
         Ok(m)
+    }
+
+    /// Where this matcher stands, to [`resume`](Self::resume) it later over the same
+    /// buffers.
+    pub fn save(&self) -> Saved {
+        Saved {
+            n_nodes: self.n_nodes,
+            n_tops: self.n_tops,
+            state: self.state,
+            overflowed: self.overflowed,
+            flipped: self.flipped,
+        }
+    }
+
+    /// The matcher `s` was saved from, over the buffers it had (lent in the same order
+    /// as to [`new`](Self::new)), which must hold what they held then.
+    ///
+    /// # Errors
+    /// [`Full`] when the buffers are too short for the saved state (not the ones it was
+    /// saved from).
+    pub fn resume(g: Grammar<'g>, mut b: MatcherBufs<'m>, s: Saved) -> Result<Self, Full> {
+        if s.flipped {
+            core::mem::swap(&mut b.nodes, &mut b.spare);
+        }
+        if 2 * s.n_nodes > b.nodes.len() || s.n_tops > b.tops.len() {
+            return Err(Full);
+        }
+        Ok(Matcher {
+            g,
+            b,
+            n_nodes: s.n_nodes,
+            n_tops: s.n_tops,
+            state: s.state,
+            overflowed: s.overflowed,
+            flipped: s.flipped,
+        })
     }
 
     /// The text so far is a whole sentence of the grammar (an end-of-generation token
@@ -414,6 +467,7 @@ impl<'g, 'm> Matcher<'g, 'm> {
             self.b.tops[k] = self.b.fwd[t as usize];
         }
         core::mem::swap(&mut self.b.nodes, &mut self.b.spare);
+        self.flipped = !self.flipped;
         self.n_nodes = n_new;
         self.n_tops = lv.len as usize;
         self.state = Level {

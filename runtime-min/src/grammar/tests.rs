@@ -27,6 +27,23 @@ impl Bufs {
             tops: [0; 4096],
         })
     }
+
+    /// The store and the matcher's buffers.
+    fn parts(&mut self) -> (Store<'_>, MatcherBufs<'_>) {
+        let store = Store {
+            elems: &mut self.elems,
+            sets: &mut self.sets,
+            rules: &mut self.rules,
+            work: &mut self.work,
+        };
+        let mb = MatcherBufs {
+            nodes: &mut self.nodes,
+            spare: &mut self.spare,
+            fwd: &mut self.fwd,
+            tops: &mut self.tops,
+        };
+        (store, mb)
+    }
 }
 
 extern crate std;
@@ -34,24 +51,12 @@ use std::boxed::Box;
 
 fn with<R>(src: &str, f: impl FnOnce(Result<&mut Matcher<'_, '_>, GrammarError>) -> R) -> R {
     let mut b = Bufs::new();
-    let b = &mut *b;
-    let mut store = Store {
-        elems: &mut b.elems,
-        sets: &mut b.sets,
-        rules: &mut b.rules,
-        work: &mut b.work,
-    };
+    let (mut store, mb) = b.parts();
     let parsed = match parse(src, &mut store) {
         Ok(p) => p,
         Err(e) => return f(Err(e)),
     };
     let g = parsed.view(&store);
-    let mb = MatcherBufs {
-        nodes: &mut b.nodes,
-        spare: &mut b.spare,
-        fwd: &mut b.fwd,
-        tops: &mut b.tops,
-    };
     let mut m = Matcher::new(g, mb).expect("start state fits");
     f(Ok(&mut m))
 }
@@ -526,4 +531,40 @@ fn schemas_pinch_cannot_enforce_are_refused_by_keyword() {
     ] {
         assert_eq!(schema_gbnf(s).err(), Some(want), "{s}");
     }
+}
+
+/// A matcher saved after every byte and resumed over its buffers (as a batched server
+/// answer is between steps) accepts and refuses exactly what one kept alive does.
+#[test]
+fn a_resumed_matcher_goes_on_as_the_one_it_was_saved_from() {
+    let src = r#"root ::= "{" ws pair ("," ws pair)* "}"
+pair ::= "\"" [a-z]+ "\"" ws ":" ws [0-9]+ ws
+ws ::= [ ]*"#;
+    let text = br#"{ "ab" : 12, "c":3 }"#;
+    let mut b = Bufs::new();
+    let (mut store, mut lent) = b.parts();
+    let parsed = parse(src, &mut store).unwrap();
+    let g = parsed.view(&store);
+    let mut saved = None;
+    for (k, &c) in text.iter().enumerate() {
+        // The same buffers again at every byte, as a server step borrows them.
+        let mb = MatcherBufs {
+            nodes: &mut *lent.nodes,
+            spare: &mut *lent.spare,
+            fwd: &mut *lent.fwd,
+            tops: &mut *lent.tops,
+        };
+        let mut m = match saved {
+            None => Matcher::new(g, mb).unwrap(),
+            Some(s) => Matcher::resume(g, mb, s).unwrap(),
+        };
+        // A byte the grammar never takes changes nothing.
+        assert!(!m.accept(b"#"), "byte {k}");
+        assert!(m.accept(&[c]), "byte {k} ({:?})", c as char);
+        assert_eq!(m.can_end(), k + 1 == text.len(), "byte {k}");
+        saved = Some(m.save());
+    }
+    // Each accepted byte swaps the node pools: every other resume finds the committed
+    // nodes in the buffer lent as `spare`.
+    assert!(accepts(src, core::str::from_utf8(text).unwrap(), 1));
 }

@@ -11,15 +11,23 @@
 //! (`answer::open`, `start_answer`, `end_answer`, `close`), and sampled
 //! through the same driver steps ([`crate::generate`]), so an answer is token for token
 //! the one it gets alone (`runtime-linux/tests/server_parallel.rs`). What differs:
-//! no drafts (a pass holds one token of each answer), and a request with a grammar runs
-//! alone through `answer::run_alone` while the others wait (the matcher's buffers are the
-//! server's one set).
+//! no drafts (a pass holds one token of each answer).
+//!
+//! Constrained answers (`grammar`, `response_format`, `json_schema`, forced tool calls)
+//! are batched like the others: each lane has its own parsed grammar, matcher buffers
+//! and mask ([`super::constrain::SlotGrammar`], carved at start and counted in the
+//! memory plan), and each answer keeps where its matcher stands between steps
+//! ([`Answer::grammar`]); a step lends each lane's buffers out, resumes the matcher,
+//! samples through it and saves it again. Only the sorted vocabulary (read-only) and
+//! the parser's scratch (used while a request is prepared) are shared.
 use super::answer::{self as gen, Answer, Job, ServeSink};
+use super::constrain::SlotGrammar;
 use super::gen::{Bufs, Lane, SeqCache, Setup};
 use super::slots::{self, Stream, Turn};
 use super::{GenSlot, Io};
 use crate::commands::Ctx;
-use crate::generate::{End, Settings};
+use crate::generate::{Constrain, End, Settings};
+use crate::grammar::{Matcher, SortedVocab};
 use crate::guard::MemoryGuard;
 use crate::model::forward::MAX_SEQS;
 use crate::platform::Platform;
@@ -48,19 +56,21 @@ enum Next<'a> {
     Freed,
 }
 
-/// Start the next answer of `job`: prompt evaluated, first token sampled.
+/// Start the next answer of `job`: prompt evaluated, first token sampled (`vocab`: the
+/// server's sorted vocabulary, for a grammar's mask).
 fn next_answer<'a, 's, 'p, P: Platform>(
     ctx: &mut Ctx<'_, '_, '_, P>,
     io: &mut Io<'_, 's, 'p, P>,
     job: &mut Job<'s, 'p, P>,
     lane: &mut Lane<'a>,
     seq: &mut SeqCache<'a>,
+    vocab: &SortedVocab<'_>,
 ) -> Next<'a> {
     let Some(mut ans) = gen::start_answer(ctx, job, lane, seq) else {
         return Next::Done;
     };
     let mut guard = MemoryGuard::from_opt(ctx.o.guard);
-    match gen::start_stream(ctx, io, job, lane, seq, &mut ans, &mut guard) {
+    match gen::start_stream(ctx, io, job, lane, seq, &mut ans, &mut guard, vocab) {
         Ok(s) => Next::Run(ans, s, guard),
         Err(e) => {
             let _ = e;
@@ -125,16 +135,7 @@ pub fn serve<'a, 's, 'p, P: Platform>(
                 n_past: ctx.sess.n_past_of(seq.seq),
                 ..Default::default()
             };
-            let next = match job.constrained() {
-                true => {
-                    let mut guard = MemoryGuard::from_opt(ctx.o.guard);
-                    match gen::run_alone(ctx, io, bufs, &mut job, &mut lane, &mut seq, &mut guard) {
-                        true => Next::Done,
-                        false => Next::Freed,
-                    }
-                }
-                false => next_answer(ctx, io, &mut job, &mut lane, &mut seq),
-            };
+            let next = next_answer(ctx, io, &mut job, &mut lane, &mut seq, &bufs.grammar.vocab);
             match next {
                 Next::Run(ans, stream, guard) => {
                     let _ = running.push(Running {
@@ -170,7 +171,8 @@ pub fn serve<'a, 's, 'p, P: Platform>(
                 None => false,
             };
             if go {
-                match next_answer(ctx, io, &mut r.job, &mut r.lane, &mut r.seq) {
+                let vocab = &bufs.grammar.vocab;
+                match next_answer(ctx, io, &mut r.job, &mut r.lane, &mut r.seq, vocab) {
                     Next::Run(ans, stream, guard) => {
                         (r.ans, r.stream, r.guard) = (Some(ans), stream, guard);
                         continue;
@@ -198,22 +200,43 @@ pub fn serve<'a, 's, 'p, P: Platform>(
             continue;
         }
         idle = 0;
-        step(ctx, io, &mut running);
+        step(ctx, io, &mut running, &bufs.grammar.vocab);
     }
 }
 
-/// One token of every running answer in one weight pass.
-fn step<P: Platform>(
+/// One token of every running answer in one weight pass, each sampled through its own
+/// grammar matcher when it has one (`vocab`: the server's sorted vocabulary).
+fn step<'a, P: Platform>(
     ctx: &mut Ctx<'_, '_, '_, P>,
     io: &mut Io<'_, '_, '_, P>,
-    running: &mut [Running<'_, '_, '_, P>],
+    running: &mut [Running<'a, '_, '_, P>],
+    vocab: &SortedVocab<'_>,
 ) {
     let tok = ctx.tok;
+    // The sinks borrow the lanes: the grammars' buffers are lent out of them for the
+    // step (given back below), each matcher resumed where the answer's last step left it.
+    let mut grams: heapless::Vec<SlotGrammar<'a>, MAX_SEQS> = running
+        .iter_mut()
+        .map(|r| core::mem::take(&mut r.lane.grammar))
+        .collect();
+    // An array (no drop glue): the constraints borrow its matchers for as long as the
+    // matchers borrow the grammars.
+    let mut lent = running.iter().zip(grams.iter_mut());
+    let mut matchers: [Option<(Matcher<'_, '_>, &mut [f32])>; MAX_SEQS] =
+        core::array::from_fn(|_| {
+            let (r, g) = lent.next()?;
+            let at = r.ans.as_ref().and_then(|a| a.grammar)?;
+            gen::matcher(&r.job, g, Some(at))
+        });
+    let mut cons: heapless::Vec<Option<Constrain<'_>>, MAX_SEQS> = matchers
+        .iter_mut()
+        .map(|m| m.as_mut().map(|m| gen::constrain(m, vocab)))
+        .collect();
     let mut sinks: heapless::Vec<ServeSink<'_, '_, '_, '_, '_, '_, P>, MAX_SEQS> =
         heapless::Vec::new();
     let mut parts: heapless::Vec<(&mut Stream, Settings<'_, '_, '_, '_>), MAX_SEQS> =
         heapless::Vec::new();
-    for r in running.iter_mut() {
+    for (r, c) in running.iter_mut().zip(cons.iter_mut()) {
         let Running {
             job,
             lane,
@@ -224,7 +247,7 @@ fn step<P: Platform>(
             ..
         } = r;
         let Some(ans) = ans.as_mut() else { continue };
-        let (settings, st) = ans.parts(job.ignore_eos(), guard);
+        let (settings, st) = ans.parts(job.ignore_eos(), guard, c.as_mut());
         let _ = sinks.push(gen::sink(None, job, tok, lane, seq, st));
         let _ = parts.push((stream, settings));
     }
@@ -240,6 +263,14 @@ fn step<P: Platform>(
     let got = slots::step(ctx.p, &mut ctx.sess, tok, &mut turns);
     drop(turns);
     drop(sinks);
+    for (r, c) in running.iter_mut().zip(cons) {
+        if let (Some(a), Some(c)) = (r.ans.as_mut(), c) {
+            a.grammar = Some(c.matcher.save());
+        }
+    }
+    for (r, g) in running.iter_mut().zip(grams) {
+        r.lane.grammar = g;
+    }
     match got {
         Ok(rows) => {
             if rows > 1 {

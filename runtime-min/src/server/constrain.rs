@@ -6,8 +6,9 @@ use super::json::{self, Constraint, ToolChoice};
 use crate::arena::{Arena, ArenaError};
 use crate::commands::run::SliceWriter;
 use crate::grammar::json_schema::{self, SchemaError};
+use crate::grammar::matcher::Saved;
 use crate::grammar::parse::Parsed;
-use crate::grammar::{parse, GrammarError, Matcher, MatcherBufs, SortedVocab, Store};
+use crate::grammar::{parse, Grammar, GrammarError, Matcher, MatcherBufs, SortedVocab, Store};
 use crate::tokenizer::Tokenizer;
 
 /// Longest GBNF text a schema may become.
@@ -20,25 +21,42 @@ pub const RULES: usize = 2 << 10;
 pub const NODES: usize = 16 << 10;
 pub const TOPS: usize = 8 << 10;
 
-/// Bytes [`GrammarBufs::carve`] takes for a vocabulary of `n_vocab` tokens.
+/// Bytes [`GrammarBufs::carve`] takes for a vocabulary of `n_vocab` tokens (shared by
+/// all generation slots).
 pub fn bytes(n_vocab: usize) -> usize {
-    TEXT_BYTES
-        + 4 * (ELEMS + SETS + RULES + 4 * RULES)
-        + 4 * MatcherBufs::words(NODES, TOPS)
-        + n_vocab * (4 + 2 + 4)
-        + 8 * 64
+    TEXT_BYTES + 4 * 4 * RULES + n_vocab * (4 + 2) + 8 * 64
 }
 
-/// Everything a constrained generation uses, lent by the arena once.
+/// Bytes [`SlotGrammar::carve`] takes for a vocabulary of `n_vocab` tokens (one per
+/// generation slot: with 16 Ki nodes, 8 Ki stack tops and the store, 456 KiB plus 4
+/// bytes per token).
+pub fn slot_bytes(n_vocab: usize) -> usize {
+    4 * (ELEMS + SETS + RULES) + 4 * MatcherBufs::words(NODES, TOPS) + n_vocab * 4 + 8 * 64
+}
+
+/// What constrained generation uses only while a grammar is prepared, or only reads:
+/// lent by the arena once and shared by all generation slots.
 pub struct GrammarBufs<'a> {
     /// GBNF text written from a schema.
     pub text: &'a mut [u8],
-    pub store: Store<'a>,
+    /// The parser's scratch ([`Store::work`]).
+    pub work: &'a mut [u32],
+    pub vocab: SortedVocab<'a>,
+}
+
+/// What one constrained answer keeps while it runs: its parsed grammar, its matcher's
+/// buffers and its masked logits (one set per generation slot, so that constrained
+/// answers run in one batch, each with its own state).
+#[derive(Default)]
+pub struct SlotGrammar<'a> {
+    /// The parsed grammar ([`Store::elems`], `sets`, `rules`).
+    pub elems: &'a mut [u32],
+    pub sets: &'a mut [u32],
+    pub rules: &'a mut [u32],
     pub nodes: &'a mut [u32],
     pub spare: &'a mut [u32],
     pub fwd: &'a mut [u32],
     pub tops: &'a mut [u32],
-    pub vocab: SortedVocab<'a>,
     /// The masked logits (one vocabulary).
     pub masked: &'a mut [f32],
 }
@@ -73,28 +91,19 @@ impl<'a> GrammarBufs<'a> {
         let lcp = arena.slice::<u16>(a, n)?;
         Ok(GrammarBufs {
             text: arena.bytes(a, TEXT_BYTES)?,
-            store: Store {
-                elems: arena.slice::<u32>(a, ELEMS)?,
-                sets: arena.slice::<u32>(a, SETS)?,
-                rules: arena.slice::<u32>(a, RULES)?,
-                work: arena.slice::<u32>(a, 4 * RULES)?,
-            },
-            nodes: arena.slice::<u32>(a, 2 * NODES)?,
-            spare: arena.slice::<u32>(a, 2 * NODES)?,
-            fwd: arena.slice::<u32>(a, NODES)?,
-            tops: arena.slice::<u32>(a, TOPS)?,
+            work: arena.slice::<u32>(a, 4 * RULES)?,
             vocab: SortedVocab::build(tok, ids, lcp),
-            masked: arena.slice::<f32>(a, n)?,
         })
     }
 
-    /// Parse the grammar `c` asks for (`strs`: room to unescape a `grammar` string).
-    /// `None` for no constraint.
+    /// Parse the grammar `c` asks for into `slot` (`strs`: room to unescape a `grammar`
+    /// string). `None` for no constraint.
     ///
     /// # Errors
     /// What is wrong with the grammar or schema.
     pub fn prepare(
         &mut self,
+        slot: &mut SlotGrammar<'_>,
         c: Constraint<'_>,
         tool_call: Option<(Val<'_>, ToolChoice<'_>, super::tools::Format)>,
         strs: &mut &mut [u8],
@@ -122,45 +131,92 @@ impl<'a> GrammarBufs<'a> {
                 core::str::from_utf8(&w.buf[..w.len]).unwrap_or("")
             }
         };
-        parse(text, &mut self.store)
+        let mut store = Store {
+            elems: &mut slot.elems[..],
+            sets: &mut slot.sets[..],
+            rules: &mut slot.rules[..],
+            work: &mut self.work[..],
+        };
+        parse(text, &mut store)
             .map(Some)
             .map_err(ConstraintError::Grammar)
     }
 
     /// Parse GBNF `text` as it is (`pinch run --grammar`, `--grammar-file`), or (with
-    /// `schema`) the grammar of the JSON schema `text` (`--json-schema`).
+    /// `schema`) the grammar of the JSON schema `text` (`--json-schema`), into `slot`.
     ///
     /// # Errors
     /// What is wrong with the grammar or schema.
-    pub fn prepare_text(&mut self, text: &str, schema: bool) -> Result<Parsed, ConstraintError> {
+    pub fn prepare_text(
+        &mut self,
+        slot: &mut SlotGrammar<'_>,
+        text: &str,
+        schema: bool,
+    ) -> Result<Parsed, ConstraintError> {
         if !schema {
-            return parse(text, &mut self.store).map_err(ConstraintError::Grammar);
+            let mut store = Store {
+                elems: &mut slot.elems[..],
+                sets: &mut slot.sets[..],
+                rules: &mut slot.rules[..],
+                work: &mut self.work[..],
+            };
+            return parse(text, &mut store).map_err(ConstraintError::Grammar);
         }
         let v = super::jraw::root(text.as_bytes()).ok_or(ConstraintError::Schema(
             SchemaError::NotASchema {
                 at: "--json-schema",
             },
         ))?;
-        let got = self.prepare(Constraint::Schema(v), None, &mut &mut [][..])?;
+        let got = self.prepare(slot, Constraint::Schema(v), None, &mut &mut [][..])?;
         got.ok_or(ConstraintError::Schema(SchemaError::NotASchema {
             at: "--json-schema",
         }))
     }
+}
 
-    /// A matcher at the start of the grammar `p` (parsed into this store), with the
-    /// sorted vocabulary and the mask buffer beside it.
-    pub fn split(&mut self, p: &Parsed) -> Option<(Matcher<'_, '_>, &SortedVocab<'a>, &mut [f32])> {
-        let g = p.view(&self.store);
-        let m = Matcher::new(
-            g,
-            MatcherBufs {
-                nodes: &mut self.nodes[..],
-                spare: &mut self.spare[..],
-                fwd: &mut self.fwd[..],
-                tops: &mut self.tops[..],
-            },
-        )
-        .ok()?;
-        Some((m, &self.vocab, &mut self.masked[..]))
+impl<'a> SlotGrammar<'a> {
+    /// Carve one slot's buffers for a vocabulary of `n_vocab` tokens.
+    ///
+    /// # Errors
+    /// The arena is too small.
+    pub fn carve(arena: &mut Arena<'a>, n_vocab: usize) -> Result<Self, ArenaError> {
+        let a = "grammar (per slot)";
+        Ok(SlotGrammar {
+            elems: arena.slice::<u32>(a, ELEMS)?,
+            sets: arena.slice::<u32>(a, SETS)?,
+            rules: arena.slice::<u32>(a, RULES)?,
+            nodes: arena.slice::<u32>(a, 2 * NODES)?,
+            spare: arena.slice::<u32>(a, 2 * NODES)?,
+            fwd: arena.slice::<u32>(a, NODES)?,
+            tops: arena.slice::<u32>(a, TOPS)?,
+            masked: arena.slice::<f32>(a, n_vocab)?,
+        })
+    }
+
+    /// A matcher of the grammar `p` (parsed into this slot): at its start, or (`at`)
+    /// where it was saved from over these buffers, with the mask buffer beside it.
+    /// `None` when the buffers cannot hold the start state.
+    pub fn matcher(
+        &mut self,
+        p: &Parsed,
+        at: Option<Saved>,
+    ) -> Option<(Matcher<'_, '_>, &mut [f32])> {
+        let g = Grammar {
+            elems: self.elems.get(..p.n_elems)?,
+            sets: self.sets.get(..p.n_sets)?,
+            rules: self.rules.get(..p.n_rules)?,
+            root: p.root,
+        };
+        let b = MatcherBufs {
+            nodes: &mut self.nodes[..],
+            spare: &mut self.spare[..],
+            fwd: &mut self.fwd[..],
+            tops: &mut self.tops[..],
+        };
+        let m = match at {
+            None => Matcher::new(g, b),
+            Some(s) => Matcher::resume(g, b, s),
+        };
+        Some((m.ok()?, &mut self.masked[..]))
     }
 }

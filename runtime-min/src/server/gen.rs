@@ -43,7 +43,8 @@ pub struct Bufs<'a> {
     pub scratch: &'a mut [u8],
     /// Longest prompt text accepted (the tokenizer scratch is sized for it).
     pub prompt_limit: usize,
-    /// Constrained output (`grammar`, `json_schema`, `response_format`).
+    /// Constrained output (`grammar`, `json_schema`, `response_format`): what all
+    /// slots share (the slot's own part is [`Lane::grammar`]).
     pub grammar: super::constrain::GrammarBufs<'a>,
 }
 
@@ -61,6 +62,9 @@ pub struct Lane<'a> {
     pub rec_lp: &'a mut [f32],
     /// Logits after `logit_bias`: one vocabulary's worth.
     pub logits: &'a mut [f32],
+    /// The request's grammar and its matcher's buffers (a constrained answer runs in
+    /// a batch with the others, on its own state).
+    pub grammar: super::constrain::SlotGrammar<'a>,
 }
 
 /// What one sequence of the session holds: the tokens whose keys and values are in its
@@ -111,7 +115,7 @@ pub(super) struct Prepared {
     /// The rendered chat prompt or the prompt string (range of `Bufs::text`), for
     /// `echo` and `__verbose`.
     pub(super) shown: Option<(usize, usize)>,
-    /// The grammar the answers follow (parsed into `Bufs::grammar`).
+    /// The grammar the answers follow (parsed into `Lane::grammar`).
     pub(super) grammar: Option<crate::grammar::parse::Parsed>,
     /// Tool calls in the answer, in this format, become `tool_calls` (chat with `tools`).
     pub(super) tools: Option<tools::Format>,
@@ -552,7 +556,7 @@ pub(super) fn prepare<P: Platform>(
     };
     let grammar = bufs
         .grammar
-        .prepare(req.constraint, tool_call, &mut strs)
+        .prepare(&mut lane.grammar, req.constraint, tool_call, &mut strs)
         .map_err(|e| refuse(400, &e))?;
     let mut bias = heapless::Vec::new();
     if let Some(v) = req.logit_bias {

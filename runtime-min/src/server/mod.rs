@@ -36,9 +36,11 @@
 //!
 //! Everything is carved from the arena once, at start: the slot buffers
 //! (head + body limit each), the tokenizer scratch for the longest prompt text accepted
-//! and the grammar buffers (shared), and per generation slot a [`gen::Lane`]: prompt
-//! text and token buffers, output, per-token records for non-streamed
-//! log-probabilities. A request allocates nothing.
+//! and the grammar's sorted vocabulary and parser scratch (shared), and per generation
+//! slot a [`gen::Lane`]: prompt text and token buffers, output, per-token records for
+//! non-streamed log-probabilities, and the slot's grammar, matcher and mask
+//! ([`constrain::SlotGrammar`], 456 KiB plus 4 bytes per vocabulary token). A request
+//! allocates nothing.
 //!
 //! - [`http`]: request heads and response heads, buffered socket output.
 //! - [`json`]: request bodies (`serde-json-core`) and JSON output helpers.
