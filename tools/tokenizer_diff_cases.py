@@ -31,6 +31,9 @@ Files (see tests/data/vocab/diff/README.md):
                     tokenizer.ggml.pre is <name> (a pre-tokenizer llama.cpp ships no vocab
                     file for), without `s` and `v` lines; its first line is
                     `base <file> <name>`, and ids00 is `=` when it equals the base file's.
+                    For the SentencePiece-style pre-tokenizers the copy is of the sdist's
+                    Gemma 4 vocab, with tokenizer.ggml.model = gpt2 and the pre key added;
+                    first line `sdist-gpt2 <file> <name>`.
 """
 import ctypes
 import glob
@@ -48,7 +51,16 @@ VOCABS = os.path.join(ROOT, "tests", "data", "vocab")
 # llama-cpp-python sdist (what `cargo xtask test` downloads into ~/.cache/pinch/sdist).
 SDIST_MODELS = os.path.expanduser(
     "~/.cache/pinch/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp/models")
-SDIST_VOCABS = ["ggml-vocab-nomic-bert-moe.gguf"]  # the only UGM (t5) vocab llama.cpp ships
+# With extra strings: the test inputs of llama.cpp's .inp files (nomic-bert-moe, the only
+# UGM (t5) vocab llama.cpp ships, has none of its own; gemma-4's are also checked against
+# its .out by runtime-min/tests/tokenizer_vectors.rs).
+SDIST_VOCABS = [
+    ("ggml-vocab-nomic-bert-moe.gguf", os.path.join(VOCABS, "ggml-vocab-llama-spm.gguf.inp")),
+    ("ggml-vocab-gemma-4.gguf", os.path.join(SDIST_MODELS, "ggml-vocab-gemma-4.gguf.inp")),
+]
+# The SentencePiece-style BPE pre-tokenizers no vocab file uses, checked on a copy of
+# Gemma 4's vocab with tokenizer.ggml.model = gpt2 and tokenizer.ggml.pre = <name>.
+SDIST_PRE = ("ggml-vocab-gemma-4.gguf", ["granite-embed-multi-311m", "sarvam-moe"])
 OUT = os.path.join(VOCABS, "diff")
 SEED = 20261201
 N_RANDOM = 100
@@ -175,6 +187,28 @@ def with_pre(base, name, out_dir):
     return path
 
 
+def gpt2_with_pre(base, name, out_dir):
+    """Copy of the vocab-only GGUF `base` (which has no tokenizer.ggml.pre) whose
+    tokenizer.ggml.model is `gpt2` and which has tokenizer.ggml.pre = `name`."""
+    data = open(base, "rb").read()
+    key = b"tokenizer.ggml.model"
+    pre = b"tokenizer.ggml.pre"
+    assert struct.pack("<Q", len(pre)) + pre not in data, "base has a tokenizer.ggml.pre"
+    assert struct.unpack_from("<Q", data, 8)[0] == 0, "only files without tensors"
+    at = data.index(struct.pack("<Q", len(key)) + key)
+    p = at + 8 + len(key)
+    assert struct.unpack_from("<I", data, p)[0] == 8, "tokenizer.ggml.model is not a string"
+    n = struct.unpack_from("<Q", data, p + 4)[0]
+    v = name.encode()
+    kv = struct.pack("<Q", len(pre)) + pre + struct.pack("<IQ", 8, len(v)) + v
+    n_kv = struct.unpack_from("<Q", data, 16)[0]
+    new = (data[:16] + struct.pack("<Q", n_kv + 1) + data[24:p + 4]
+           + struct.pack("<Q", 4) + b"gpt2" + kv + data[p + 12 + n:])
+    path = os.path.join(out_dir, f"gpt2-{name}.gguf")
+    open(path, "wb").write(new)
+    return path
+
+
 def tokenize(vocab, data, add_special, parse_special):
     n_max = len(data) * 2 + 16
     buf = (llama_cpp.llama_token * n_max)()
@@ -206,9 +240,9 @@ def dec_field(text, want):
     return "=" if text == want else fnv(text)
 
 
-def test_inputs():
-    """llama.cpp's test-tokenizer-0 inputs (the .inp file all vocabs here share)."""
-    raw = open(os.path.join(VOCABS, "ggml-vocab-llama-spm.gguf.inp"), "rb").read()
+def test_inputs(path):
+    """llama.cpp's test-tokenizer-0 inputs from an .inp file."""
+    raw = open(path, "rb").read()
     sep = b"\n__ggml_vocab_test__\n"
     parts = raw.split(sep)
     return parts[:-1] if parts and parts[-1] == b"" else parts
@@ -281,11 +315,16 @@ def main():
         stem = os.path.basename(path)[: -len(".gguf")]
         write_vocab(path, os.path.join(out, f"model-{stem}.tsv"), shared, True,
                     header=f"file\t{os.path.abspath(path)}")
-    for name in SDIST_VOCABS:
-        # llama.cpp ships no .inp/.out for these: its test inputs go in as extra strings.
+    for name, inp in SDIST_VOCABS:
         write_vocab(os.path.join(SDIST_MODELS, name),
                     os.path.join(out, name.replace(".gguf", ".tsv")), shared, True,
-                    header=f"sdist\t{name}", more=test_inputs())
+                    header=f"sdist\t{name}", more=test_inputs(inp))
+    with tempfile.TemporaryDirectory() as tmp:
+        name, pres = SDIST_PRE
+        for pre in pres:
+            p = gpt2_with_pre(os.path.join(SDIST_MODELS, name), pre, tmp)
+            write_vocab(p, os.path.join(out, f"pre-{pre}.tsv"), shared, False,
+                        header=f"sdist-gpt2\t{name}\t{pre}")
     base = os.path.join(VOCABS, "ggml-vocab-llama-bpe.gguf")
     base_ids = None
     for path in sorted(glob.glob(os.path.join(VOCABS, "ggml-vocab-*.gguf"))):

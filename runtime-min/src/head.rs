@@ -146,8 +146,11 @@ pub fn must_keep(tok: &Tokenizer<'_>, id: u32) -> bool {
         return true;
     }
     // Byte-level BPE has no BYTE attribute: its byte tokens are the single GPT-2
-    // characters that stand for one byte.
-    tok.kind() == VocabKind::Bpe && tok.token_bytes(id).len() == 1 && a & attr::UNUSED == 0
+    // characters that stand for one byte (SentencePiece-style BPE has `<0xXX>` ones).
+    tok.kind() == VocabKind::Bpe
+        && !tok.escapes_spaces()
+        && tok.token_bytes(id).len() == 1
+        && a & attr::UNUSED == 0
 }
 
 /// Whether `id` is a placeholder no model is trained to emit: the UNUSED attribute, or

@@ -8,7 +8,8 @@
 //! - [`platform`]: the only door to the outside (files, memory, workers, clock, output).
 //! - [`arena`]: the bump arena and its per-account budget bookkeeping.
 //! - [`gguf`]: GGUF v2/v3 reader (zero-copy, every field checked) and writer.
-//! - [`tokenizer`]: SentencePiece and byte-level BPE tokenizers as llama.cpp runs them.
+//! - [`tokenizer`]: SentencePiece, BPE (byte-level and SentencePiece-style) and unigram
+//!   tokenizers as llama.cpp runs them.
 //! - [`chat`]: chat templates (ChatML, Gemma, Llama 3) rendered without allocation.
 //! - [`fault`]: a `Platform` wrapper that injects I/O, memory and socket faults (tests).
 //! - [`tune`]: `pinch tune`'s choice of settings from device measurements, and its

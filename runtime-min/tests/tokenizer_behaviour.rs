@@ -2,7 +2,7 @@
 //! streaming decode, hostile input and speed. Vocabs from tests/data/vocab.
 use pinch_runtime_min::gguf::{ArrayView, Gguf, ValueType};
 use pinch_runtime_min::tokenizer::{
-    attr, Tokenizer, TokenizerError, Utf8Stream, VocabKind, VocabSource,
+    attr, PreTokenizer, Tokenizer, TokenizerError, Utf8Stream, VocabKind, VocabSource,
 };
 use pinch_runtime_min::Arena;
 use std::path::PathBuf;
@@ -461,24 +461,32 @@ fn malformed_metadata_is_an_error_not_a_panic() {
         len: 1,
         bytes: &merges,
     });
-    s.pre = Some("no-such-pre");
-    let mut arena = Arena::new(&mut region);
-    match Tokenizer::from_source(&s, &mut arena).err() {
-        Some(e @ TokenizerError::UnsupportedPreTokenizer { name }) => {
-            // The error names the value and lists what is supported.
-            assert_eq!(name.as_str(), "no-such-pre");
-            let msg = e.to_string();
-            for want in [
-                "'no-such-pre'",
-                " smollm",
-                " llama-bpe",
-                " deepseek-v3",
-                " kimi-k2",
-            ] {
-                assert!(msg.contains(want), "{want} missing from: {msg}");
+    // `whitespace` (an embedding model's pre-tokenizer) is llama.cpp's only one pinch
+    // still refuses.
+    for bad in ["no-such-pre", "whitespace"] {
+        s.pre = Some(bad);
+        let mut arena = Arena::new(&mut region);
+        match Tokenizer::from_source(&s, &mut arena).err() {
+            Some(e @ TokenizerError::UnsupportedPreTokenizer { name }) => {
+                // The error names the value and lists what is supported.
+                assert_eq!(name.as_str(), bad);
+                let msg = e.to_string();
+                let quoted = format!("'{bad}'");
+                for want in [
+                    &quoted,
+                    " smollm",
+                    " llama-bpe",
+                    " deepseek-v3",
+                    " kimi-k2",
+                    " gemma4",
+                    " granite-embed-multi-311m",
+                    " sarvam-moe",
+                ] {
+                    assert!(msg.contains(want), "{want} missing from: {msg}");
+                }
             }
+            other => panic!("{other:?}"),
         }
-        other => panic!("{other:?}"),
     }
     // An arena too small is reported, naming the account.
     let mut tiny = [0u8; 256];
@@ -486,6 +494,111 @@ fn malformed_metadata_is_an_error_not_a_panic() {
     assert!(matches!(
         Tokenizer::from_source(&source(&toks, 4, "llama"), &mut arena),
         Err(TokenizerError::Arena(_))
+    ));
+}
+
+/// SentencePiece-style BPE (Gemma 4's `gemma4`, `granite-embed-multi-311m`,
+/// `sarvam-moe`) on a tiny vocab, against the rules of llama.cpp's BPE session: spaces
+/// become `▁`, merges start from UTF-8 characters, a piece that is no token falls back to
+/// `<0xXX>` tokens (bytes without one are dropped), Gemma 4 takes a newline run that is a
+/// token whole, and decoding gives spaces back.
+#[test]
+fn spm_style_bpe_escapes_spaces_and_falls_back_to_hex_bytes() {
+    let names = [
+        "<pad>", "<eos>", "<bos>", "<unk>", "a", "b", "ab", "▁", "\n", "\n\n", "\n\n\n", "<0xC3>",
+        "<0xA9>", ".",
+    ];
+    let toks = gguf_strings(&names);
+    let mut types = Vec::new();
+    for ty in [3i32, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 6, 6, 1] {
+        types.extend_from_slice(&ty.to_le_bytes());
+    }
+    // "▁ a" joins two tokens into no token: it still merges, and the piece falls back to
+    // byte tokens.
+    let merges = gguf_strings(&["a b", "▁ a", "\n \n"]);
+    let n = names.len() as u64;
+    let mut region = vec![0u8; 1 << 20];
+    let with = |model: &'static str, pre: Option<&'static str>| {
+        let mut s = source(&toks, n, model);
+        s.pre = pre;
+        s.types = Some(ArrayView {
+            elem: ValueType::I32,
+            len: n,
+            bytes: &types,
+        });
+        s.merges = Some(ArrayView {
+            elem: ValueType::Str,
+            len: 3,
+            bytes: &merges,
+        });
+        s.bos = Some(2);
+        s.eos = Some(1);
+        s.add_bos = Some(false);
+        s
+    };
+    let id = |s: &str| names.iter().position(|n| *n == s).unwrap() as u32;
+    for (model, pre, gemma) in [
+        ("gemma4", None, true),
+        // A `gemma4` model is Gemma 4 whatever its pre-tokenizer key says.
+        ("gemma4", Some("llama-bpe"), true),
+        ("gpt2", Some("gemma4"), true),
+        ("gpt2", Some("granite-embed-multi-311m"), true),
+        ("gpt2", Some("sarvam-moe"), false),
+    ] {
+        let what = format!("{model} {pre:?}");
+        let t = Tokenizer::from_source(&with(model, pre), &mut Arena::new(&mut region))
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(t.escapes_spaces(), "{what}");
+        let want_pre = if gemma {
+            PreTokenizer::Gemma4
+        } else {
+            PreTokenizer::SarvamMoe
+        };
+        assert_eq!(t.pre_tokenizer(), want_pre, "{what}");
+        // "ab ab" -> ab ▁ ab: "▁ a" would merge, but "a b" on the same "a" ranks first.
+        // "\n\n\n": Gemma 4 takes the token; merging gives "\n\n" + "\n".
+        // "é": no token, so its bytes <0xC3> <0xA9>; "z": neither a token nor a byte token,
+        // dropped; " a": "▁a" is merged but no token, and its bytes have no tokens.
+        let newlines = if gemma {
+            vec![id("\n\n\n")]
+        } else {
+            vec![id("\n\n"), id("\n")]
+        };
+        let want: Vec<u32> = [id("ab"), id("▁"), id("ab")]
+            .into_iter()
+            .chain(newlines)
+            .chain([id("<0xC3>"), id("<0xA9>")])
+            .collect();
+        let got = encode(&t, "ab ab\n\n\néz a".as_bytes(), false, false);
+        assert_eq!(got, want, "{what}");
+        // Gemma 4 always adds BOS (llama.cpp overrides add_bos_token = false for it).
+        let got = encode(&t, b"a", true, false);
+        assert_eq!(got.first() == Some(&2), gemma, "{what}: {got:?}");
+        // Decoding: ▁ is a space, byte tokens their byte; clean_spaces (not Sarvam's)
+        // drops the space before '.'.
+        let ids = [
+            id("ab"),
+            id("▁"),
+            id("<0xC3>"),
+            id("<0xA9>"),
+            id("▁"),
+            id("."),
+        ];
+        let mut buf = [0u8; 32];
+        let k = t.detokenize(&ids, false, false, &mut buf);
+        let want = if gemma { "ab é." } else { "ab é ." };
+        assert_eq!(&buf[..k], want.as_bytes(), "{what}");
+        assert_eq!(t.token_bytes(id("▁")), b" ", "{what}");
+    }
+    // A `gemma4` model has no default BOS: without the key, adding one is an error.
+    let mut s = with("gemma4", None);
+    s.bos = None;
+    let t = Tokenizer::from_source(&s, &mut Arena::new(&mut region)).unwrap();
+    assert_eq!(t.bos(), None);
+    let mut scratch = vec![0u8; t.scratch_bytes(1)];
+    assert!(matches!(
+        t.encode("a", true, false, &mut scratch, &mut [0; 4]),
+        Err(TokenizerError::MissingSpecialToken { which: "BOS" })
     ));
 }
 

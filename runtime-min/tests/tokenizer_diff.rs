@@ -1,8 +1,9 @@
 //! Differential test against llama.cpp's tokenizer: the vectors in
 //! `tests/data/vocab/diff/` (made by `tools/tokenizer_diff_cases.py` with
 //! llama-cpp-python 0.3.36 = llama.cpp 0c1e570; format in that folder's README) are
-//! replayed through pinch's tokenizer for every vocab file in `tests/data/vocab/` and for
-//! copies of the Llama 3 vocab set to the pre-tokenizers no file there uses. Encoding
+//! replayed through pinch's tokenizer for every vocab file in `tests/data/vocab/`, for two
+//! read from llama.cpp's `models/` in the sdist (nomic-bert-moe, gemma-4), and for copies
+//! of the Llama 3 and Gemma 4 vocabs set to the pre-tokenizers no file uses. Encoding
 //! (with and without special tokens), detokenizing in both of llama.cpp's modes, and every
 //! token of each vocab detokenized must agree exactly. No Python needed.
 use pinch_runtime_min::gguf::Gguf;
@@ -10,6 +11,8 @@ use pinch_runtime_min::tokenizer::Tokenizer;
 use pinch_runtime_min::Arena;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+
+mod sdist;
 
 fn vocab_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/vocab")
@@ -21,19 +24,6 @@ fn diff_dir() -> PathBuf {
     std::env::var_os("PINCH_TOKENIZER_DIFF_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| vocab_dir().join("diff"))
-}
-
-/// llama.cpp's `models/` in the llama-cpp-python 0.3.36 sdist, for the vocab files too
-/// large to copy here (`sdist` lines: the UGM vocab). `cargo xtask test` downloads it
-/// into `$HOME/.cache/pinch/sdist` before this test runs; `$PINCH_LLAMA_CPP_MODELS`
-/// points elsewhere.
-fn sdist_models() -> PathBuf {
-    std::env::var_os("PINCH_LLAMA_CPP_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME is set"))
-                .join(".cache/pinch/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp/models")
-        })
 }
 
 fn hex(s: &str) -> Vec<u8> {
@@ -76,6 +66,37 @@ fn with_pre(base: &[u8], name: &str) -> Vec<u8> {
     let mut out = base[..p + 4].to_vec();
     out.extend_from_slice(&(name.len() as u64).to_le_bytes());
     out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(&base[p + 12 + n..]);
+    out
+}
+
+/// A copy of the vocab-only GGUF `base`, which has no `tokenizer.ggml.pre`, with
+/// `tokenizer.ggml.model` set to `gpt2` and `tokenizer.ggml.pre = name` added (as the
+/// generator's `gpt2_with_pre`): Gemma 4's vocab under the SentencePiece-style
+/// pre-tokenizers no vocab file uses.
+fn gpt2_with_pre(base: &[u8], name: &str) -> Vec<u8> {
+    let string_key = |k: &[u8]| [&(k.len() as u64).to_le_bytes()[..], k].concat();
+    let pre = b"tokenizer.ggml.pre";
+    assert!(
+        !base.windows(8 + pre.len()).any(|w| w == string_key(pre)),
+        "base has tokenizer.ggml.pre"
+    );
+    let needle = string_key(b"tokenizer.ggml.model");
+    let at = base
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("base has tokenizer.ggml.model");
+    let p = at + needle.len();
+    assert_eq!(base[p..p + 4], 8u32.to_le_bytes(), "the model is a string");
+    let n = u64::from_le_bytes(base[p + 4..p + 12].try_into().unwrap()) as usize;
+    let n_kv = u64::from_le_bytes(base[16..24].try_into().unwrap());
+    let mut out = base[..16].to_vec();
+    out.extend_from_slice(&(n_kv + 1).to_le_bytes());
+    out.extend_from_slice(&base[24..p + 4]);
+    out.extend_from_slice(&string_key(b"gpt2"));
+    out.extend_from_slice(&string_key(pre));
+    out.extend_from_slice(&8u32.to_le_bytes());
+    out.extend_from_slice(&string_key(name.as_bytes()));
     out.extend_from_slice(&base[p + 12 + n..]);
     out
 }
@@ -136,7 +157,7 @@ fn replay(
     for line in text.lines() {
         let f: Vec<&str> = line.split('\t').collect();
         match f[0] {
-            "base" | "file" | "sdist" => {}
+            "base" | "file" | "sdist" | "sdist-gpt2" => {}
             "s" => strings.push(hex(f[1])),
             "x" => tally.raised += 1,
             "e" => {
@@ -241,15 +262,19 @@ fn pinch_tokenizes_and_detokenizes_as_llama_cpp() {
         {
             Some(h) if h[0] == "base" => with_pre(&std::fs::read(dir.join(h[1])).unwrap(), h[2]),
             Some(h) if h[0] == "file" => std::fs::read(h[1]).unwrap(),
-            Some(h) if h[0] == "sdist" => {
-                let p = sdist_models().join(h[1]);
-                std::fs::read(&p).unwrap_or_else(|e| {
+            Some(h) if h[0] == "sdist" || h[0] == "sdist-gpt2" => {
+                let p = sdist::models().join(h[1]);
+                let bytes = std::fs::read(&p).unwrap_or_else(|e| {
                     panic!(
-                        "{}: {e} (llama.cpp's vocab file; `cargo xtask tokenizer-diff` \
-                         downloads the sdist holding it)",
+                        "{}: {e} (llama.cpp's vocab file; `cargo xtask test` downloads \
+                         the sdist holding it)",
                         p.display()
                     )
-                })
+                });
+                match h[0] {
+                    "sdist" => bytes,
+                    _ => gpt2_with_pre(&bytes, h[2]),
+                }
             }
             _ => std::fs::read(dir.join(file.replace(".tsv", ".gguf"))).unwrap(),
         };
@@ -290,6 +315,22 @@ fn pinch_tokenizes_and_detokenizes_as_llama_cpp() {
 }
 
 #[test]
+fn gpt2_copy_of_gemma4_sets_model_and_adds_pre() {
+    let p = sdist::models().join("ggml-vocab-gemma-4.gguf");
+    let base = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    let copy = gpt2_with_pre(&base, "sarvam-moe");
+    let g = Gguf::parse(&copy, copy.len() as u64).expect("the copy parses");
+    assert_eq!(g.get_str("tokenizer.ggml.model"), Some("gpt2"));
+    assert_eq!(g.get_str("tokenizer.ggml.pre"), Some("sarvam-moe"));
+    let b = Gguf::parse(&base, base.len() as u64).unwrap();
+    assert_eq!(b.get_str("tokenizer.ggml.pre"), None);
+    assert_eq!(
+        g.get_u32("tokenizer.ggml.bos_token_id"),
+        b.get_u32("tokenizer.ggml.bos_token_id")
+    );
+}
+
+#[test]
 fn pre_tokenizer_copy_changes_only_the_name() {
     let base = std::fs::read(vocab_dir().join("ggml-vocab-llama-bpe.gguf")).unwrap();
     let copy = with_pre(&base, "smollm");
@@ -323,7 +364,7 @@ fn code_points_past_u10ffff_encode_where_llama_cpp_aborts() {
 /// charsmap turns U+FDFA (3 bytes) into 33, and spaces around it become `▁`.
 #[test]
 fn unigram_scratch_bound_holds_for_the_longest_replacement() {
-    let p = sdist_models().join("ggml-vocab-nomic-bert-moe.gguf");
+    let p = sdist::models().join("ggml-vocab-nomic-bert-moe.gguf");
     let bytes = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     let g = Gguf::parse(&bytes, bytes.len() as u64).unwrap();
     let mut region = vec![0u8; 96 << 20];

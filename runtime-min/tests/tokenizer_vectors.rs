@@ -5,6 +5,8 @@ use pinch_runtime_min::tokenizer::Tokenizer;
 use pinch_runtime_min::Arena;
 use std::path::PathBuf;
 
+mod sdist;
+
 fn data_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data")
 }
@@ -147,6 +149,78 @@ fn refact_vectors_match_llama_cpp() {
     run_vocab("refact");
 }
 
+/// Gemma 4 (`tokenizer.ggml.model = gemma4`, 262,144 tokens, 514,906 merges, 16 MB: read
+/// from the sdist): SentencePiece-style BPE, spaces as `▁`, merges over UTF-8 characters,
+/// `<0xXX>` byte fallback, newline runs as whole tokens.
+#[test]
+fn gemma4_vectors_match_llama_cpp() {
+    let dir = sdist::models();
+    assert!(
+        dir.join("ggml-vocab-gemma-4.gguf").is_file(),
+        "{}: no ggml-vocab-gemma-4.gguf (llama.cpp's models/ from the llama-cpp-python \
+         sdist; `cargo xtask test` downloads it)",
+        dir.display()
+    );
+    run_vocab_in(&dir, "gemma-4");
+}
+
+/// Gemma 4's 262,144 tokens and 514,906 merges load into a bounded arena (the tables of
+/// the byte-level path, no per-character index) and whole lines merge fast: its
+/// pre-tokenizer cuts only at newlines, so a line without one is a single word.
+#[test]
+fn gemma4_tables_stay_small_and_long_lines_merge_fast() {
+    let path = sdist::models().join("ggml-vocab-gemma-4.gguf");
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let g = Gguf::parse(&bytes, bytes.len() as u64).expect("gguf parses");
+    let mut region = vec![0u8; 96 << 20];
+    let mut arena = Arena::new(&mut region);
+    let t0 = std::time::Instant::now();
+    let t = Tokenizer::from_gguf(&g, &mut arena).expect("tokenizer loads");
+    let load = t0.elapsed();
+    let used = arena.used();
+    eprintln!(
+        "gemma-4: {} tokens, {:.1} MB of tables, loaded in {:.0} ms",
+        t.n_vocab(),
+        used as f64 / 1e6,
+        load.as_secs_f64() * 1e3
+    );
+    // As the repo's vocabs: ~64 bytes a token plus 40 a merge at most.
+    assert!(used < 64 * t.n_vocab() as usize + 40 * 514_906, "{used}");
+    let wiki = std::fs::read_to_string(data_dir().join("eval/wiki-excerpt.txt"))
+        .expect("wiki-excerpt.txt");
+    let mut seed = 7u64;
+    let mixed: String = (0..42_000)
+        .map(|_| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (b'a' + (seed >> 33) as u8 % 27) as char
+        })
+        .map(|c| if c == '{' { ' ' } else { c })
+        .collect();
+    for (what, text) in [
+        ("wiki-excerpt", wiki.clone()),
+        ("wiki-excerpt on one line", wiki.replace('\n', " ")),
+        ("a*", "a".repeat(42_000)),
+        ("spaces", " ".repeat(42_000)),
+        ("newlines", "\n".repeat(42_000)),
+        ("random letters and spaces", mixed),
+    ] {
+        let t0 = std::time::Instant::now();
+        let n = encode(&t, &text, true, false).len();
+        let dt = t0.elapsed();
+        eprintln!(
+            "gemma-4 {what}: {} bytes -> {n} tokens in {:.1} ms",
+            text.len(),
+            dt.as_secs_f64() * 1e3
+        );
+        assert!(
+            n > 1 && dt.as_secs_f64() < 1.0,
+            "{what}: {n} tokens, {dt:?}"
+        );
+    }
+}
+
 /// Every `ggml-vocab-*.gguf` with `.inp`/`.out` vectors in `$PINCH_VOCAB_DIR` (llama.cpp's
 /// `models/` folder, e.g. in the llama-cpp-python sdist): also the ones too large to keep
 /// in the repo (command-r 11 MB, gemma-4 16 MB) and the generation vocabs pinch does not
@@ -192,7 +266,7 @@ fn every_llama_cpp_vocab_with_vectors() {
     );
     println!("not tokenized by pinch: {}", unsupported.join("; "));
     assert!(
-        passed.len() >= 13,
+        passed.len() >= 14,
         "only {} vocab files passed",
         passed.len()
     );

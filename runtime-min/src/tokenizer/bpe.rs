@@ -1,15 +1,20 @@
-//! Byte-level BPE tokenization of one text fragment, as llama.cpp's
-//! `llm_tokenizer_bpe_session` does it.
+//! BPE tokenization of one text fragment, as llama.cpp's `llm_tokenizer_bpe_session`
+//! does it.
 //!
 //! The fragment is decoded to code points (invalid bytes become U+FFFD), split into
 //! words by the pre-tokenizer, and each word is merged on its own: it starts as one
-//! symbol per byte (the token of that byte's GPT-2 character), and the adjacent pair with
-//! the lowest merge rank (then leftmost) is merged until no pair is a merge. Merges are
-//! looked up by token-id pair, which is equivalent to llama.cpp's string pairs because
-//! every merge of a GGUF vocab joins two tokens into a token (checked when loading: a
-//! merge whose parts are not tokens can never apply and is dropped).
+//! symbol per byte (byte-level vocabs: the token of that byte's GPT-2 character) or per
+//! UTF-8 character (SentencePiece-style vocabs, [`super::PreInfo::escape_spaces`]: the
+//! character's token, if any; the caller has turned spaces into `▁`), and the adjacent
+//! pair with the lowest merge rank (then leftmost) is merged until no pair is a merge.
+//! Merges are looked up by token-id pair, which is equivalent to llama.cpp's string pairs
+//! because every merge of a GGUF vocab joins two tokens into a token (checked when
+//! loading: a merge whose parts are not tokens can never apply and is dropped; a
+//! character that is no token can then take part in no merge, as in llama.cpp, where no
+//! merge string names it). A symbol that is no token falls back to the byte tokens of its
+//! bytes (GPT-2 characters or `<0xXX>`), skipping bytes that have none.
 use super::heap::Heap;
-use super::pretok::{fill_flags, split};
+use super::pretok::{fill_flags, split, PreTokenizer};
 use super::unicode::{decode, encode};
 use super::{Out, Tokenizer, TokenizerError, NONE};
 
@@ -71,18 +76,27 @@ fn word_tokens(
         needed: 0,
         given: 0,
     };
-    if tok.ignore_merges {
-        // A word that is a token as a whole is taken as is (Llama 3's `ignore_merges`).
-        let mut k = 0;
-        for &b in word {
-            let (e, l) = tok.byte_enc[b as usize];
-            let l = l as usize;
-            enc.get_mut(k..k + l)
-                .ok_or(too_small)?
-                .copy_from_slice(&e[..l]);
-            k += l;
-        }
-        if let Some(id) = tok.find(&enc[..k], &[]) {
+    // Gemma 4: a run of newlines that is a token is that token (llama.cpp PR 21343; the
+    // pre-tokenizer makes every newline run a word of its own).
+    let newline_run = tok.pre == PreTokenizer::Gemma4 && word.iter().all(|&b| b == b'\n');
+    if tok.ignore_merges || newline_run {
+        // A word that is a token as a whole is taken as is (Llama 3's `ignore_merges`),
+        // looked up as the vocab spells it.
+        let key = if tok.escape_spaces {
+            word
+        } else {
+            let mut k = 0;
+            for &b in word {
+                let (e, l) = tok.byte_enc[b as usize];
+                let l = l as usize;
+                enc.get_mut(k..k + l)
+                    .ok_or(too_small)?
+                    .copy_from_slice(&e[..l]);
+                k += l;
+            }
+            &enc[..k]
+        };
+        if let Some(id) = tok.find(key, &[]) {
             out.push(id);
             return Ok(());
         }
@@ -91,17 +105,25 @@ fn word_tokens(
     if sym.len() < 4 * n {
         return Err(too_small);
     }
-    // Symbols: [token id or NONE, byte length, prev, next]; symbol i starts at byte i.
-    for (i, &b) in word.iter().enumerate() {
-        let s = &mut sym[4 * i..4 * i + 4];
-        s[0] = tok.byte_tok[b as usize];
-        s[1] = 1;
-        s[2] = if i == 0 { NONE } else { (i - 1) as u32 };
-        s[3] = if i + 1 == n { NONE } else { (i + 1) as u32 };
-    }
+    // Symbols: [token id or NONE, byte length, prev, next]; a symbol is indexed by the byte
+    // it starts at (slots of bytes inside a character stay unused).
     let mut heap = Heap::new(heap);
-    for i in 1..n {
-        add(tok, sym, &mut heap, (i - 1) as u32, i as u32)?;
+    let mut prev = NONE;
+    let mut i = 0;
+    while i < n {
+        let (id, len) = if tok.escape_spaces {
+            // The word was re-encoded from code points, so it is valid UTF-8; the clamp
+            // only guards the slice.
+            let len = utf8_len(word[i]).min(n - i);
+            (tok.find(&word[i..i + len], &[]).unwrap_or(NONE), len)
+        } else {
+            (tok.byte_tok[word[i] as usize], 1)
+        };
+        let next = if i + len == n { NONE } else { (i + len) as u32 };
+        sym[4 * i..4 * i + 4].copy_from_slice(&[id, len as u32, prev, next]);
+        add(tok, sym, &mut heap, prev, i as u32)?;
+        prev = i as u32;
+        i += len;
     }
     while let Some([_, left, result, size]) = heap.pop() {
         let l = 4 * left as usize;
@@ -143,6 +165,16 @@ fn word_tokens(
         i = sym[s + 3];
     }
     Ok(())
+}
+
+/// Length of the UTF-8 sequence a lead byte starts (llama.cpp's `unicode_len_utf8`).
+fn utf8_len(b: u8) -> usize {
+    match b >> 4 {
+        0xF => 4,
+        0xE => 3,
+        0xC | 0xD => 2,
+        _ => 1,
+    }
 }
 
 fn add(

@@ -7,7 +7,11 @@
 //!   missing from the vocab fall back to `<0xXX>` byte tokens.
 //! - `gpt2`: byte-level BPE. The text is split into words by a pre-tokenizer
 //!   ([`pretok`], `tokenizer.ggml.pre`), every byte maps to a printable character, and
-//!   pairs are merged by rank ([`bpe`]).
+//!   pairs are merged by rank ([`bpe`]). Three pre-tokenizers (`gemma4`,
+//!   `granite-embed-multi-311m`, `sarvam-moe`) make it SentencePiece-style BPE instead:
+//!   spaces become `▁`, merges start from UTF-8 characters, and pieces missing from the
+//!   vocab fall back to `<0xXX>` byte tokens. `tokenizer.ggml.model = gemma4` (Gemma 4)
+//!   is this BPE with the `gemma4` pre-tokenizer.
 //! - `t5`: SentencePiece unigram (UGM). The text is normalized by the vocab's
 //!   precompiled charsmap, spaces become `▁`, and the best-scoring segmentation is found
 //!   by Viterbi search ([`ugm`]); characters missing from the vocab become `<unk>`.
@@ -77,7 +81,7 @@ pub enum TokenizerError {
     },
     /// An array's bytes end before element `index` does.
     Malformed { key: &'static str, index: u64 },
-    /// `tokenizer.ggml.model` is not `llama`, `gpt2` or `t5`.
+    /// `tokenizer.ggml.model` is not `llama`, `gpt2`, `gemma4` or `t5`.
     UnsupportedModel { name: Name },
     /// `tokenizer.ggml.pre` names a pre-tokenizer this crate does not implement.
     UnsupportedPreTokenizer { name: Name },
@@ -113,7 +117,8 @@ impl core::fmt::Display for TokenizerError {
             E::UnsupportedModel { name } => write!(
                 f,
                 "tokenizer: tokenizer.ggml.model is '{name}', which pinch does not support \
-                 (supported: llama = SentencePiece, gpt2 = byte-level BPE, t5 = unigram)"
+                 (supported: llama = SentencePiece, gpt2 = byte-level BPE, \
+                 gemma4 = SentencePiece-style BPE, t5 = unigram)"
             ),
             E::UnsupportedPreTokenizer { name } => {
                 write!(
@@ -198,7 +203,7 @@ impl From<ArenaError> for TokenizerError {
 pub enum VocabKind {
     /// `llama`: SentencePiece.
     Spm,
-    /// `gpt2`: byte-level BPE.
+    /// `gpt2` (and `gemma4`): BPE, byte-level unless the pre-tokenizer escapes spaces.
     Bpe,
     /// `t5`: SentencePiece unigram (UGM).
     Ugm,
@@ -262,6 +267,8 @@ pub struct Tokenizer<'a> {
     pub(crate) byte_enc: [([u8; 2], u8); 256],
     pub(crate) merges: MergeTable<'a>,
     pub(crate) ignore_merges: bool,
+    /// SentencePiece-style BPE ([`PreInfo::escape_spaces`]).
+    pub(crate) escape_spaces: bool,
     /// llama.cpp's `clean_spaces`: detokenizing drops spaces before `?!.,` and some `'`.
     clean_spaces: bool,
     add_space_prefix: bool,
@@ -536,11 +543,15 @@ impl<'a> Tokenizer<'a> {
     ) -> Result<Tokenizer<'a>, TokenizerError> {
         let kind = match src.model {
             "llama" => VocabKind::Spm,
-            "gpt2" => VocabKind::Bpe,
+            "gpt2" | "gemma4" => VocabKind::Bpe,
             "t5" => VocabKind::Ugm,
             m => return Err(TokenizerError::UnsupportedModel { name: Name::new(m) }),
         };
+        // llama.cpp sets the pre-tokenizer of a `gemma4` model itself (Gemma 4's files
+        // have no `tokenizer.ggml.pre`), and gives it no default special ids.
+        let gemma4_model = src.model == "gemma4";
         let info = match (kind, src.pre) {
+            _ if gemma4_model => PreTokenizer::from_name("gemma4"),
             (VocabKind::Spm | VocabKind::Ugm, _) | (VocabKind::Bpe, None) => {
                 PreTokenizer::from_name("default")
             }
@@ -627,6 +638,7 @@ impl<'a> Tokenizer<'a> {
         let in_range = |id: u32| (id < n as u32).then_some(id);
         let (mut bos, mut eos, mut unk) = match kind {
             VocabKind::Spm => (in_range(1), in_range(2), in_range(0)),
+            VocabKind::Bpe if gemma4_model => (None, None, None),
             VocabKind::Bpe if info.no_default_bos => (None, in_range(11), None),
             VocabKind::Bpe => (in_range(11), in_range(11), None),
             VocabKind::Ugm => (None, in_range(1), in_range(2)),
@@ -643,7 +655,7 @@ impl<'a> Tokenizer<'a> {
             VocabKind::Ugm => (false, true, false),
         };
         let add_space_prefix = src.add_space_prefix.unwrap_or(add_space_prefix);
-        add_bos = src.add_bos.unwrap_or(add_bos);
+        add_bos = src.add_bos.unwrap_or(add_bos) || (kind == VocabKind::Bpe && info.always_bos);
         let add_eos = src.add_eos.unwrap_or(add_eos);
 
         // Tokens llama.cpp recognises by their text (and forces to control type).
@@ -686,6 +698,15 @@ impl<'a> Tokenizer<'a> {
         }
         for id in [eos, eot, eom].into_iter().flatten() {
             add_eog(&mut eog, id);
+        }
+        // Gemma 4 and PLaMo have a `</s>` that is ordinary text: when an end token of
+        // theirs is there, llama.cpp drops `</s>` from the end tokens and makes it normal.
+        let eog_has = |eog: &[u32], t: &[u8]| eog.iter().position(|&id| key_of(id) == t);
+        if eog_has(&eog, b"<|tool_response>").is_some() || eog_has(&eog, b"<|plamo:eos|>").is_some()
+        {
+            if let Some(i) = eog_has(&eog, b"</s>") {
+                attrs[eog.remove(i) as usize] = attr::NORMAL;
+            }
         }
 
         // Phi-3: special tokens swallow the whitespace after them.
@@ -760,17 +781,20 @@ impl<'a> Tokenizer<'a> {
         let special_lens: &'a [u32] = special_lens;
 
         // Byte -> token.
+        let escape_spaces = kind == VocabKind::Bpe && info.escape_spaces;
         let byte_enc = unicode::byte_encoding_table();
         let mut byte_tok = [NONE; 256];
         for (b, slot) in byte_tok.iter_mut().enumerate() {
+            const HEX: &[u8; 16] = b"0123456789ABCDEF";
+            let name = [b'<', b'0', b'x', HEX[b >> 4], HEX[b & 15], b'>'];
             *slot = match kind {
-                VocabKind::Spm | VocabKind::Ugm => {
-                    const HEX: &[u8; 16] = b"0123456789ABCDEF";
-                    let name = [b'<', b'0', b'x', HEX[b >> 4], HEX[b & 15], b'>'];
-                    lookup
-                        .find(&name, &[], key_of, |_| true)
-                        .or_else(|| lookup.find(&[b as u8], &[], key_of, |_| true))
-                        .unwrap_or(NONE)
+                VocabKind::Spm | VocabKind::Ugm => lookup
+                    .find(&name, &[], key_of, |_| true)
+                    .or_else(|| lookup.find(&[b as u8], &[], key_of, |_| true))
+                    .unwrap_or(NONE),
+                // SentencePiece-style BPE tries only `<0xXX>`, not the byte itself.
+                VocabKind::Bpe if escape_spaces => {
+                    lookup.find(&name, &[], key_of, |_| true).unwrap_or(NONE)
                 }
                 VocabKind::Bpe => {
                     let (e, l) = byte_enc[b];
@@ -838,7 +862,8 @@ impl<'a> Tokenizer<'a> {
         let mut total = 0usize;
         for id in 0..n as u32 {
             piece_off[id as usize] = total as u32;
-            total += decode_piece(kind, attrs[id as usize], key_of(id), &mut []); // count only
+            let a = attrs[id as usize];
+            total += decode_piece(kind, escape_spaces, a, key_of(id), &mut []); // count only
             if total > u32::MAX as usize {
                 return Err(TokenizerError::TooLarge {
                     what: "token pieces",
@@ -849,7 +874,13 @@ impl<'a> Tokenizer<'a> {
         let pieces = arena.bytes(ACCOUNT, total)?;
         for id in 0..n {
             let (s, e) = (piece_off[id] as usize, piece_off[id + 1] as usize);
-            decode_piece(kind, attrs[id], key_of(id as u32), &mut pieces[s..e]);
+            decode_piece(
+                kind,
+                escape_spaces,
+                attrs[id],
+                key_of(id as u32),
+                &mut pieces[s..e],
+            );
         }
 
         let ugm = match kind {
@@ -889,6 +920,7 @@ impl<'a> Tokenizer<'a> {
             byte_enc,
             merges,
             ignore_merges: kind == VocabKind::Bpe && info.ignore_merges,
+            escape_spaces,
             clean_spaces: kind == VocabKind::Bpe && info.clean_spaces,
             add_space_prefix,
             add_bos,
@@ -914,6 +946,11 @@ impl<'a> Tokenizer<'a> {
     /// The BPE pre-tokenizer (meaningless for SentencePiece).
     pub fn pre_tokenizer(&self) -> PreTokenizer {
         self.pre
+    }
+    /// Whether this BPE vocab is SentencePiece-style (spaces as `▁`, `<0xXX>` byte tokens)
+    /// rather than byte-level.
+    pub fn escapes_spaces(&self) -> bool {
+        self.escape_spaces
     }
     pub fn bos(&self) -> Option<u32> {
         self.bos
@@ -1069,9 +1106,12 @@ impl<'a> Tokenizer<'a> {
         let work = match self.kind {
             // escaped text (3 bytes a char) + 4 words a symbol + heap of 3 entries a symbol
             VocabKind::Spm => 3 * (m + 1) + (16 + 48) * spm_symbols(m),
-            // code points + flags + word (3 bytes a code point at most) + byte-encoded
-            // word + symbols and heap for the longest possible word
-            VocabKind::Bpe => 4 * m + m + 3 * m + 6 * m + 16 * 3 * m + 48 * 3 * m,
+            // escaped text (SentencePiece-style only, 3 bytes a byte) + code points (one a
+            // byte at most, escaped or not: a `▁` is one and no lead byte can take its
+            // bytes, `\xE2` being no continuation byte) + flags + word (3 bytes a code point
+            // at most) + byte-encoded word + symbols (one a word byte) and heap for the
+            // longest possible word
+            VocabKind::Bpe => 3 * m + 4 * m + m + 3 * m + 6 * m + 16 * 3 * m + 48 * 3 * m,
             VocabKind::Ugm => self.ugm.map_or(0, |u| u.scratch_bytes(m)),
         };
         m + work + 64
@@ -1243,26 +1283,21 @@ impl<'a> Tokenizer<'a> {
         match self.kind {
             VocabKind::Spm => {
                 let esc = take(&mut rest, 3 * (frag.len() + 1))?;
-                let mut k = 0;
-                if self.add_space_prefix && prev_special {
-                    esc[..3].copy_from_slice("▁".as_bytes());
-                    k = 3;
-                }
-                for &b in frag {
-                    if b == b' ' {
-                        esc[k..k + 3].copy_from_slice("▁".as_bytes());
-                        k += 3;
-                    } else {
-                        esc[k] = b;
-                        k += 1;
-                    }
-                }
+                let k = escape(frag, self.add_space_prefix && prev_special, esc);
                 let sym = take_u32(&mut rest, 4 * spm_symbols(frag.len()))?;
                 let heap = take_u32(&mut rest, 12 * spm_symbols(frag.len()))?;
                 spm::tokenize(self, &esc[..k], sym, heap, out)
             }
             VocabKind::Bpe => {
                 let m = frag.len();
+                let frag = if self.escape_spaces {
+                    // llama.cpp escapes the raw bytes, then decodes them.
+                    let esc = take(&mut rest, 3 * m)?;
+                    let k = escape(frag, false, esc);
+                    &esc[..k]
+                } else {
+                    frag
+                };
                 let mut w = bpe::Work {
                     cps: take_u32(&mut rest, m)?,
                     flags: take(&mut rest, m)?,
@@ -1281,9 +1316,29 @@ impl<'a> Tokenizer<'a> {
     }
 }
 
+/// Copy `text` into `esc` with every space as `▁` (and one `▁` first if `prefix`);
+/// returns the length. `esc` holds 3 bytes a text byte (+ 3 for the prefix).
+fn escape(text: &[u8], prefix: bool, esc: &mut [u8]) -> usize {
+    let mut k = 0;
+    if prefix {
+        esc[..3].copy_from_slice("▁".as_bytes());
+        k = 3;
+    }
+    for &b in text {
+        if b == b' ' {
+            esc[k..k + 3].copy_from_slice("▁".as_bytes());
+            k += 3;
+        } else {
+            esc[k] = b;
+            k += 1;
+        }
+    }
+    k
+}
+
 /// Write the decoded bytes of one token into `out` (if it is long enough) and return
-/// their count.
-fn decode_piece(kind: VocabKind, a: u8, text: &[u8], out: &mut [u8]) -> usize {
+/// their count; `escape_spaces`: a SentencePiece-style BPE vocab.
+fn decode_piece(kind: VocabKind, escape_spaces: bool, a: u8, text: &[u8], out: &mut [u8]) -> usize {
     let mut n = 0;
     let mut put = |b: u8| {
         if let Some(o) = out.get_mut(n) {
@@ -1295,30 +1350,28 @@ fn decode_piece(kind: VocabKind, a: u8, text: &[u8], out: &mut [u8]) -> usize {
     if a & special != 0 {
         text.iter().for_each(|&b| put(b));
     } else if a & attr::NORMAL != 0 {
-        match kind {
-            VocabKind::Spm | VocabKind::Ugm => {
-                let mut i = 0;
-                while i < text.len() {
-                    if text[i..].starts_with("▁".as_bytes()) {
-                        put(b' ');
-                        i += 3;
-                    } else {
-                        put(text[i]);
-                        i += 1;
-                    }
+        if kind != VocabKind::Bpe || escape_spaces {
+            // SentencePiece and SentencePiece-style BPE: `▁` is a space.
+            let mut i = 0;
+            while i < text.len() {
+                if text[i..].starts_with("▁".as_bytes()) {
+                    put(b' ');
+                    i += 3;
+                } else {
+                    put(text[i]);
+                    i += 1;
                 }
             }
-            VocabKind::Bpe => {
-                let mut i = 0;
-                while i < text.len() {
-                    let (cp, used) = unicode::decode(&text[i..]);
-                    match unicode::cp_to_byte(cp) {
-                        Some(b) => put(b),
-                        // Not a GPT-2 byte character: keep the original bytes.
-                        None => text[i..i + used].iter().for_each(|&b| put(b)),
-                    }
-                    i += used;
+        } else {
+            let mut i = 0;
+            while i < text.len() {
+                let (cp, used) = unicode::decode(&text[i..]);
+                match unicode::cp_to_byte(cp) {
+                    Some(b) => put(b),
+                    // Not a GPT-2 byte character: keep the original bytes.
+                    None => text[i..i + used].iter().for_each(|&b| put(b)),
                 }
+                i += used;
             }
         }
     } else if a & attr::BYTE != 0 {

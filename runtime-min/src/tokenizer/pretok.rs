@@ -1,5 +1,5 @@
-//! Pre-tokenizers of byte-level BPE vocabs: how llama.cpp's `llm_tokenizer_bpe` cuts text
-//! into words before merging, for every `tokenizer.ggml.pre` it knows (commit 0c1e570).
+//! Pre-tokenizers of BPE vocabs: how llama.cpp's `llm_tokenizer_bpe` cuts text into words
+//! before merging, for every `tokenizer.ggml.pre` it knows (commit 0c1e570) but one.
 //!
 //! A pre-tokenizer is a list of passes; each pass splits every piece the previous one
 //! produced (llama.cpp's `unicode_regex_split` over a list of regexes). A pass is either
@@ -9,9 +9,14 @@
 //! [`super::rx`], whose notes say how it reproduces `std::regex` (including llama.cpp's
 //! mapping of non-ASCII code points to one byte per category).
 //!
-//! Not supported (each is named in the error): `gemma4`, `granite-embed-multi-311m` and
-//! `sarvam-moe` (SentencePiece-style BPE without byte encoding, a different merge input),
-//! and `whitespace` (an embedding model's tokenizer).
+//! SentencePiece-style BPE (`gemma4`, `granite-embed-multi-311m`, `sarvam-moe`; also
+//! every vocab whose `tokenizer.ggml.model` is `gemma4`, which llama.cpp gives the
+//! `gemma4` pre-tokenizer whatever `tokenizer.ggml.pre` says): no byte encoding. Spaces
+//! become `▁` before the text is cut (only at newline runs, `[^\n]+|[\n]+`), words are
+//! merged from their UTF-8 characters, a piece that is no token falls back to `<0xXX>`
+//! byte tokens, and decoding turns `▁` back into spaces ([`PreInfo::escape_spaces`]).
+//!
+//! Not supported (named in the error): `whitespace` (an embedding model's tokenizer).
 use super::rx::{
     self, bits, span, Alt, Item, Set, Text, AZ, DIGITS, INF, L, LM, N, NL, NOT_NL_L_N, NOT_S,
     NOT_S_L_N, P, PS, P_ASCII, S, SP, S_ASCII, WS, WS_AHEAD, WS_ANY, WS_NL,
@@ -91,6 +96,11 @@ pub enum PreTokenizer {
     ExaoneMoe,
     /// `minicpm5`: 1-3 digits, then Llama 3 with whole number runs.
     Minicpm5,
+    /// `gemma4`, `granite-embed-multi-311m`: newline runs and the rest, SentencePiece-style
+    /// (see the module notes); a run of newlines that is a token is that token.
+    Gemma4,
+    /// `sarvam-moe`: as Gemma 4, without the newline-run rule.
+    SarvamMoe,
 }
 
 /// How llama.cpp configures the vocab for a pre-tokenizer name, beyond the regexes.
@@ -105,6 +115,13 @@ pub struct PreInfo {
     pub clean_spaces: bool,
     /// The vocab has no default BOS id (ChatGLM).
     pub no_default_bos: bool,
+    /// SentencePiece-style BPE (llama.cpp's `escape_whitespaces` without `byte_encode`):
+    /// spaces are `▁`, merges start from UTF-8 characters, unknown pieces become
+    /// `<0xXX>` byte tokens.
+    pub escape_spaces: bool,
+    /// BOS is added even when `tokenizer.ggml.add_bos_token` is false (llama.cpp's
+    /// override for Gemma 4, whose files said false while the model needs it).
+    pub always_bos: bool,
 }
 
 const fn info(pre: PreTokenizer, clean_spaces: bool) -> PreInfo {
@@ -114,6 +131,8 @@ const fn info(pre: PreTokenizer, clean_spaces: bool) -> PreInfo {
         add_bos: false,
         clean_spaces,
         no_default_bos: false,
+        escape_spaces: false,
+        always_bos: false,
     }
 }
 const fn merges_off(i: PreInfo) -> PreInfo {
@@ -131,10 +150,22 @@ const fn no_bos(i: PreInfo) -> PreInfo {
         ..i
     }
 }
+const fn spm_style(i: PreInfo) -> PreInfo {
+    PreInfo {
+        escape_spaces: true,
+        ..i
+    }
+}
+const fn always_bos(i: PreInfo) -> PreInfo {
+    PreInfo {
+        always_bos: true,
+        ..i
+    }
+}
 
 use PreTokenizer as T;
 
-/// Every `tokenizer.ggml.pre` llama.cpp 0c1e570 accepts for byte-level BPE vocabs, with
+/// Every `tokenizer.ggml.pre` llama.cpp 0c1e570 accepts for BPE vocabs but `whitespace`, with
 /// the settings it gives them (`llama_vocab::impl::load`).
 pub const NAMES: &[(&str, PreInfo)] = &[
     ("default", info(T::Default, true)),
@@ -227,6 +258,12 @@ pub const NAMES: &[(&str, PreInfo)] = &[
     ("minimax-m2", info(T::Gpt4o, false)),
     ("solar-open", info(T::Qwen2, false)),
     ("mellum2", info(T::Starcoder, true)),
+    ("gemma4", always_bos(spm_style(info(T::Gemma4, true)))),
+    (
+        "granite-embed-multi-311m",
+        always_bos(spm_style(info(T::Gemma4, true))),
+    ),
+    ("sarvam-moe", spm_style(info(T::SarvamMoe, false))),
 ];
 
 impl PreTokenizer {
@@ -292,6 +329,7 @@ impl PreTokenizer {
             T::Laguna => &[Newlines, Llama3(1, LETTER)],
             T::ExaoneMoe => &[Rx(EXAONE_MOE)],
             T::Minicpm5 => &[Rx(NUMBER_1_3), Rx(MINICPM5)],
+            T::Gemma4 | T::SarvamMoe => &[Newlines],
         }
     }
 }
