@@ -175,8 +175,11 @@ fn logits(bytes: &[u8], tokens: &[u32], prune_with: Option<&[u32]>) -> Vec<f32> 
 }
 
 fn recut_round_trip(model: &str, rows: usize) {
+    // Files named after the model: the tests that call this run in parallel threads of
+    // one process, which share `tmp`'s directory.
+    let stem = Path::new(model).file_stem().unwrap().to_string_lossy();
     let (text, ids) = select(model, rows);
-    let h = tmp(&format!("{rows}.ids"));
+    let h = tmp(&format!("{stem}-{rows}.ids"));
     std::fs::write(&h, &text).unwrap();
     let o = pinch(&["recut", "-m", model, "--head", h.to_str().unwrap()]);
     ok(&o);
@@ -202,7 +205,7 @@ fn recut_round_trip(model: &str, rows: usize) {
     let o = pinch(&[
         "run",
         "-m",
-        &tmp_write("recut.gguf", &recut),
+        &tmp_write(&format!("{stem}-recut.gguf"), &recut),
         "-p",
         "hello",
         "-n",
