@@ -138,6 +138,33 @@ def number(s):
         return None
 
 
+def stop_group(proc):
+    """Kill Chromium's whole process group and wait until no member is left (2 s at most)."""
+    try:
+        os.killpg(proc.pid, 9)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    deadline = time.time() + 2
+    while time.time() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+
+
+def remove_profile(profile):
+    """Remove the temporary profile; a file a dying child writes late makes one pass fail,
+    so try a few times, and leave a note (not a failure) if something still remains."""
+    for _ in range(20):
+        shutil.rmtree(profile, ignore_errors=True)
+        if not os.path.exists(profile):
+            return
+        time.sleep(0.1)
+    print("note: could not remove the Chromium profile " + profile, file=sys.stderr)
+
+
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
@@ -149,43 +176,47 @@ def main():
     if not exe:
         sys.exit("chromium not found: apt-get install -y chromium")
     page = url.rstrip("/") + "/#prompt=Hello%20from%20the%20browser%20test&probe=2"
-    with tempfile.TemporaryDirectory() as profile:
-        proc = subprocess.Popen([exe] + FLAGS + ["--user-data-dir=" + profile, "about:blank"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        try:
-            port = None
-            deadline = time.time() + 30
-            while port is None and time.time() < deadline:
-                line = proc.stderr.readline()
-                if not line:
-                    break
-                m = re.search(r"DevTools listening on ws://127\.0\.0\.1:(\d+)/", line)
-                if m:
-                    port = m.group(1)
-            if port is None:
-                sys.exit("chromium did not start its DevTools endpoint")
-            targets = json.load(urllib.request.urlopen("http://127.0.0.1:%s/json/list" % port, timeout=10))
-            ws_url = [t for t in targets if t.get("type") == "page"][0]["webSocketDebuggerUrl"]
-            ws = WebSocket(ws_url)
-            ws.call("Page.enable")
-            ws.call("Runtime.enable")
-            ws.call("Page.navigate", url=page)
-            # Sample while it streams: counts of tokens seen before the answer ended.
-            counts = []
-            deadline = time.time() + 60
-            snap = {}
-            while time.time() < deadline:
-                snap = ws.eval(SNAPSHOT) or {}
-                counts.append(snap.get("tokens", 0))
-                if snap.get("state") == "idle" and snap.get("tokens", 0) > 0 and snap.get("popupShown"):
-                    break
-                time.sleep(0.02)
-            png = base64.b64decode(ws.call("Page.captureScreenshot", format="png")["data"])
-            with open(shot, "wb") as f:
-                f.write(png)
-        finally:
-            proc.kill()
-            proc.wait()
+    profile = tempfile.mkdtemp(prefix="pinch-chromium-")
+    # Chromium's renderer, zygote and crash-handler processes outlive the browser process
+    # for a moment and keep writing into the profile; run them all in one new process
+    # group so that the whole group is stopped before the profile is removed.
+    proc = subprocess.Popen([exe] + FLAGS + ["--user-data-dir=" + profile, "about:blank"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        port = None
+        deadline = time.time() + 30
+        while port is None and time.time() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            m = re.search(r"DevTools listening on ws://127\.0\.0\.1:(\d+)/", line)
+            if m:
+                port = m.group(1)
+        if port is None:
+            sys.exit("chromium did not start its DevTools endpoint")
+        targets = json.load(urllib.request.urlopen("http://127.0.0.1:%s/json/list" % port, timeout=10))
+        ws_url = [t for t in targets if t.get("type") == "page"][0]["webSocketDebuggerUrl"]
+        ws = WebSocket(ws_url)
+        ws.call("Page.enable")
+        ws.call("Runtime.enable")
+        ws.call("Page.navigate", url=page)
+        # Sample while it streams: counts of tokens seen before the answer ended.
+        counts = []
+        deadline = time.time() + 60
+        snap = {}
+        while time.time() < deadline:
+            snap = ws.eval(SNAPSHOT) or {}
+            counts.append(snap.get("tokens", 0))
+            if snap.get("state") == "idle" and snap.get("tokens", 0) > 0 and snap.get("popupShown"):
+                break
+            time.sleep(0.02)
+        png = base64.b64decode(ws.call("Page.captureScreenshot", format="png")["data"])
+        with open(shot, "wb") as f:
+            f.write(png)
+    finally:
+        stop_group(proc)
+        remove_profile(profile)
     final = snap.get("tokens", 0)
     partial = sorted(set(c for c in counts if 0 < c < final))
     seen = dict(snap, partial_counts=len(partial), screenshot_bytes=len(png))
