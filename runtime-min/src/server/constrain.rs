@@ -131,13 +131,7 @@ impl<'a> GrammarBufs<'a> {
                 core::str::from_utf8(&w.buf[..w.len]).unwrap_or("")
             }
         };
-        let mut store = Store {
-            elems: &mut slot.elems[..],
-            sets: &mut slot.sets[..],
-            rules: &mut slot.rules[..],
-            work: &mut self.work[..],
-        };
-        parse(text, &mut store)
+        parse(text, &mut slot.store(&mut self.work[..]))
             .map(Some)
             .map_err(ConstraintError::Grammar)
     }
@@ -154,13 +148,8 @@ impl<'a> GrammarBufs<'a> {
         schema: bool,
     ) -> Result<Parsed, ConstraintError> {
         if !schema {
-            let mut store = Store {
-                elems: &mut slot.elems[..],
-                sets: &mut slot.sets[..],
-                rules: &mut slot.rules[..],
-                work: &mut self.work[..],
-            };
-            return parse(text, &mut store).map_err(ConstraintError::Grammar);
+            return parse(text, &mut slot.store(&mut self.work[..]))
+                .map_err(ConstraintError::Grammar);
         }
         let v = super::jraw::root(text.as_bytes()).ok_or(ConstraintError::Schema(
             SchemaError::NotASchema {
@@ -191,6 +180,16 @@ impl<'a> SlotGrammar<'a> {
             tops: arena.slice::<u32>(a, TOPS)?,
             masked: arena.slice::<f32>(a, n_vocab)?,
         })
+    }
+
+    /// The parser's view of this slot's grammar buffers, with the shared scratch `work`.
+    fn store<'s>(&'s mut self, work: &'s mut [u32]) -> Store<'s> {
+        Store {
+            elems: &mut self.elems[..],
+            sets: &mut self.sets[..],
+            rules: &mut self.rules[..],
+            work,
+        }
     }
 
     /// A matcher of the grammar `p` (parsed into this slot): at its start, or (`at`)
