@@ -20,6 +20,8 @@
 
 use core::arch::x86_64::*;
 
+use super::x86_f16::read_f16;
+
 use super::x86_kquant::{self as kq, load32};
 use super::x86_kquant512::{self as k5, K512};
 use super::Job;
@@ -50,8 +52,8 @@ pub(super) trait Gemm: Pod {
     /// The 16 i16 factors of the activation's `bsums` (Q4_K: the minimum of each group's
     /// sub-block; Q6_K: each group's scale).
     unsafe fn bsum_factors(&self) -> __m256i;
-    fn d(&self) -> f32;
-    fn dmin(&self) -> f32;
+    unsafe fn d(&self) -> f32;
+    unsafe fn dmin(&self) -> f32;
 }
 
 /// `vpshufb` controls picking i16 word `c` of each 128-bit half.
@@ -96,12 +98,12 @@ impl Gemm for q4_k::BlockQ4K {
         _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn, mn))
     }
     #[inline(always)]
-    fn d(&self) -> f32 {
-        crate::f16::read_f16(self.d)
+    unsafe fn d(&self) -> f32 {
+        read_f16(self.d)
     }
     #[inline(always)]
-    fn dmin(&self) -> f32 {
-        crate::f16::read_f16(self.dmin)
+    unsafe fn dmin(&self) -> f32 {
+        read_f16(self.dmin)
     }
 }
 
@@ -142,11 +144,11 @@ impl Gemm for q6_k::BlockQ6K {
         _mm256_cvtepi8_epi16(_mm_loadu_si128(self.scales.as_ptr() as *const __m128i))
     }
     #[inline(always)]
-    fn d(&self) -> f32 {
-        crate::f16::read_f16(self.d)
+    unsafe fn d(&self) -> f32 {
+        read_f16(self.d)
     }
     #[inline(always)]
-    fn dmin(&self) -> f32 {
+    unsafe fn dmin(&self) -> f32 {
         0.0
     }
 }
@@ -287,7 +289,7 @@ unsafe fn tile<B: Gemm + K512, const VNNI: bool, const RR: usize, const TT: usiz
 }
 
 /// AVX2 without VNNI: 16 vector registers hold a 2 x 4 tile's integer sums.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn job_avx2<B: Gemm + K512>(
     job: &Job,
     w: &[u8],
@@ -299,7 +301,7 @@ pub(super) unsafe fn job_avx2<B: Gemm + K512>(
 
 /// AVX-512 VNNI: two chunks per 64-byte vector (`vpmaddubsw` + `vpdpwssd`, see
 /// [`super::x86_kquant512`]); 32 registers hold a 4 x 4 tile's sums.
-#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn job_vnni<B: Gemm + K512>(
     job: &Job,
     w: &[u8],

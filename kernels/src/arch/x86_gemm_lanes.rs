@@ -37,6 +37,8 @@
 #![allow(unsafe_code)]
 
 use core::arch::x86_64::*;
+
+use super::x86_f16::read_f16;
 use core::mem::MaybeUninit;
 
 use super::x86_legacy::{bits_to_mask, nibbles};
@@ -347,7 +349,7 @@ unsafe fn body<B: Lanes, const VNNI: bool, const R: usize, const TT: usize>(
                     _mm256_sub_epi32(_mm256_setzero_si256(), s)
                 };
                 (*tab).aux[k][t] = aux;
-                (*tab).da[k][t] = crate::f16::read_f16(b.d);
+                (*tab).da[k][t] = read_f16(b.d);
             }
         }
         let mut i = 0;

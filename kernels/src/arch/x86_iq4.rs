@@ -24,8 +24,8 @@
 
 use core::arch::x86_64::*;
 
+use super::x86_f16::read_f16;
 use super::x86_kquant::{hsum_f32, load32};
-use crate::f16::read_f16;
 use crate::quant::iq4_nl::{BlockIq4Nl, KVALUES};
 use crate::quant::iq4_xs::{BlockIq4Xs, SUB};
 use crate::quant::q8_0::BlockQ8_0;

@@ -26,6 +26,7 @@
 
 use core::arch::x86_64::*;
 
+use super::x86_f16::read_f16;
 use super::x86_kquant::hsum_f32;
 use super::x86_rows::hsum_i32;
 use super::Job;
@@ -136,12 +137,7 @@ impl K512 for BlockQ6K {
         // The offset 32 * sum_g scale[g] * bsums[g] (wrapping, as `q6_k::terms`).
         let b = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
         let off = hsum_i32(_mm256_madd_epi16(b, _mm512_castsi512_si256(src)));
-        (
-            off.wrapping_mul(32),
-            crate::f16::read_f16(self.d) * y.scale(),
-            0.0,
-            0,
-        )
+        (off.wrapping_mul(32), read_f16(self.d) * y.scale(), 0.0, 0)
     }
 }
 
@@ -169,12 +165,7 @@ impl K512 for BlockQ4K {
         let b = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
         let mins = hsum_i32(_mm256_madd_epi16(b, f));
         let ys = y.scale();
-        (
-            0,
-            crate::f16::read_f16(self.d) * ys,
-            crate::f16::read_f16(self.dmin) * ys,
-            mins,
-        )
+        (0, read_f16(self.d) * ys, read_f16(self.dmin) * ys, mins)
     }
 }
 

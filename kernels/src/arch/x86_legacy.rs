@@ -18,6 +18,8 @@
 
 use core::arch::x86_64::*;
 
+use super::x86_f16::read_f16;
+
 use crate::quant::q1_0::BlockQ1_0;
 use crate::quant::q2_0::BlockQ2_0;
 use crate::quant::q4_0::BlockQ4_0;
@@ -88,15 +90,6 @@ pub(super) unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
     let lo = _mm_and_si128(q, m);
     let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), m);
     _mm256_set_m128i(hi, lo)
-}
-
-/// f16 scale to f32 with F16C (exact, like the software conversion of the reference).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn read_f16(h: [u8; 2]) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(
-        _mm_cvtsi32_si128(u16::from_le_bytes(h) as i32),
-    ))
 }
 
 // ------------------------------------------------------------------- kernels

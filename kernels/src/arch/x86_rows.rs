@@ -36,6 +36,8 @@
 
 use core::arch::x86_64::*;
 
+use super::x86_f16::read_f16;
+
 use super::x86_kquant::{self as kq, KBlock};
 use super::x86_legacy::{bits_to_mask, load32, nibbles};
 use super::Job;
@@ -403,8 +405,8 @@ impl KRow for q4_k::BlockQ4K {
         let mut w = WPart {
             // Both groups of a 32-weight chunk have the chunk's sub-block scale.
             sv: core::array::from_fn(|c| _mm256_set1_epi16((sc >> (8 * c)) as u8 as i16)),
-            d: crate::f16::read_f16(self.d),
-            dmin: crate::f16::read_f16(self.dmin),
+            d: read_f16(self.d),
+            dmin: read_f16(self.dmin),
             // mn[g / 2] for g = 0..16 as i16.
             extra: _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn, mn)),
             first: (0.0, 0, 0.0, 0),
@@ -432,7 +434,7 @@ impl KRow for q6_k::BlockQ6K {
         }
         let mut w = WPart {
             sv: scale_vectors(&scales),
-            d: crate::f16::read_f16(self.d),
+            d: read_f16(self.d),
             dmin: 0.0,
             extra: _mm256_cvtepi8_epi16(s),
             first: (0.0, 0, 0.0, 0),
@@ -488,7 +490,7 @@ unsafe fn kquant_tile<B: KRow, const TT: usize>(
 }
 
 /// The tiled loop over a [`Job`] for one K-quant format.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn kquant_job<B: KRow + Pod>(
     job: &Job,
     w: &[u8],
