@@ -24,8 +24,8 @@
 use core::arch::aarch64::*;
 
 use super::neon_legacy::fmadd;
+use super::neon_legacy::h2f as read_f16;
 use super::neon_rows::{rows4, Dot, Mull, Sdot};
-use crate::f16::read_f16;
 use crate::quant::iq4_nl::{BlockIq4Nl, KVALUES};
 use crate::quant::iq4_xs::{BlockIq4Xs, SUB};
 use crate::quant::q8_0::BlockQ8_0;
@@ -72,7 +72,7 @@ unsafe fn acts(a: &[u8]) -> [int8x16_t; 2] {
 #[inline(always)]
 unsafe fn nl_block<D: Dot>(levels: int8x16_t, x: &BlockIq4Nl, y: &BlockQ8_0) -> (f32, f32) {
     let s = vaddvq_s32(D::block(levels_of(levels, &x.qs), acts(&y.qs)));
-    (read_f16(x.d) * y.scale(), s as f32)
+    (read_f16(x.d) * read_f16(y.d), s as f32)
 }
 
 #[inline(always)]

@@ -365,7 +365,7 @@ pub(super) unsafe fn f16_row(w: &[u8], act: &[u8]) -> f32 {
     }
     let mut s = crate::quant::float::hsum16(lanes) as f64;
     for j in body..n {
-        let x = crate::f16::read_f16([w[2 * j], w[2 * j + 1]]);
+        let x = h2f([w[2 * j], w[2 * j + 1]]);
         let a = f32::from_le_bytes([act[4 * j], act[4 * j + 1], act[4 * j + 2], act[4 * j + 3]]);
         s += (x * a) as f64;
     }
