@@ -24,6 +24,10 @@
 //!   as `8 (q - 16)` in the top five bits of a byte (one mask away), the low three bits
 //!   of those bytes and a 16-byte word of bit pairs carrying the other sixteen weights
 //!   (three instructions per 16 weights); no `- 16` term. NEON with dotprod.
+//! - [`Layout::Q4_0x4s`] ([`BlockQ4_0x4s`]): Q4_0's nibble bytes in Q5_0x4s's chunk
+//!   order, then the scales; the kernels shift or mask a chunk into sixteen weights
+//!   `16 q` and start the sums at `-128 sum(a)` (the `- 8` of every weight, once per
+//!   block and token). NEON.
 //! - [`Layout::Q4Kx4`] ([`BlockQ4Kx4`]), [`Layout::Q6Kx4`] ([`BlockQ6Kx4`]): the same
 //!   chunks for the K-quants' quant bytes, the scales transposed so each sub-block's four
 //!   scales are one vector; their kernels sum each block exactly (see [`kquant`]). NEON.
@@ -52,6 +56,7 @@ pub use kquant::{BlockQ4Kx4, BlockQ6Kx4};
 use crate::blocks::{cast, cast_mut, Pod};
 use crate::matvec::KernelError;
 use crate::quant::q1_0::{self, BlockQ1_0};
+use crate::quant::q4_0::{self, BlockQ4_0};
 use crate::quant::q5_0::{self, BlockQ5_0};
 use crate::quant::q8_0::{self, BlockQ8_0, Order, QK};
 use crate::quant::{q2_k, q8_k};
@@ -104,6 +109,8 @@ pub enum Layout {
     /// TQ2_0, groups of sixteen rows interleaved as [`Layout::Q2_0x16d`]
     /// ([`BlockTq2_0x16d`]).
     Tq2_0x16d,
+    /// Q4_0, groups of four rows, nibble bytes four at a time ([`BlockQ4_0x4s`]).
+    Q4_0x4s,
 }
 
 impl Layout {
@@ -127,6 +134,7 @@ impl Layout {
             Layout::Q2_0x16 => 15,
             Layout::Q2_0x16d => 16,
             Layout::Tq2_0x16d => 17,
+            Layout::Q4_0x4s => 18,
         }
     }
     /// The layout of id `id`, if known.
@@ -148,6 +156,7 @@ impl Layout {
             15 => Some(Layout::Q2_0x16),
             16 => Some(Layout::Q2_0x16d),
             17 => Some(Layout::Tq2_0x16d),
+            18 => Some(Layout::Q4_0x4s),
             _ => None,
         }
     }
@@ -183,6 +192,7 @@ impl Layout {
             Layout::Q2_0x16 => "q2_0x16",
             Layout::Q2_0x16d => "q2_0x16d",
             Layout::Tq2_0x16d => "tq2_0x16d",
+            Layout::Q4_0x4s => "q4_0x4s",
         }
     }
     /// The repacked layout pinch uses for weights of type `ty` on a CPU with `feat`, if
@@ -197,6 +207,7 @@ impl Layout {
             Layout::Plain => None,
             Layout::Q8_0x4 | Layout::Q8_0x4s => Some(GgmlType::Q8_0),
             Layout::Q5_0x4s | Layout::Q5_0x4d => Some(GgmlType::Q5_0),
+            Layout::Q4_0x4s => Some(GgmlType::Q4_0),
             Layout::Q1_0x16 => Some(GgmlType::Q1_0),
             Layout::Q2Kx8 => Some(GgmlType::Q2_K),
             Layout::Tq2_0x4 | Layout::Tq2_0x16 | Layout::Tq2_0x16d => Some(GgmlType::TQ2_0),
@@ -275,6 +286,38 @@ pub struct BlockQ5_0x4s {
 }
 crate::pod_block!(BlockQ5_0x4s);
 static_assertions::const_assert_eq!(core::mem::size_of::<BlockQ5_0x4s>(), 4 * q5_0::BLOCK_BYTES);
+
+/// One block of four Q4_0 rows: `qs[k][4r + j]` is byte `4k + j` of row `r`'s nibbles
+/// (low nibble weight `4k + j`, high nibble weight `16 + 4k + j`), as the nibble part of
+/// [`BlockQ5_0x4s`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ4_0x4s {
+    /// Chunk `k`: nibble bytes `4k..4k+4` of rows 0, 1, 2, 3.
+    pub qs: [[u8; 16]; 4],
+    /// Scales (f16 little-endian) of rows 0..4 of the group.
+    pub d: [[u8; 2]; 4],
+}
+crate::pod_block!(BlockQ4_0x4s);
+static_assertions::const_assert_eq!(core::mem::size_of::<BlockQ4_0x4s>(), 4 * q4_0::BLOCK_BYTES);
+
+impl Group for BlockQ4_0x4s {
+    const ROWS: usize = 4;
+    type Plain = BlockQ4_0;
+    fn pack(rows: &[&BlockQ4_0]) -> Self {
+        let rows: [&BlockQ4_0; 4] = core::array::from_fn(|r| rows[r]);
+        BlockQ4_0x4s {
+            d: rows.map(|b| b.d),
+            qs: core::array::from_fn(|k| core::array::from_fn(|i| rows[i / 4].qs[4 * k + i % 4])),
+        }
+    }
+    fn unpack(&self, r: usize) -> BlockQ4_0 {
+        BlockQ4_0 {
+            d: self.d[r],
+            qs: core::array::from_fn(|q| self.qs[q / 4][4 * r + q % 4]),
+        }
+    }
+}
 
 /// One block of sixteen Q1_0 rows: `qs[p][r]` is sign byte `p` of row `r` (weights
 /// `8p..8p + 8`: its low nibble is the index of group `2p` of four weights, its high
@@ -510,6 +553,10 @@ macro_rules! with_group {
                 type $G = BlockTq2_0x16d;
                 $body
             }
+            Layout::Q4_0x4s => {
+                type $G = BlockQ4_0x4s;
+                $body
+            }
         }
     };
 }
@@ -718,6 +765,7 @@ pub fn dot_row_scalar(
             | Layout::Q2_0x16
             | Layout::Q2_0x16d
             | Layout::Tq2_0x16d
+            | Layout::Q4_0x4s
     ) {
         // Block by block through the plain reference: each block's `d_w * sumi` added
         // to the row sum in order, as the type's `vec_dot` does over the whole row.
@@ -935,6 +983,7 @@ mod tests {
             (Layout::Q8_0x4s, GgmlType::Q8_0),
             (Layout::Q5_0x4s, GgmlType::Q5_0),
             (Layout::Q5_0x4d, GgmlType::Q5_0),
+            (Layout::Q4_0x4s, GgmlType::Q4_0),
         ] {
             for rows in [1usize, 3, 4, 5, 8, 9, 11] {
                 let nb = 3;

@@ -1,5 +1,5 @@
 //! Products over repacked weights (`pinch_kernels::repack`: Q8_0x4, Q8_0x4s, Q5_0x4s,
-//! Q5_0x4d)
+//! Q5_0x4d, Q4_0x4s)
 //! against the plain scalar reference of the CPU's arithmetic (`vec_dot_reference`),
 //! **bit for bit** per (row, token), for every feature set the running CPU has (x86:
 //! AVX2, AVX-512 VNNI; aarch64: NEON, NEON+dotprod) and every layout (without a SIMD
@@ -19,7 +19,7 @@ fn weights(rng: &mut Rng, rows: usize, cols: usize) -> Vec<u8> {
     weights_of(rng, GgmlType::Q8_0, rows, cols)
 }
 
-/// Random blocks of `ty` (Q8_0 or Q5_0) with small positive f16 scales first.
+/// Random blocks of `ty` (Q8_0, Q5_0 or Q4_0) with small positive f16 scales first.
 fn weights_of(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     let bb = ty.block_geometry().1;
     let mut w: Vec<u8> = (0..rows * cols / 32 * bb)
@@ -33,11 +33,12 @@ fn weights_of(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> 
 }
 
 /// The repacked layouts and their weight types.
-const LAYOUTS: [(Layout, GgmlType); 4] = [
+const LAYOUTS: [(Layout, GgmlType); 5] = [
     (Layout::Q8_0x4, GgmlType::Q8_0),
     (Layout::Q8_0x4s, GgmlType::Q8_0),
     (Layout::Q5_0x4s, GgmlType::Q5_0),
     (Layout::Q5_0x4d, GgmlType::Q5_0),
+    (Layout::Q4_0x4s, GgmlType::Q4_0),
 ];
 
 use common::repacked_as;
@@ -46,7 +47,7 @@ use common::repacked_as;
 #[test]
 fn preferred_layouts_have_simd_kernels_that_run() {
     for feat in feature_sets() {
-        for ty in [GgmlType::Q8_0, GgmlType::Q5_0] {
+        for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_0] {
             let Some(layout) = Layout::preferred(ty, &feat) else {
                 continue;
             };
@@ -90,6 +91,12 @@ fn preferred_layouts_have_simd_kernels_that_run() {
             Layout::preferred(GgmlType::Q5_0, &neon),
             Some(Layout::Q5_0x4s)
         );
+        for feat in [neon, dot] {
+            assert_eq!(
+                Layout::preferred(GgmlType::Q4_0, &feat),
+                Some(Layout::Q4_0x4s)
+            );
+        }
         assert_eq!(
             Layout::preferred(GgmlType::Q5_0, &dot),
             Some(if dot.dotprod() {

@@ -1,6 +1,6 @@
 //! NEON (and NEON + dotprod) row-range products over repacked weights
 //! ([`crate::repack::Layout`]): Q8_0x4 (baseline NEON, and dotprod when given that
-//! layout), Q8_0x4s (dotprod) and Q5_0x4s (both).
+//! layout), Q8_0x4s (dotprod), Q5_0x4s and Q4_0x4s (both).
 //!
 //! The arithmetic is [`super::neon_rows`]'s ([`crate::quant::q8_0::Order::BlockSum`]):
 //! per (row, token) one f32 accumulator, fed once per block with the block's exact
@@ -13,7 +13,10 @@
 //!   group-block is eight `sdot` (no per-row reduction, no activation shuffles);
 //! - Q5_0x4s: the fifth bits of a chunk are one shift and one mask away; `sli`/`sri`
 //!   merge them with the nibbles, and the `- 16` of every weight is taken out once per
-//!   block and token as `16 * sum(a)` instead of once per weight.
+//!   block and token as `16 * sum(a)` instead of once per weight;
+//! - Q4_0x4s: the same chunks without fifth bits (one `and` or `ushr` per 16 weights),
+//!   `- 8` as `8 * sum(a)`; its float step is Q4_0's reference order
+//!   (`sum += (sumi * d_w) * d_a`, [`Tile::step`]) rather than the fused one.
 //!
 //! Rows of a partial group at the ends of the range are computed with their group and
 //! dropped; the plain tail rows (`rows % 4`) go to the plain kernel. Each (row, token)
@@ -28,9 +31,9 @@ use super::neon_legacy::{h2f, h2f4};
 use super::neon_rows::{lane, rows4, Dot, Mull, Sdot};
 use super::table::{KernelTable, PackedJob};
 use crate::blocks::{cast, Pod};
-use crate::quant::q5_0;
 use crate::quant::q8_0::{BlockQ8_0, BLOCK_BYTES};
-use crate::repack::{BlockQ5_0x4d, BlockQ5_0x4s, BlockQ8_0x4, BlockQ8_0x4s};
+use crate::quant::{q4_0, q5_0};
+use crate::repack::{BlockQ4_0x4s, BlockQ5_0x4d, BlockQ5_0x4s, BlockQ8_0x4, BlockQ8_0x4s};
 use crate::GgmlType;
 
 /// Tokens per tile.
@@ -152,6 +155,21 @@ packed_fn!(
     BLOCK_BYTES
 );
 packed_fn!(q5_0x4d_dot, jobs::dot::<Q5DTile, 2>, Q5_0, Q5B, BLOCK_BYTES);
+const Q4B: usize = q4_0::BLOCK_BYTES;
+packed_fn!(
+    q4_0x4s_base,
+    jobs::base::<Q4Tile<Mull>, 2, 2>,
+    Q4_0,
+    Q4B,
+    BLOCK_BYTES
+);
+packed_fn!(
+    q4_0x4s_dot,
+    jobs::dot::<Q4Tile<Sdot>, 2>,
+    Q4_0,
+    Q4B,
+    BLOCK_BYTES
+);
 
 /// `sdot` by element: `acc[i] += dot(w[4i..4i+4], a[4L..4L+4])`.
 #[target_feature(enable = "neon,dotprod")]
@@ -210,6 +228,13 @@ trait Tile {
     fn scales(b: &Self::G) -> &[[u8; 2]; 4];
     unsafe fn act(y: &BlockQ8_0) -> Self::A;
     unsafe fn sums(w: &Self::W, a: &Self::A) -> int32x4_t;
+    /// One block's float step for a group and token: `acc = fma(d_w * d_a, sum, acc)`
+    /// ([`crate::quant::q8_0::Order::BlockSum`]; `d_w * d_a` is exact in f32, two f16
+    /// significands, as in the reference).
+    #[inline(always)]
+    unsafe fn step(acc: float32x4_t, s: int32x4_t, dw: float32x4_t, da: f32) -> float32x4_t {
+        vfmaq_f32(acc, vcvtq_f32_s32(s), vmulq_n_f32(dw, da))
+    }
     /// The group-block at `*p` prepared, and its four rows' scales as f32; `*p` moves to
     /// the next group-block.
     ///
@@ -236,7 +261,7 @@ trait Tile {
 }
 
 /// `GG` groups (4 rows each) against `TT` tokens, all of `nb` blocks: per (group, token)
-/// one vector of four f32 accumulators, `acc = fma(d_w * d_a, sum, acc)` per block.
+/// one vector of four f32 accumulators, fed once per block by [`Tile::step`].
 ///
 /// # Safety
 /// NEON (and dotprod where `K` uses `sdot`); `nb` group-blocks are readable at every
@@ -259,8 +284,7 @@ unsafe fn tile<K: Tile, const GG: usize, const TT: usize>(
             for i in 0..GG {
                 // SAFETY: as for `a`, at g[i].
                 let (s, dw) = K::load_sums1(&mut g[i], &ay);
-                // d_w * d_a per row: exact in f32 (two f16 significands), as the reference.
-                acc[i][0] = vfmaq_f32(acc[i][0], vcvtq_f32_s32(s), vmulq_n_f32(dw, da));
+                acc[i][0] = K::step(acc[i][0], s, dw, da);
             }
         }
     } else {
@@ -280,9 +304,8 @@ unsafe fn tile<K: Tile, const GG: usize, const TT: usize>(
                 let ay = K::act(y);
                 let da = h2f(y.d);
                 for i in 0..GG {
-                    let d = vmulq_n_f32(dw[i], da);
                     let s = K::sums(w[i].assume_init_ref(), &ay);
-                    acc[i][t] = vfmaq_f32(acc[i][t], vcvtq_f32_s32(s), d);
+                    acc[i][t] = K::step(acc[i][t], s, dw[i], da);
                 }
             }
         }
@@ -618,18 +641,20 @@ unsafe fn q5_chunks(b: &BlockQ5_0x4s) -> [int8x16_t; 8] {
     })
 }
 
-/// `-16 * sum(a)` over an activation block, in every lane.
+/// `-offset * sum(a)` over an activation block, in every lane: the sums of unsigned
+/// chunks `weight + offset` start there.
 #[inline(always)]
-unsafe fn minus16_sum(a: [int8x16_t; 2]) -> int32x4_t {
+unsafe fn minus_offset_sum(a: [int8x16_t; 2], offset: i32) -> int32x4_t {
     let sum = vaddlvq_s8(a[0]) as i32 + vaddlvq_s8(a[1]) as i32;
-    vdupq_n_s32(-16 * sum)
+    vdupq_n_s32(-offset * sum)
 }
 
-/// How a [`Q5Tile`] multiplies the eight 5-bit chunks with an activation block: the
-/// token-side values it prepares once per block and token, and the four rows' sums.
+/// How a [`Q5Tile`] (and a [`Q4Tile`]) multiplies the eight unsigned chunks (`weight +
+/// offset`) with an activation block: the token-side values it prepares once per block
+/// and token (`offset` taken out as `-offset * sum(a)`), and the four rows' sums.
 trait Q5Sums: Sized {
     type A: Copy;
-    unsafe fn act(y: &BlockQ8_0) -> Self::A;
+    unsafe fn act(y: &BlockQ8_0, offset: i32) -> Self::A;
     unsafe fn sums(w: &[int8x16_t; 8], a: &Self::A) -> int32x4_t;
     /// [`Tile::load_sums1`] of a [`Q5Tile`].
     #[inline(always)]
@@ -653,7 +678,7 @@ impl<D: Q5Sums> Tile for Q5Tile<D> {
     }
     #[inline(always)]
     unsafe fn act(y: &BlockQ8_0) -> Self::A {
-        D::act(y)
+        D::act(y, 16)
     }
     #[inline(always)]
     unsafe fn sums(w: &Self::W, a: &Self::A) -> int32x4_t {
@@ -666,26 +691,26 @@ impl<D: Q5Sums> Tile for Q5Tile<D> {
 }
 
 impl Q5Sums for Sdot {
-    /// The activation quants and `-16 * sum(a)`.
+    /// The activation quants and `-offset * sum(a)`.
     type A = ([int8x16_t; 2], int32x4_t);
     #[inline(always)]
-    unsafe fn act(y: &BlockQ8_0) -> Self::A {
+    unsafe fn act(y: &BlockQ8_0, offset: i32) -> Self::A {
         let a = act_q(y);
-        (a, minus16_sum(a))
+        (a, minus_offset_sum(a, offset))
     }
     #[inline(always)]
     unsafe fn sums(q: &[int8x16_t; 8], (a, s): &Self::A) -> int32x4_t {
-        // Starting from -16 * sum(a) subtracts the offset of all 32 weights.
+        // Starting from -offset * sum(a) subtracts the offset of all 32 weights.
         sdot_chunks(*s, q, a)
     }
 }
 
 impl Q5Sums for Mull {
     /// The activation words broadcast (chunk `c` pairs with word `c % 4` of half
-    /// `c / 4`), and `-16 * sum(a)`.
+    /// `c / 4`), and `-offset * sum(a)`.
     type A = ([int8x16_t; 8], int32x4_t);
     #[inline(always)]
-    unsafe fn act(y: &BlockQ8_0) -> Self::A {
+    unsafe fn act(y: &BlockQ8_0, offset: i32) -> Self::A {
         let a = act_q(y);
         let w = [vreinterpretq_s32_s8(a[0]), vreinterpretq_s32_s8(a[1])];
         let b = [
@@ -698,10 +723,13 @@ impl Q5Sums for Mull {
             vdupq_laneq_s32::<2>(w[1]),
             vdupq_laneq_s32::<3>(w[1]),
         ];
-        (b.map(|v| vreinterpretq_s8_s32(v)), minus16_sum(a))
+        (
+            b.map(|v| vreinterpretq_s8_s32(v)),
+            minus_offset_sum(a, offset),
+        )
     }
-    /// Products in i16: each i16 lane adds eight products `w5 * a`, |sum| <= 8 * 31 *
-    /// 128 < 2^15, exact for any activation.
+    /// Products in i16: each i16 lane adds eight products `w5 * a` (or `w4 * a`), |sum|
+    /// <= 8 * 31 * 128 < 2^15, exact for any activation.
     #[inline(always)]
     unsafe fn sums(w: &[int8x16_t; 8], (b, s): &Self::A) -> int32x4_t {
         // Rows 0, 1 in `p01`, rows 2, 3 in `p23`.
@@ -719,6 +747,53 @@ impl Q5Sums for Mull {
         let r = q5_group_mull(&mut q, a);
         *p = q as *const BlockQ5_0x4s;
         r
+    }
+}
+
+/// Q4_0x4s: the eight chunks of unsigned nibbles `w4 = weight + 8` (`and` for the low
+/// nibbles, weights `4k..4k+4`; `ushr` for the high ones, `16 + 4k..`), the `- 8` taken
+/// out once per block and token as `-8 * sum(a)`, and Q4_0's own float step.
+struct Q4Tile<D>(core::marker::PhantomData<D>);
+
+/// The eight 4-bit chunks of a Q4_0x4s group-block, in [`q5_chunks`]' order.
+#[inline(always)]
+unsafe fn q4_chunks(b: &BlockQ4_0x4s) -> [int8x16_t; 8] {
+    let q: [uint8x16_t; 4] = core::array::from_fn(|k| load16(&b.qs[k]));
+    let m4 = vdupq_n_u8(0x0f);
+    core::array::from_fn(|c| {
+        vreinterpretq_s8_u8(if c < 4 {
+            vandq_u8(q[c], m4)
+        } else {
+            vshrq_n_u8::<4>(q[c - 4])
+        })
+    })
+}
+
+impl<D: Q5Sums> Tile for Q4Tile<D> {
+    type G = BlockQ4_0x4s;
+    type W = [int8x16_t; 8];
+    type A = D::A;
+    #[inline(always)]
+    unsafe fn weights(b: &BlockQ4_0x4s) -> Self::W {
+        q4_chunks(b)
+    }
+    #[inline(always)]
+    fn scales(b: &BlockQ4_0x4s) -> &[[u8; 2]; 4] {
+        &b.d
+    }
+    #[inline(always)]
+    unsafe fn act(y: &BlockQ8_0) -> Self::A {
+        D::act(y, 8)
+    }
+    #[inline(always)]
+    unsafe fn sums(w: &Self::W, a: &Self::A) -> int32x4_t {
+        D::sums(w, a)
+    }
+    /// [`crate::quant::q4_0::vec_dot`]'s step, lane by lane: `sum += (sumi * d_w) * d_a`,
+    /// two roundings and an add (not fused).
+    #[inline(always)]
+    unsafe fn step(acc: float32x4_t, s: int32x4_t, dw: float32x4_t, da: f32) -> float32x4_t {
+        vaddq_f32(acc, vmulq_n_f32(vmulq_f32(vcvtq_f32_s32(s), dw), da))
     }
 }
 

@@ -142,6 +142,7 @@ pub(super) static NEON: KernelTable = KernelTable {
         Kernels::plain(T::IQ4_NL, Some(iq4_nl_base), None),
         Kernels::packed(T::Q8_0, Layout::Q8_0x4, rp::q8_0x4_base),
         Kernels::packed(T::Q5_0, Layout::Q5_0x4s, rp::q5_0x4s_base),
+        Kernels::packed(T::Q4_0, Layout::Q4_0x4s, rp::q4_0x4s_base),
         Kernels::packed(T::Q1_0, Layout::Q1_0x16, q1_lut::matmul::<Q1Lut>),
         Kernels::packed(T::Q2_K, Layout::Q2Kx8, q2k_pack::base),
         // Preferred first: the pair tables count fewer instructions than `smlal`.
@@ -183,6 +184,7 @@ pub(super) static NEON_DOT: KernelTable = KernelTable {
         // Preferred first: no fifth-bit merge, no `- 16` term.
         Kernels::packed(T::Q5_0, Layout::Q5_0x4d, rp::q5_0x4d_dot),
         Kernels::packed(T::Q5_0, Layout::Q5_0x4s, rp::q5_0x4s_dot),
+        Kernels::packed(T::Q4_0, Layout::Q4_0x4s, rp::q4_0x4s_dot),
         Kernels::packed(T::Q4_K, Layout::Q4Kx4, kp::q4_kx4_dot),
         Kernels::packed(T::Q6_K, Layout::Q6Kx4, kp::q6_kx4_dot),
         // The lookup-table kernel needs no `sdot` (and counts fewer instructions).
