@@ -25,9 +25,9 @@
 //!   of those bytes and a 16-byte word of bit pairs carrying the other sixteen weights
 //!   (three instructions per 16 weights); no `- 16` term. NEON with dotprod.
 //! - [`Layout::Q4_0x4s`] ([`BlockQ4_0x4s`]): Q4_0's nibble bytes in Q5_0x4s's chunk
-//!   order, then the scales; the kernels shift or mask a chunk into sixteen weights
-//!   `16 q` and start the sums at `-128 sum(a)` (the `- 8` of every weight, once per
-//!   block and token). NEON.
+//!   order, then the scales; the kernels mask or shift a chunk into sixteen unsigned
+//!   quants `q` (`and` / `ushr`) and start the sums at `-8 sum(a)` (the `- 8` of every
+//!   weight, once per block and token). NEON.
 //! - [`Layout::Q4Kx4`] ([`BlockQ4Kx4`]), [`Layout::Q6Kx4`] ([`BlockQ6Kx4`]): the same
 //!   chunks for the K-quants' quant bytes, the scales transposed so each sub-block's four
 //!   scales are one vector; their kernels sum each block exactly (see [`kquant`]). NEON.

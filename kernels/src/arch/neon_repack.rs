@@ -652,7 +652,7 @@ unsafe fn minus_offset_sum(a: [int8x16_t; 2], offset: i32) -> int32x4_t {
 /// How a [`Q5Tile`] (and a [`Q4Tile`]) multiplies the eight unsigned chunks (`weight +
 /// offset`) with an activation block: the token-side values it prepares once per block
 /// and token (`offset` taken out as `-offset * sum(a)`), and the four rows' sums.
-trait Q5Sums: Sized {
+trait ChunkSums: Sized {
     type A: Copy;
     unsafe fn act(y: &BlockQ8_0, offset: i32) -> Self::A;
     unsafe fn sums(w: &[int8x16_t; 8], a: &Self::A) -> int32x4_t;
@@ -664,7 +664,7 @@ trait Q5Sums: Sized {
     }
 }
 
-impl<D: Q5Sums> Tile for Q5Tile<D> {
+impl<D: ChunkSums> Tile for Q5Tile<D> {
     type G = BlockQ5_0x4s;
     type W = [int8x16_t; 8];
     type A = D::A;
@@ -690,7 +690,7 @@ impl<D: Q5Sums> Tile for Q5Tile<D> {
     }
 }
 
-impl Q5Sums for Sdot {
+impl ChunkSums for Sdot {
     /// The activation quants and `-offset * sum(a)`.
     type A = ([int8x16_t; 2], int32x4_t);
     #[inline(always)]
@@ -705,7 +705,7 @@ impl Q5Sums for Sdot {
     }
 }
 
-impl Q5Sums for Mull {
+impl ChunkSums for Mull {
     /// The activation words broadcast (chunk `c` pairs with word `c % 4` of half
     /// `c / 4`), and `-offset * sum(a)`.
     type A = ([int8x16_t; 8], int32x4_t);
@@ -769,7 +769,7 @@ unsafe fn q4_chunks(b: &BlockQ4_0x4s) -> [int8x16_t; 8] {
     })
 }
 
-impl<D: Q5Sums> Tile for Q4Tile<D> {
+impl<D: ChunkSums> Tile for Q4Tile<D> {
     type G = BlockQ4_0x4s;
     type W = [int8x16_t; 8];
     type A = D::A;
@@ -797,7 +797,7 @@ impl<D: Q5Sums> Tile for Q4Tile<D> {
     }
 }
 
-/// [`q5_chunks`] and [`Mull`]'s [`Q5Sums::sums`] for one token, written out as
+/// [`q5_chunks`] and [`Mull`]'s [`ChunkSums::sums`] for one token, written out as
 /// [`q8_group_mull`]: per chunk position `k` the high chunk `sri(h >> k & 0x10, q[k], 4)`
 /// and the low chunk `sli(q[k], h >> k & 1, 4)`, each multiplied (`smlal`, `smlal2`) by
 /// its broadcast activation word as soon as it is made. `p` moves past the 88-byte

@@ -22,6 +22,7 @@
 use core::arch::x86_64::*;
 
 use super::min_rows::{body, MinBlock, MinTile, TokTable};
+use super::x86_f16::read_f16;
 use super::x86_legacy::{bits_to_mask, load32, nibbles};
 use super::Job;
 use crate::quant::q4_1::BlockQ4_1;
@@ -85,7 +86,7 @@ pub(super) unsafe fn dot<B: Quants>(x: &[B], y: &[BlockQ8_1]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut summs = 0.0f32;
     for (bx, by) in x.iter().zip(y) {
-        summs += crate::f16::read_f16(bx.m()) * crate::f16::read_f16(by.s);
+        summs += read_f16(bx.m()) * read_f16(by.s);
         let dd = _mm256_mul_ps(bcast_f16(bx.d()), bcast_f16(by.d));
         let g = groups(bx.quants(), load32(&by.qs));
         acc = _mm256_fmadd_ps(dd, g, acc);
@@ -161,5 +162,7 @@ pub(super) unsafe fn job_avx2<B: Quants>(
     acts: &[u8],
     out: &mut [f32],
 ) -> bool {
-    body::<B, Avx2>(job, w, acts, out, crate::f16::read_f16)
+    // SAFETY: this function runs only with F16C (its contract), which the closure
+    // inherits.
+    body::<B, Avx2>(job, w, acts, out, |h| unsafe { read_f16(h) })
 }
