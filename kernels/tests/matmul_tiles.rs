@@ -77,7 +77,9 @@ fn check_type(ty: GgmlType) {
     let (qk, _) = ty.block_geometry();
     let mut rng = Rng(0x7e57_0001 ^ ty as u64);
     for n_tok in [1, 2, 3, 5, 8, 13, 64] {
-        for (rows, nb) in [(1, 1), (4, 2), (7, 3), (13, 1)] {
+        // 33 blocks of 256: longer than the rows the x86 K-quant tiles unpack once per
+        // row tile (32 blocks) and the block-32 tiles' tables (4096 columns).
+        for (rows, nb) in [(1, 1), (4, 2), (7, 3), (13, 1), (5, 33)] {
             let cols = nb * qk.max(256);
             let w = weights(&mut rng, ty, rows, cols);
             let (a, arb) = acts(&mut rng, ty, n_tok, cols);

@@ -9,6 +9,16 @@
 //! in one vector: the four tokens' `bsums` are transposed once per block and tile and
 //! multiplied with each row's 16 factors by four `vpmaddwd`.
 //!
+//! A row tile's blocks are unpacked once ([`Unpacked`]: the quants as unsigned bytes,
+//! the decoded scale words, the `bsums` factors and both f16 scales as f32) into a stack
+//! table that every token tile of the row tile then reads, instead of unpacking every
+//! block again for each four tokens; rows longer than [`MAX_NB`] blocks unpack per token
+//! tile as before. With VNNI the epilogue of a block (fold, offset, conversion,
+//! multiply-add) runs on two tokens per 512-bit vector. Qwen3.5-0.8B's shapes, 64 tokens
+//! (`tests/matvec_perf.rs`, Intel Xeon VM), VNNI: Q6_K 6144x1024 10.28 -> 7.33 ms, Q4_K
+//! 3584x1024 6.41 -> 4.39, Q6_K 1024x3584 5.54 -> 5.11; AVX2: Q6_K 6144x1024 12.8-18.2 ->
+//! 13.3-13.8, Q4_K 7.2 -> 6.1, Q6_K 1024x3584 7.3-7.7 -> 5.9-6.5.
+//!
 //! Bits: every (row, token) pair computes the numbers of [`super::x86_kquant`] (and of
 //! `crate::quant::q8_k::kquant_dot`): the same eight exact int32 lanes per block (integer
 //! sums are exact, or wrap alike, in any order; the `vpdpwssd` of the VNNI path is
@@ -19,6 +29,8 @@
 #![allow(unsafe_code)]
 
 use core::arch::x86_64::*;
+use core::marker::PhantomData;
+use core::mem::MaybeUninit;
 
 use super::x86_f16::read_f16;
 
@@ -38,6 +50,10 @@ const T: usize = 4;
 /// to 4 rows) the tiles waited on memory, Gemma 3 270M's Q4_K and Q6_K products ran 4 to
 /// 6 times slower per token than the one-token kernel (AMD EPYC, VNNI).
 const PF_TILES: usize = 5;
+
+/// Most blocks per row the unpacked row tile holds (8192 columns; 4 rows take 48 KiB of
+/// stack). Longer rows unpack per token tile.
+const MAX_NB: usize = 32;
 
 /// A K-quant block as the tiles see it.
 pub(super) trait Gemm: Pod {
@@ -153,19 +169,152 @@ impl Gemm for q6_k::BlockQ6K {
     }
 }
 
+/// What a tile reads of one block of one weight row: the block itself (unpacked as it
+/// is read) or its [`Unpacked`] copy.
+trait TileBlock {
+    /// Whether the format has minimums (Q4_K) rather than an offset (Q6_K).
+    const MINS: bool;
+    /// [`K512::SCALE_IDX`].
+    const SCALE_IDX: &'static [[u16; 32]; 4];
+    /// [`Gemm::chunk`] (AVX2).
+    unsafe fn chunk(&self, c: usize) -> __m256i;
+    /// [`K512::pair`] (VNNI).
+    unsafe fn pair(&self, k: usize) -> __m512i;
+    /// [`K512::scale_src`] (VNNI).
+    unsafe fn scale_src(&self) -> __m512i;
+    /// [`Gemm::scale_words`] (AVX2).
+    unsafe fn scale_words(&self) -> __m256i;
+    /// [`Gemm::bsum_factors`].
+    unsafe fn bsum_factors(&self) -> __m256i;
+    unsafe fn d(&self) -> f32;
+    unsafe fn dmin(&self) -> f32;
+}
+
+impl<B: Gemm + K512> TileBlock for B {
+    const MINS: bool = <B as Gemm>::MINS;
+    const SCALE_IDX: &'static [[u16; 32]; 4] = <B as K512>::SCALE_IDX;
+    #[inline(always)]
+    unsafe fn chunk(&self, c: usize) -> __m256i {
+        Gemm::chunk(self, c)
+    }
+    #[inline(always)]
+    unsafe fn pair(&self, k: usize) -> __m512i {
+        K512::pair(self, k)
+    }
+    #[inline(always)]
+    unsafe fn scale_src(&self) -> __m512i {
+        K512::scale_src(self)
+    }
+    #[inline(always)]
+    unsafe fn scale_words(&self) -> __m256i {
+        Gemm::scale_words(self)
+    }
+    #[inline(always)]
+    unsafe fn bsum_factors(&self) -> __m256i {
+        Gemm::bsum_factors(self)
+    }
+    #[inline(always)]
+    unsafe fn d(&self) -> f32 {
+        Gemm::d(self)
+    }
+    #[inline(always)]
+    unsafe fn dmin(&self) -> f32 {
+        Gemm::dmin(self)
+    }
+}
+
+/// One block of a `B` row as the tiles read it, unpacked once per row tile: every
+/// method returns what `B`'s own gives (the bytes are `B`'s results, stored).
+#[repr(C, align(64))]
+struct Unpacked<B> {
+    /// The quants as unsigned bytes, chunk `c` at `32c..32c + 32` (so pair `k` is the
+    /// 64 bytes at `64k`).
+    u: [u8; 256],
+    /// VNNI: [`K512::scale_src`]; AVX2: [`Gemm::scale_words`] and 32 zero bytes.
+    scales: [u8; 64],
+    bsum_factors: [u8; 32],
+    d: f32,
+    dmin: f32,
+    _format: PhantomData<B>,
+}
+
+impl<B: Gemm + K512> Unpacked<B> {
+    /// Writes every field of `*out` from `x` (AVX-512 BW/VL allowed when `VNNI`).
+    ///
+    /// # Safety
+    /// The tiles' CPU features; `out` is valid for writes and 64-byte aligned.
+    #[inline(always)]
+    unsafe fn write<const VNNI: bool>(x: &B, out: *mut Self) {
+        let u = core::ptr::addr_of_mut!((*out).u) as *mut u8;
+        let sc = core::ptr::addr_of_mut!((*out).scales) as *mut u8;
+        if VNNI {
+            for k in 0..4 {
+                _mm512_store_si512(u.add(64 * k) as *mut _, K512::pair(x, k));
+            }
+            _mm512_store_si512(sc as *mut _, K512::scale_src(x));
+        } else {
+            for c in 0..8 {
+                _mm256_store_si256(u.add(32 * c) as *mut __m256i, Gemm::chunk(x, c));
+            }
+            _mm256_store_si256(sc as *mut __m256i, Gemm::scale_words(x));
+            _mm256_store_si256(sc.add(32) as *mut __m256i, _mm256_setzero_si256());
+        }
+        let f = core::ptr::addr_of_mut!((*out).bsum_factors) as *mut __m256i;
+        _mm256_store_si256(f, Gemm::bsum_factors(x));
+        core::ptr::addr_of_mut!((*out).d).write(Gemm::d(x));
+        core::ptr::addr_of_mut!((*out).dmin).write(Gemm::dmin(x));
+    }
+}
+
+impl<B: Gemm + K512> TileBlock for Unpacked<B> {
+    const MINS: bool = <B as Gemm>::MINS;
+    const SCALE_IDX: &'static [[u16; 32]; 4] = <B as K512>::SCALE_IDX;
+    #[inline(always)]
+    unsafe fn chunk(&self, c: usize) -> __m256i {
+        _mm256_load_si256(self.u.as_ptr().add(32 * c) as *const __m256i)
+    }
+    #[inline(always)]
+    unsafe fn pair(&self, k: usize) -> __m512i {
+        _mm512_load_si512(self.u.as_ptr().add(64 * k) as *const _)
+    }
+    #[inline(always)]
+    unsafe fn scale_src(&self) -> __m512i {
+        _mm512_load_si512(self.scales.as_ptr() as *const _)
+    }
+    #[inline(always)]
+    unsafe fn scale_words(&self) -> __m256i {
+        _mm256_load_si256(self.scales.as_ptr() as *const __m256i)
+    }
+    #[inline(always)]
+    unsafe fn bsum_factors(&self) -> __m256i {
+        _mm256_load_si256(self.bsum_factors.as_ptr() as *const __m256i)
+    }
+    #[inline(always)]
+    unsafe fn d(&self) -> f32 {
+        self.d
+    }
+    #[inline(always)]
+    unsafe fn dmin(&self) -> f32 {
+        self.dmin
+    }
+}
+
 /// `RR` weight rows against `TT <= 4` activation rows, all of `nb` blocks.
 ///
 /// # Safety
 /// AVX2/FMA (and AVX-512 VNNI/VL when `VNNI`); every slice in `w` and `a` has at least
 /// `nb` blocks.
 #[inline(always)]
-unsafe fn tile<B: Gemm + K512, const VNNI: bool, const RR: usize, const TT: usize>(
+unsafe fn tile<B: TileBlock, const VNNI: bool, const RR: usize, const TT: usize>(
     w: [&[B]; RR],
     a: [&[BlockQ8K]; TT],
     nb: usize,
     prefetch: *const u8,
 ) -> [[f32; TT]; RR] {
     let mut acc = [[_mm256_setzero_ps(); TT]; RR];
+    // VNNI: tokens 2p, 2p + 1 in one vector (entries p < TT / 2 used).
+    // (`zeroed`, not `_mm512_setzero_ps`: the AVX2 instance must not call AVX-512 code.)
+    let mut acc2: [[__m512; TT]; RR] = core::mem::zeroed();
     let mut mins = [_mm_setzero_ps(); RR];
     // The prefetched tile's rows are `RR` adjacent rows: walk them at the rate this
     // tile consumes its own (`RR` blocks per block step).
@@ -201,25 +350,20 @@ unsafe fn tile<B: Gemm + K512, const VNNI: bool, const RR: usize, const TT: usiz
             _mm256_unpackhi_epi64(t1, t3),
         ];
 
-        // Exact integer lanes of every (row, token) pair.
+        // Exact integer lanes of every (row, token) pair: eight i32 per pair (AVX2), or
+        // (VNNI) sixteen, one 256-bit half per chunk of a pair of chunks.
         let mut isum = [[_mm256_setzero_si256(); TT]; RR];
+        let mut wide: [[__m512i; TT]; RR] = core::mem::zeroed();
         if VNNI {
-            // Two chunks per 64-byte vector (`x86_kquant512`); the halves are added after
-            // the block (the same exact lanes).
             let src: [__m512i; RR] = core::array::from_fn(|r| x[r].scale_src());
-            let mut wide = [[_mm512_setzero_si512(); TT]; RR];
             for k in 0..4 {
                 let u: [__m512i; RR] = core::array::from_fn(|r| x[r].pair(k));
-                let s: [__m512i; RR] = core::array::from_fn(|r| k5::step_scales::<B>(src[r], k));
+                let s: [__m512i; RR] =
+                    core::array::from_fn(|r| k5::permute_scales(B::SCALE_IDX, src[r], k));
                 for t in 0..TT {
                     for r in 0..RR {
                         wide[r][t] = k5::step(wide[r][t], u[r], s[r], y[t], k);
                     }
-                }
-            }
-            for r in 0..RR {
-                for t in 0..TT {
-                    isum[r][t] = k5::fold(wide[r][t]);
                 }
             }
         }
@@ -252,22 +396,52 @@ unsafe fn tile<B: Gemm + K512, const VNNI: bool, const RR: usize, const TT: usiz
                 ),
             );
             let m = _mm_add_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256::<1>(m));
-            let mut ds = [0f32; 4];
-            // SAFETY: four writable f32.
-            _mm_storeu_ps(ds.as_mut_ptr(), _mm_mul_ps(_mm_set1_ps(x[r].d()), ys));
-            let mut off = [0i32; 4];
-            if !B::MINS {
-                // Q6_K: the offset 32 * sum_g scale[g] * bsums[g], wrapping.
-                // SAFETY: four writable i32.
-                _mm_storeu_si128(off.as_mut_ptr() as *mut __m128i, _mm_slli_epi32::<5>(m));
-            }
-            for t in 0..TT {
-                let mut is = isum[r][t];
+            let ds = _mm_mul_ps(_mm_set1_ps(x[r].d()), ys);
+            // Q6_K: the offset 32 * sum_g scale[g] * bsums[g] (wrapping), off lane 0.
+            let off = if B::MINS {
+                _mm_setzero_si128()
+            } else {
+                _mm_slli_epi32::<5>(m)
+            };
+            // VNNI: tokens 2p, 2p + 1 side by side, one per 256-bit half (the folded
+            // lanes of token 2p in the low half), so that the offset, the conversion
+            // and the multiply-add take one instruction for two tokens.
+            let paired = if VNNI { TT / 2 } else { 0 };
+            for p in 0..paired {
+                let (a, b) = (wide[r][2 * p], wide[r][2 * p + 1]);
+                let mut l = _mm512_add_epi32(
+                    _mm512_shuffle_i64x2::<0x44>(a, b),
+                    _mm512_shuffle_i64x2::<0xEE>(a, b),
+                );
+                // Token 2p in lanes 0..8, 2p + 1 in 8..16.
+                let pick = _mm512_inserti64x4::<1>(
+                    _mm512_set1_epi32(2 * p as i32),
+                    _mm256_set1_epi32(2 * p as i32 + 1),
+                );
                 if !B::MINS {
-                    is = _mm256_sub_epi32(is, _mm256_setr_epi32(off[t], 0, 0, 0, 0, 0, 0, 0));
+                    let o =
+                        _mm512_maskz_permutexvar_epi32(0x0101, pick, _mm512_castsi128_si512(off));
+                    l = _mm512_sub_epi32(l, o);
+                }
+                let d = _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(ds));
+                acc2[r][p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(l), acc2[r][p]);
+            }
+            let mut dsa = [0f32; 4];
+            let mut offa = [0i32; 4];
+            // SAFETY: four writable f32 and i32.
+            _mm_storeu_ps(dsa.as_mut_ptr(), ds);
+            _mm_storeu_si128(offa.as_mut_ptr() as *mut __m128i, off);
+            for t in 2 * paired..TT {
+                let mut is = if VNNI {
+                    k5::fold(wide[r][t])
+                } else {
+                    isum[r][t]
+                };
+                if !B::MINS {
+                    is = _mm256_sub_epi32(is, _mm256_setr_epi32(offa[t], 0, 0, 0, 0, 0, 0, 0));
                 }
                 acc[r][t] =
-                    _mm256_fmadd_ps(_mm256_set1_ps(ds[t]), _mm256_cvtepi32_ps(is), acc[r][t]);
+                    _mm256_fmadd_ps(_mm256_set1_ps(dsa[t]), _mm256_cvtepi32_ps(is), acc[r][t]);
             }
             if B::MINS {
                 // mins += (dmin_w * d_a) * mins_int, not fused (as the reference).
@@ -282,7 +456,17 @@ unsafe fn tile<B: Gemm + K512, const VNNI: bool, const RR: usize, const TT: usiz
         // SAFETY: four writable f32.
         _mm_storeu_ps(m.as_mut_ptr(), mins[r]);
         for t in 0..TT {
-            out[r][t] = kq::hsum_f32(acc[r][t]) - m[t];
+            let a = if VNNI && t < TT / 2 * 2 {
+                let v = acc2[r][t / 2];
+                if t % 2 == 0 {
+                    _mm512_castps512_ps256(v)
+                } else {
+                    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
+                }
+            } else {
+                acc[r][t]
+            };
+            out[r][t] = kq::hsum_f32(a) - m[t];
         }
     }
     out
@@ -324,52 +508,96 @@ unsafe fn body<B: Gemm + K512, const VNNI: bool, const R: usize>(
     {
         return false;
     }
-    let n_tok = job.n_tok;
     let rb = job.row_bytes;
-    let arb = job.act_row_bytes;
     let row = |r: usize| cast::<B>(&w[r * rb..(r + 1) * rb]).unwrap_or(&[]);
-    let act = |t: usize| cast::<BlockQ8K>(&acts[t * arb..(t + 1) * arb]).unwrap_or(&[]);
     let start = job.rows.start;
     let nr = job.rows.len();
+    let mut table = MaybeUninit::<[[Unpacked<B>; MAX_NB]; R]>::uninit();
+    let base = table.as_mut_ptr() as *mut Unpacked<B>;
     let mut i = 0;
     while i < nr {
         let rr = if i + R <= nr { R } else { 1 };
-        let mut t = 0;
-        while t < n_tok {
-            let tt = (n_tok - t).min(T);
-            // The first token tile of a row tile fetches the rows of a later one (the
-            // other token tiles find this tile's rows in cache).
-            let next = if t == 0 && rr == R {
-                w.as_ptr().wrapping_add((start + i + PF_TILES * R) * rb)
-            } else {
-                core::ptr::null()
-            };
-            macro_rules! run {
-                ($r:expr, $t:expr) => {{
-                    let res = tile::<B, VNNI, $r, $t>(
-                        core::array::from_fn(|j| row(start + i + j)),
-                        core::array::from_fn(|j| act(t + j)),
-                        nb,
-                        next,
-                    );
-                    for (r, v) in res.iter().enumerate() {
-                        out[(i + r) * n_tok + t..][..$t].copy_from_slice(v);
+        // A row tile fetches the rows of a later one while it reads its own.
+        let next = if rr == R {
+            w.as_ptr().wrapping_add((start + i + PF_TILES * R) * rb)
+        } else {
+            core::ptr::null()
+        };
+        if nb <= MAX_NB {
+            let pf_step = R * core::mem::size_of::<B>();
+            for k in 0..nb {
+                if !next.is_null() {
+                    let p = next.wrapping_add(k * pf_step);
+                    for off in (0..pf_step).step_by(64) {
+                        // A prefetch never faults, even past the end of the weights.
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off) as *const i8);
                     }
-                }};
+                }
+                for j in 0..rr {
+                    // SAFETY: k < nb = the row's blocks; j < R, k < MAX_NB: inside
+                    // `table`, whose entries are 64-byte aligned.
+                    Unpacked::write::<VNNI>(
+                        row(start + i + j).get_unchecked(k),
+                        base.add(j * MAX_NB + k),
+                    );
+                }
             }
-            match (rr == R, tt) {
-                (true, 4) => run!(R, 4),
-                (true, 3) => run!(R, 3),
-                (true, 2) => run!(R, 2),
-                (true, _) => run!(R, 1),
-                (false, 4) => run!(1, 4),
-                (false, 3) => run!(1, 3),
-                (false, 2) => run!(1, 2),
-                (false, _) => run!(1, 1),
+            // SAFETY: entries 0..nb of rows 0..rr were all written just above.
+            let unpacked = |j: usize| core::slice::from_raw_parts(base.add(j * MAX_NB), nb);
+            if rr == R {
+                let rows: [&[Unpacked<B>]; R] = core::array::from_fn(unpacked);
+                token_tiles::<_, VNNI, R>(rows, job, acts, out, i, core::ptr::null());
+            } else {
+                token_tiles::<_, VNNI, 1>([unpacked(0)], job, acts, out, i, core::ptr::null());
             }
-            t += tt;
+        } else if rr == R {
+            let rows: [&[B]; R] = core::array::from_fn(|j| row(start + i + j));
+            token_tiles::<_, VNNI, R>(rows, job, acts, out, i, next);
+        } else {
+            token_tiles::<_, VNNI, 1>([row(start + i)], job, acts, out, i, next);
         }
         i += rr;
     }
     true
+}
+
+/// Every token tile of one row tile (`rows`: rows `i..i + RR` of the job's output), the
+/// first one prefetching `prefetch` (null: none) as it goes.
+///
+/// # Safety
+/// As [`tile`]: every row has the job's blocks.
+#[inline(always)]
+unsafe fn token_tiles<X: TileBlock, const VNNI: bool, const RR: usize>(
+    rows: [&[X]; RR],
+    job: &Job,
+    acts: &[u8],
+    out: &mut [f32],
+    i: usize,
+    prefetch: *const u8,
+) {
+    let (n_tok, arb) = (job.n_tok, job.act_row_bytes);
+    let nb = arb / core::mem::size_of::<BlockQ8K>();
+    let act = |t: usize| cast::<BlockQ8K>(&acts[t * arb..(t + 1) * arb]).unwrap_or(&[]);
+    let mut t = 0;
+    while t < n_tok {
+        let tt = (n_tok - t).min(T);
+        // The other token tiles find this tile's rows in cache.
+        let pf = if t == 0 { prefetch } else { core::ptr::null() };
+        macro_rules! run {
+            ($t:expr) => {{
+                let res =
+                    tile::<X, VNNI, RR, $t>(rows, core::array::from_fn(|j| act(t + j)), nb, pf);
+                for (r, v) in res.iter().enumerate() {
+                    out[(i + r) * n_tok + t..][..$t].copy_from_slice(v);
+                }
+            }};
+        }
+        match tt {
+            4 => run!(4),
+            3 => run!(3),
+            2 => run!(2),
+            _ => run!(1),
+        }
+        t += tt;
+    }
 }

@@ -179,7 +179,13 @@ pub(super) unsafe fn step(acc: __m512i, u: __m512i, s: __m512i, y: &BlockQ8K, k:
 /// The scale words of step `k` (from [`K512::scale_src`]).
 #[inline(always)]
 pub(super) unsafe fn step_scales<B: K512>(src: __m512i, k: usize) -> __m512i {
-    _mm512_permutexvar_epi16(ctrl(&B::SCALE_IDX[k]), src)
+    permute_scales(B::SCALE_IDX, src, k)
+}
+
+/// [`step_scales`] with the controls given.
+#[inline(always)]
+pub(super) unsafe fn permute_scales(idx: &[[u16; 32]; 4], src: __m512i, k: usize) -> __m512i {
+    _mm512_permutexvar_epi16(ctrl(&idx[k]), src)
 }
 
 /// The block's eight int32 lanes against `y` (offset off lane 0), `d_w * d_a`, and
