@@ -10,14 +10,14 @@
 //! multiplied with each row's 16 factors by four `vpmaddwd`.
 //!
 //! A row tile's blocks are unpacked once ([`Unpacked`]: the quants as unsigned bytes,
-//! the decoded scale words, the `bsums` factors and both f16 scales as f32) into a stack
+//! each step's scale words, the `bsums` factors and both f16 scales as f32) into a stack
 //! table that every token tile of the row tile then reads, instead of unpacking every
 //! block again for each four tokens; rows longer than [`MAX_NB`] blocks unpack per token
 //! tile as before. With VNNI the epilogue of a block (fold, offset, conversion,
 //! multiply-add) runs on two tokens per 512-bit vector. Qwen3.5-0.8B's shapes, 64 tokens
-//! (`tests/matvec_perf.rs`, Intel Xeon VM), VNNI: Q6_K 6144x1024 10.28 -> 7.33 ms, Q4_K
-//! 3584x1024 6.41 -> 4.39, Q6_K 1024x3584 5.54 -> 5.11; AVX2: Q6_K 6144x1024 12.8-18.2 ->
-//! 13.3-13.8, Q4_K 7.2 -> 6.1, Q6_K 1024x3584 7.3-7.7 -> 5.9-6.5.
+//! (`tests/matvec_perf.rs`, Intel Xeon VM, noisy: +-15 %), VNNI: Q6_K 6144x1024 10.3 ->
+//! 7.3-8.9 ms, Q4_K 3584x1024 6.4 -> 3.5, Q6_K 1024x3584 5.5 -> 3.7; AVX2: Q6_K 6144x1024
+//! 12.8-18.2 -> 8.8-9.8, Q4_K 7.2 -> 5.2-6.3, Q6_K 1024x3584 7.3-7.7 -> 5.1-6.6.
 //!
 //! Bits: every (row, token) pair computes the numbers of [`super::x86_kquant`] (and of
 //! `crate::quant::q8_k::kquant_dot`): the same eight exact int32 lanes per block (integer
@@ -51,7 +51,7 @@ const T: usize = 4;
 /// 6 times slower per token than the one-token kernel (AMD EPYC, VNNI).
 const PF_TILES: usize = 5;
 
-/// Most blocks per row the unpacked row tile holds (8192 columns; 4 rows take 48 KiB of
+/// Most blocks per row the unpacked row tile holds (8192 columns; 4 rows take 88 KiB of
 /// stack). Longer rows unpack per token tile.
 const MAX_NB: usize = 32;
 
@@ -174,25 +174,28 @@ impl Gemm for q6_k::BlockQ6K {
 trait TileBlock {
     /// Whether the format has minimums (Q4_K) rather than an offset (Q6_K).
     const MINS: bool;
-    /// [`K512::SCALE_IDX`].
-    const SCALE_IDX: &'static [[u16; 32]; 4];
     /// [`Gemm::chunk`] (AVX2).
     unsafe fn chunk(&self, c: usize) -> __m256i;
     /// [`K512::pair`] (VNNI).
     unsafe fn pair(&self, k: usize) -> __m512i;
-    /// [`K512::scale_src`] (VNNI).
+    /// [`K512::scale_src`] (VNNI), which [`TileBlock::step_scales`] takes.
     unsafe fn scale_src(&self) -> __m512i;
-    /// [`Gemm::scale_words`] (AVX2).
+    /// Step `k`'s scale words ([`k5::permute_scales`] of `src`, [`TileBlock::scale_src`]).
+    unsafe fn step_scales(&self, src: __m512i, k: usize) -> __m512i;
+    /// [`Gemm::scale_words`] (AVX2), which [`TileBlock::chunk_scales`] takes.
     unsafe fn scale_words(&self) -> __m256i;
-    /// [`Gemm::bsum_factors`].
-    unsafe fn bsum_factors(&self) -> __m256i;
+    /// Chunk `c`'s `vpmaddwd` factors (`sw`, [`TileBlock::scale_words`], under
+    /// [`CHUNK_SCALE`]`[c]`).
+    unsafe fn chunk_scales(&self, sw: __m256i, c: usize) -> __m256i;
+    /// [`Gemm::bsum_factors`] with i32 word `j` of each 128-bit half broadcast over
+    /// its half (vector `j`): the factors of the transposed `bsums` word `j`.
+    unsafe fn bsum_quads(&self) -> [__m256i; 4];
     unsafe fn d(&self) -> f32;
     unsafe fn dmin(&self) -> f32;
 }
 
 impl<B: Gemm + K512> TileBlock for B {
     const MINS: bool = <B as Gemm>::MINS;
-    const SCALE_IDX: &'static [[u16; 32]; 4] = <B as K512>::SCALE_IDX;
     #[inline(always)]
     unsafe fn chunk(&self, c: usize) -> __m256i {
         Gemm::chunk(self, c)
@@ -206,12 +209,26 @@ impl<B: Gemm + K512> TileBlock for B {
         K512::scale_src(self)
     }
     #[inline(always)]
+    unsafe fn step_scales(&self, src: __m512i, k: usize) -> __m512i {
+        k5::permute_scales(B::SCALE_IDX, src, k)
+    }
+    #[inline(always)]
     unsafe fn scale_words(&self) -> __m256i {
         Gemm::scale_words(self)
     }
     #[inline(always)]
-    unsafe fn bsum_factors(&self) -> __m256i {
-        Gemm::bsum_factors(self)
+    unsafe fn chunk_scales(&self, sw: __m256i, c: usize) -> __m256i {
+        _mm256_shuffle_epi8(sw, load32(&CHUNK_SCALE[c]))
+    }
+    #[inline(always)]
+    unsafe fn bsum_quads(&self) -> [__m256i; 4] {
+        let f = Gemm::bsum_factors(self);
+        [
+            _mm256_shuffle_epi32::<0x00>(f),
+            _mm256_shuffle_epi32::<0x55>(f),
+            _mm256_shuffle_epi32::<0xAA>(f),
+            _mm256_shuffle_epi32::<0xFF>(f),
+        ]
     }
     #[inline(always)]
     unsafe fn d(&self) -> f32 {
@@ -230,9 +247,10 @@ struct Unpacked<B> {
     /// The quants as unsigned bytes, chunk `c` at `32c..32c + 32` (so pair `k` is the
     /// 64 bytes at `64k`).
     u: [u8; 256],
-    /// VNNI: [`K512::scale_src`]; AVX2: [`Gemm::scale_words`] and 32 zero bytes.
-    scales: [u8; 64],
-    bsum_factors: [u8; 32],
+    /// VNNI: step `k`'s scale words at `64k`; AVX2: chunk `c`'s at `32c`.
+    scales: [u8; 256],
+    /// [`TileBlock::bsum_quads`], 32 bytes each.
+    bsum_quads: [u8; 128],
     d: f32,
     dmin: f32,
     _format: PhantomData<B>,
@@ -248,19 +266,22 @@ impl<B: Gemm + K512> Unpacked<B> {
         let u = core::ptr::addr_of_mut!((*out).u) as *mut u8;
         let sc = core::ptr::addr_of_mut!((*out).scales) as *mut u8;
         if VNNI {
+            let src = K512::scale_src(x);
             for k in 0..4 {
                 _mm512_store_si512(u.add(64 * k) as *mut _, K512::pair(x, k));
+                _mm512_store_si512(sc.add(64 * k) as *mut _, x.step_scales(src, k));
             }
-            _mm512_store_si512(sc as *mut _, K512::scale_src(x));
         } else {
+            let sw = Gemm::scale_words(x);
             for c in 0..8 {
                 _mm256_store_si256(u.add(32 * c) as *mut __m256i, Gemm::chunk(x, c));
+                _mm256_store_si256(sc.add(32 * c) as *mut __m256i, x.chunk_scales(sw, c));
             }
-            _mm256_store_si256(sc as *mut __m256i, Gemm::scale_words(x));
-            _mm256_store_si256(sc.add(32) as *mut __m256i, _mm256_setzero_si256());
         }
-        let f = core::ptr::addr_of_mut!((*out).bsum_factors) as *mut __m256i;
-        _mm256_store_si256(f, Gemm::bsum_factors(x));
+        let f = core::ptr::addr_of_mut!((*out).bsum_quads) as *mut __m256i;
+        for (j, q) in x.bsum_quads().into_iter().enumerate() {
+            _mm256_store_si256(f.add(j), q);
+        }
         core::ptr::addr_of_mut!((*out).d).write(Gemm::d(x));
         core::ptr::addr_of_mut!((*out).dmin).write(Gemm::dmin(x));
     }
@@ -268,7 +289,6 @@ impl<B: Gemm + K512> Unpacked<B> {
 
 impl<B: Gemm + K512> TileBlock for Unpacked<B> {
     const MINS: bool = <B as Gemm>::MINS;
-    const SCALE_IDX: &'static [[u16; 32]; 4] = <B as K512>::SCALE_IDX;
     #[inline(always)]
     unsafe fn chunk(&self, c: usize) -> __m256i {
         _mm256_load_si256(self.u.as_ptr().add(32 * c) as *const __m256i)
@@ -277,17 +297,28 @@ impl<B: Gemm + K512> TileBlock for Unpacked<B> {
     unsafe fn pair(&self, k: usize) -> __m512i {
         _mm512_load_si512(self.u.as_ptr().add(64 * k) as *const _)
     }
+    /// Unused: the step scales are stored.
     #[inline(always)]
     unsafe fn scale_src(&self) -> __m512i {
-        _mm512_load_si512(self.scales.as_ptr() as *const _)
+        core::mem::zeroed()
     }
+    #[inline(always)]
+    unsafe fn step_scales(&self, _: __m512i, k: usize) -> __m512i {
+        _mm512_load_si512(self.scales.as_ptr().add(64 * k) as *const _)
+    }
+    /// Unused: the chunk scales are stored.
     #[inline(always)]
     unsafe fn scale_words(&self) -> __m256i {
-        _mm256_load_si256(self.scales.as_ptr() as *const __m256i)
+        _mm256_setzero_si256()
     }
     #[inline(always)]
-    unsafe fn bsum_factors(&self) -> __m256i {
-        _mm256_load_si256(self.bsum_factors.as_ptr() as *const __m256i)
+    unsafe fn chunk_scales(&self, _: __m256i, c: usize) -> __m256i {
+        _mm256_load_si256(self.scales.as_ptr().add(32 * c) as *const __m256i)
+    }
+    #[inline(always)]
+    unsafe fn bsum_quads(&self) -> [__m256i; 4] {
+        let p = self.bsum_quads.as_ptr() as *const __m256i;
+        core::array::from_fn(|j| _mm256_load_si256(p.add(j)))
     }
     #[inline(always)]
     unsafe fn d(&self) -> f32 {
@@ -358,8 +389,7 @@ unsafe fn tile<B: TileBlock, const VNNI: bool, const RR: usize, const TT: usize>
             let src: [__m512i; RR] = core::array::from_fn(|r| x[r].scale_src());
             for k in 0..4 {
                 let u: [__m512i; RR] = core::array::from_fn(|r| x[r].pair(k));
-                let s: [__m512i; RR] =
-                    core::array::from_fn(|r| k5::permute_scales(B::SCALE_IDX, src[r], k));
+                let s: [__m512i; RR] = core::array::from_fn(|r| x[r].step_scales(src[r], k));
                 for t in 0..TT {
                     for r in 0..RR {
                         wide[r][t] = k5::step(wide[r][t], u[r], s[r], y[t], k);
@@ -368,10 +398,9 @@ unsafe fn tile<B: TileBlock, const VNNI: bool, const RR: usize, const TT: usize>
             }
         }
         let sw: [__m256i; RR] = core::array::from_fn(|r| x[r].scale_words());
-        for (c, ctrl) in CHUNK_SCALE.iter().enumerate().filter(|_| !VNNI) {
-            let ctrl = _mm256_loadu_si256(ctrl.as_ptr() as *const __m256i);
+        for c in (0..8).filter(|_| !VNNI) {
             let u: [__m256i; RR] = core::array::from_fn(|r| x[r].chunk(c));
-            let s: [__m256i; RR] = core::array::from_fn(|r| _mm256_shuffle_epi8(sw[r], ctrl));
+            let s: [__m256i; RR] = core::array::from_fn(|r| x[r].chunk_scales(sw[r], c));
             for t in 0..TT {
                 let q = load32(&y[t].qs[32 * c..]);
                 for r in 0..RR {
@@ -384,15 +413,15 @@ unsafe fn tile<B: TileBlock, const VNNI: bool, const RR: usize, const TT: usize>
         for r in 0..RR {
             // sum_g factor[g] * bsums[g] for the four tokens (i16 x i16 products summed
             // in pairs into i32: exact; the sum wraps like `hsum_i32`).
-            let f = x[r].bsum_factors();
+            let f = x[r].bsum_quads();
             let m = _mm256_add_epi32(
                 _mm256_add_epi32(
-                    _mm256_madd_epi16(tb[0], _mm256_shuffle_epi32::<0x00>(f)),
-                    _mm256_madd_epi16(tb[1], _mm256_shuffle_epi32::<0x55>(f)),
+                    _mm256_madd_epi16(tb[0], f[0]),
+                    _mm256_madd_epi16(tb[1], f[1]),
                 ),
                 _mm256_add_epi32(
-                    _mm256_madd_epi16(tb[2], _mm256_shuffle_epi32::<0xAA>(f)),
-                    _mm256_madd_epi16(tb[3], _mm256_shuffle_epi32::<0xFF>(f)),
+                    _mm256_madd_epi16(tb[2], f[2]),
+                    _mm256_madd_epi16(tb[3], f[3]),
                 ),
             );
             let m = _mm_add_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256::<1>(m));
