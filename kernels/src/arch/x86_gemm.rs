@@ -12,8 +12,8 @@
 //! A row tile's blocks are unpacked once ([`Unpacked`]: the quants as unsigned bytes,
 //! each step's scale words, the `bsums` factors and both f16 scales as f32) into a stack
 //! table that every token tile of the row tile then reads, instead of unpacking every
-//! block again for each four tokens; rows longer than [`MAX_NB`] blocks unpack per token
-//! tile as before. With VNNI the epilogue of a block (fold, offset, conversion,
+//! block again for each four tokens; rows longer than [`MAX_NB`] blocks, and jobs of at
+//! most one token tile, unpack per token tile as before. With VNNI the epilogue of a block (fold, offset, conversion,
 //! multiply-add) runs on two tokens per 512-bit vector. Qwen3.5-0.8B's shapes, 64 tokens
 //! (`tests/matvec_perf.rs`, Intel Xeon VM, noisy: +-15 %), VNNI: Q6_K 6144x1024 10.3 ->
 //! 7.3-8.9 ms, Q4_K 3584x1024 6.4 -> 3.5, Q6_K 1024x3584 5.5 -> 3.7; AVX2: Q6_K 6144x1024
@@ -552,7 +552,9 @@ unsafe fn body<B: Gemm + K512, const VNNI: bool, const R: usize>(
         } else {
             core::ptr::null()
         };
-        if nb <= MAX_NB {
+        // With one token tile (a few sequences decoded together) the table would be read
+        // once: unpacking into it would only add its stores and loads.
+        if nb <= MAX_NB && job.n_tok > T {
             let pf_step = R * core::mem::size_of::<B>();
             for k in 0..nb {
                 if !next.is_null() {
