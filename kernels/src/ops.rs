@@ -253,6 +253,34 @@ pub fn softmax_skip_on(feat: &crate::CpuFeatures, x: &mut [f32], log_ratio: f32)
     }
 }
 
+/// `(max, ln sum_i e^(x_i - max))` over `x`: the normalizer of a log-softmax, so
+/// `-log p(t) = lse - (x_t - max)`. Each exponential as [`expf_ggml`] (within 1.5 ulp of
+/// `expf`), eight or sixteen at a time where `feat` allows (same bits), summed per group
+/// of 16 in f32 and across groups in f64, as [`softmax`] does. Perplexity runs it on
+/// every scored position over the whole vocabulary.
+pub fn log_sum_exp_on(feat: &crate::CpuFeatures, x: &[f32]) -> (f32, f64) {
+    let max = x
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
+    let mut sum = 0.0f64;
+    for chunk in x.chunks(16) {
+        let mut e = [0.0f32; 16];
+        #[cfg(target_arch = "x86_64")]
+        if let Some(t) = feat.avx2_token() {
+            if crate::arch::x86_attn::exp16_minus(t, chunk, max, &mut e) {
+                sum += crate::quant::float::hsum16(e) as f64;
+                continue;
+            }
+        }
+        let _ = feat;
+        for (ei, v) in e.iter_mut().zip(chunk) {
+            *ei = expf_ggml(*v - max);
+        }
+        sum += crate::quant::float::hsum16(e) as f64;
+    }
+    (max, libm::log(sum))
+}
+
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 const GELU_COEF_A: f32 = 0.044715;
 

@@ -16,9 +16,13 @@ fn raised_context(n: u32) -> String {
     let at = b.windows(key.len()).position(|w| w == key).unwrap() + key.len();
     assert_eq!(&b[at..at + 4], &4u32.to_le_bytes(), "a u32 value");
     b[at + 4..at + 8].copy_from_slice(&n.to_le_bytes());
+    // One file per call: the tests run in parallel, and a shared file rewritten by one
+    // while another's server reads it was seen empty (a flaky "header runs past the end").
+    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("pinch-tools-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("qwen3-long.gguf");
+    let path = dir.join(format!("qwen3-long-{n}-{call}.gguf"));
     std::fs::write(&path, b).unwrap();
     path.with_extension("").to_string_lossy().into_owned()
 }

@@ -78,6 +78,9 @@ pub enum Math {
 pub enum Logits {
     Last,
     All,
+    /// Positions `k..` of the call's tokens (perplexity scores only a window's second
+    /// half: the head, a quarter of a small model's prompt time, skips the first).
+    From(usize),
     None,
 }
 
@@ -568,6 +571,7 @@ impl<'w, 'a> Session<'w, 'a> {
             let last_chunk = end == tokens.len();
             let sel: Range<usize> = match which {
                 Logits::All => 0..chunk.len(),
+                Logits::From(k) => k.saturating_sub(start).min(chunk.len())..chunk.len(),
                 Logits::Last if last_chunk => chunk.len() - 1..chunk.len(),
                 _ => 0..0,
             };
