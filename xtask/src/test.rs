@@ -223,6 +223,10 @@ fn test_slow() -> Result<Outcome> {
     if std::env::var_os("PINCH_SKIP_MODEL_TESTS").is_some_and(|v| v == "1") {
         return Ok(Outcome::Skipped("PINCH_SKIP_MODEL_TESTS=1"));
     }
+    // One cargo call per package: the test binaries build in parallel, then run one
+    // after another. SmolLM2-135M-Instruct against llama.cpp's goldens (tokens, logits,
+    // greedy, template; run and serve through the binary), and the pruned head's
+    // bits-per-byte cost on Gemma.
     let mut counts = run_tests(&mut cargo([
         "test",
         "--release",
@@ -230,6 +234,14 @@ fn test_slow() -> Result<Outcome> {
         "pinch-linux",
         "--test",
         "cli",
+        "--test",
+        "stream_cli",
+        "--test",
+        "server_load",
+        "--test",
+        "smollm2_cli",
+        "--test",
+        "head_bpb",
         "--",
         "--ignored",
     ]))?;
@@ -237,41 +249,12 @@ fn test_slow() -> Result<Outcome> {
         "test",
         "--release",
         "-p",
-        "pinch-linux",
+        "pinch-tests",
         "--test",
-        "stream_cli",
+        "smollm2_135m",
         "--",
         "--ignored",
     ]))?);
-    counts.add(run_tests(&mut cargo([
-        "test",
-        "--release",
-        "-p",
-        "pinch-linux",
-        "--test",
-        "server_load",
-        "--",
-        "--ignored",
-    ]))?);
-    // SmolLM2-135M-Instruct against llama.cpp's goldens (tokens, logits, greedy,
-    // template; run and serve through the binary), and the pruned head's bits-per-byte
-    // cost on Gemma.
-    for (pkg, test) in [
-        ("pinch-tests", "smollm2_135m"),
-        ("pinch-linux", "smollm2_cli"),
-        ("pinch-linux", "head_bpb"),
-    ] {
-        counts.add(run_tests(&mut cargo([
-            "test",
-            "--release",
-            "-p",
-            pkg,
-            "--test",
-            test,
-            "--",
-            "--ignored",
-        ]))?);
-    }
     Ok(Outcome::Tested(counts))
 }
 
