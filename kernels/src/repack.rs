@@ -308,13 +308,13 @@ impl Group for BlockQ4_0x4s {
         let rows: [&BlockQ4_0; 4] = core::array::from_fn(|r| rows[r]);
         BlockQ4_0x4s {
             d: rows.map(|b| b.d),
-            qs: core::array::from_fn(|k| core::array::from_fn(|i| rows[i / 4].qs[4 * k + i % 4])),
+            qs: interleave4(rows.map(|b| &b.qs)),
         }
     }
     fn unpack(&self, r: usize) -> BlockQ4_0 {
         BlockQ4_0 {
             d: self.d[r],
-            qs: core::array::from_fn(|q| self.qs[q / 4][4 * r + q % 4]),
+            qs: deinterleave4(&self.qs, r),
         }
     }
 }
@@ -333,6 +333,19 @@ pub struct BlockQ1_0x16 {
 }
 crate::pod_block!(BlockQ1_0x16);
 static_assertions::const_assert_eq!(core::mem::size_of::<BlockQ1_0x16>(), 16 * q1_0::BLOCK_BYTES);
+
+/// Four rows' bytes in chunks of four per row: `out[k][4r + j] = rows[r][4k + j]` (the
+/// quant or nibble part of the `x4s` layouts, one 16-byte load per chunk for `sdot`).
+fn interleave4<const N: usize, const K: usize>(rows: [&[u8; N]; 4]) -> [[u8; 16]; K] {
+    const { assert!(4 * K == N) };
+    core::array::from_fn(|k| core::array::from_fn(|i| rows[i / 4][4 * k + i % 4]))
+}
+
+/// Row `r`'s bytes back out of [`interleave4`].
+fn deinterleave4<const N: usize, const K: usize>(chunks: &[[u8; 16]; K], r: usize) -> [u8; N] {
+    const { assert!(4 * K == N) };
+    core::array::from_fn(|q| chunks[q / 4][4 * r + q % 4])
+}
 
 /// A group-block layout: `ROWS` plain blocks (one per row) in, `ROWS` out.
 pub(crate) trait Group: Pod {
@@ -386,13 +399,13 @@ impl Group for BlockQ8_0x4s {
         let rows: [&BlockQ8_0; 4] = core::array::from_fn(|r| rows[r]);
         BlockQ8_0x4s {
             d: rows.map(|b| b.d),
-            qs: core::array::from_fn(|k| core::array::from_fn(|i| rows[i / 4].qs[4 * k + i % 4])),
+            qs: interleave4(rows.map(|b| &b.qs)),
         }
     }
     fn unpack(&self, r: usize) -> BlockQ8_0 {
         BlockQ8_0 {
             d: self.d[r],
-            qs: core::array::from_fn(|q| self.qs[q / 4][4 * r + q % 4]),
+            qs: deinterleave4(&self.qs, r),
         }
     }
 }
@@ -405,7 +418,7 @@ impl Group for BlockQ5_0x4s {
         let h = rows.map(|b| u32::from_le_bytes(b.qh));
         BlockQ5_0x4s {
             d: rows.map(|b| b.d),
-            qs: core::array::from_fn(|k| core::array::from_fn(|i| rows[i / 4].qs[4 * k + i % 4])),
+            qs: interleave4(rows.map(|b| &b.qs)),
             qh: core::array::from_fn(|i| {
                 let (r, j) = (i / 4, i % 4);
                 (0..4).fold(0u8, |acc, k| {
@@ -427,7 +440,7 @@ impl Group for BlockQ5_0x4s {
         BlockQ5_0 {
             d: self.d[r],
             qh: h.to_le_bytes(),
-            qs: core::array::from_fn(|q| self.qs[q / 4][4 * r + q % 4]),
+            qs: deinterleave4(&self.qs, r),
         }
     }
 }
