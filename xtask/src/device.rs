@@ -75,14 +75,14 @@ pub fn build(device: Device) -> Result<PathBuf> {
         }
         Device::RouterArmv7 => crate::armv7_musl::build(),
         Device::Ipad => {
-            run(&mut cargo([
+            run(&mut shipped(cargo([
                 "build",
                 "--release",
                 "-p",
                 "pinch-ios",
                 "--target",
                 IOS,
-            ]))?;
+            ])))?;
             let lib = target_dir().join(IOS).join("release/libpinch_ios.a");
             if !lib.is_file() {
                 return Err(format!("expected {} after the build", lib.display()));
@@ -122,7 +122,7 @@ pub fn build(device: Device) -> Result<PathBuf> {
                     "--target",
                     IOS_ARMV7,
                 ]);
-            run(&mut build)?;
+            run(&mut shipped(build))?;
             let lib = dir.join(IOS_ARMV7).join("release/libpinch_ios.a");
             if !lib.is_file() {
                 return Err(format!("expected {} after the build", lib.display()));
@@ -136,7 +136,12 @@ pub fn build(device: Device) -> Result<PathBuf> {
             Ok(lib)
         }
         Device::Host => {
-            run(&mut cargo(["build", "--release", "-p", "pinch-linux"]))?;
+            run(&mut shipped(cargo([
+                "build",
+                "--release",
+                "-p",
+                "pinch-linux",
+            ])))?;
             let bin = target_dir().join("release/pinch");
             report_size(&bin)?;
             Ok(bin)
@@ -167,6 +172,22 @@ pub fn device_target_dir() -> PathBuf {
 /// accept it, so no second (nightly) toolchain is needed. A panic still prints its
 /// message and location before aborting.
 ///
+/// Profile overrides `cargo xtask test` sets for its release test builds (no LTO, 16
+/// codegen units: the same code and bits, built and linked faster); a device build
+/// removes them so what it produces is what ships.
+pub const TEST_PROFILE_ENV: [(&str, &str); 2] = [
+    ("CARGO_PROFILE_RELEASE_LTO", "false"),
+    ("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "16"),
+];
+
+/// `cmd` without [`TEST_PROFILE_ENV`]: the shipping release profile.
+pub fn shipped(mut cmd: std::process::Command) -> std::process::Command {
+    for (k, _) in TEST_PROFILE_ENV {
+        cmd.env_remove(k);
+    }
+    cmd
+}
+
 /// `rustflags` are the target's own flags (a linker route), added after ours.
 pub fn std_from_source_build(
     target: &'static str,
@@ -199,7 +220,7 @@ pub fn std_from_source_build(
         .env("RUSTC_BOOTSTRAP", "1")
         .env("CARGO_TARGET_DIR", dir)
         .env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"));
-    build
+    shipped(build)
 }
 
 /// `-Z build-std` compiles std from the toolchain's `rust-src` component
