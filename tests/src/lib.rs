@@ -105,11 +105,31 @@ pub fn run_logits_threaded(
     spec: RunSpec,
     weight_budget: Option<u64>,
 ) -> Result<StreamedRun, ModelError> {
-    let plat = ThreadedMem(MemPlatform {
-        bytes: gguf_bytes,
-        cpu: host_cpu(),
-    });
+    let plat = ThreadedMem(
+        MemPlatform {
+            bytes: gguf_bytes,
+            cpu: host_cpu(),
+        },
+        1,
+    );
     run_on(&plat, gguf_bytes, tokens, spec, weight_budget, false).map(|(r, _)| r)
+}
+
+/// [`run_logits`] with the work split as for `workers` threads ([`ThreadedMem`]).
+pub fn run_logits_workers(
+    gguf_bytes: &[u8],
+    tokens: &[u32],
+    spec: RunSpec,
+    workers: usize,
+) -> Result<(Config, Vec<Vec<f32>>), ModelError> {
+    let plat = ThreadedMem(
+        MemPlatform {
+            bytes: gguf_bytes,
+            cpu: host_cpu(),
+        },
+        workers,
+    );
+    run_on(&plat, gguf_bytes, tokens, spec, None, false).map(|((c, rows, _), _)| (c, rows))
 }
 
 /// How [`run_with`] loads and runs beyond the [`RunSpec`].
@@ -463,8 +483,12 @@ pub fn scale_layers(src: &[u8], n_layer: usize) -> Vec<u8> {
 }
 
 /// [`MemPlatform`] with an I/O thread: `overlap` runs the reader on a scoped thread,
-/// so the streaming engine's threaded path runs in tests too.
-pub struct ThreadedMem<'b>(pub MemPlatform<'b>);
+/// so the streaming engine's threaded path runs in tests too. It reports `.1` workers,
+/// and its `parallel(n, f)` runs `f(0)`, `f(1)`, ... one after another: with more than
+/// one, the engine splits its work as for that many threads (the row ranges of guided
+/// scheduling, token and head parts), cheaply enough for qemu (a thread per call took
+/// minutes there); concurrency itself is the `pinch-linux` pool's tests' job.
+pub struct ThreadedMem<'b>(pub MemPlatform<'b>, pub usize);
 
 impl Platform for ThreadedMem<'_> {
     type File = ();
@@ -502,7 +526,7 @@ impl Platform for ThreadedMem<'_> {
         None
     }
     fn workers(&self) -> usize {
-        1
+        self.1
     }
     fn parallel(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
         self.0.parallel(n, f)
@@ -588,10 +612,13 @@ pub fn with_session_threaded<R>(
     repack: bool,
     f: impl FnOnce(&mut Session<'_, '_>, &ThreadedMem<'_>, &[(&'static str, usize)]) -> R,
 ) -> Result<R, ModelError> {
-    let plat = ThreadedMem(MemPlatform {
-        bytes: gguf_bytes,
-        cpu: host_cpu(),
-    });
+    let plat = ThreadedMem(
+        MemPlatform {
+            bytes: gguf_bytes,
+            cpu: host_cpu(),
+        },
+        1,
+    );
     session_on(&plat, gguf_bytes, spec, weight_budget, None, repack, 1, f)
 }
 

@@ -280,6 +280,43 @@ fn repacked_weights_give_the_plain_logits() {
     println!("{report}");
 }
 
+/// Splitting the work across workers never changes a bit: every quantized fixture, one
+/// token at a time (where several matrices of one input run as one split of all their
+/// rows) and batched, split for three workers (uneven parts) against one.
+#[test]
+fn split_across_workers_gives_the_one_worker_bits() {
+    for name in fixtures() {
+        if unsupported(&name) || is_f32(&name) {
+            continue;
+        }
+        let bytes = std::fs::read(data_dir().join("tiny").join(&name)).unwrap();
+        let tokens: Vec<u32> =
+            Meta::load(&data_dir().join("tiny").join(format!("{name}.meta"))).u32s("token_ids");
+        for batch in [1, 24] {
+            let spec = |threads| RunSpec {
+                math: Math::Fast,
+                kv: KvType::F32,
+                batch,
+                threads,
+                attn_skip: false,
+            };
+            let (_, one) = run_logits(&bytes, &tokens, spec(1)).unwrap();
+            for workers in [3] {
+                let (_, split) =
+                    pinch_tests::run_logits_workers(&bytes, &tokens, spec(workers), workers)
+                        .unwrap_or_else(|e| panic!("{name}: {e}"));
+                for (pos, (a, b)) in one.iter().zip(&split).enumerate() {
+                    let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(
+                        same,
+                        "{name}: batch {batch}, {workers} workers, position {pos}: logits differ"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Sliding-window layers keeping only a ring of their window (the default) give the
 /// logits of a full-context KV cache bit for bit, one token at a time and batched, with
 /// sequences far longer than the window (tiny gemma3: window 8, 3 layers, 2 local).

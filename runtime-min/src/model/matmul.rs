@@ -83,7 +83,9 @@ impl<P: Platform> MatMul<'_, P> {
     }
 
     /// Several matrices of the same input (q/k/v, gate/up): the input is quantized once
-    /// per activation format, not once per matrix.
+    /// per activation format, not once per matrix. One token through matrices of one
+    /// format runs as a single parallel pass over all their rows
+    /// ([`Self::linear_many_one_pass`]).
     #[allow(clippy::too_many_arguments)]
     pub fn linear_many(
         &self,
@@ -94,11 +96,96 @@ impl<P: Platform> MatMul<'_, P> {
         tmp: &mut [f32],
         row: &mut [f32],
     ) -> Result<(), ModelError> {
+        if n == 1 && self.linear_many_one_pass(x, jobs, act_q, tmp)? {
+            return Ok(());
+        }
         let mut have = None;
         for (w, out) in jobs.iter_mut() {
             self.linear_reusing(w, x, n, out, w.rows, 0, act_q, tmp, row, &mut have)?;
         }
         Ok(())
+    }
+
+    /// [`Self::linear_many`] for one token as one split of all the matrices' rows across
+    /// the workers: one dispatch and join instead of one per matrix (at two threads a
+    /// small model's decode step is dozens of matrices of a few hundred KiB, where each
+    /// join's wait counts). Only when there are several workers, every matrix pairs with
+    /// the same activation format and width, has a multiple of [`ROW_GRAIN`] rows (so no
+    /// worker's range starts inside a repacked row group) and all the rows fit `tmp`;
+    /// `Ok(false)` otherwise, with nothing done. Each row's dot is the one
+    /// [`Self::linear_pre`] computes: same bits.
+    fn linear_many_one_pass(
+        &self,
+        x: &[f32],
+        jobs: &mut [(&Tensor, &mut [f32])],
+        act_q: &mut [u8],
+        tmp: &mut [f32],
+    ) -> Result<bool, ModelError> {
+        const MAX_JOBS: usize = 4;
+        let Some(fmt) = jobs.first().and_then(|(w, _)| w.ty.act_format()) else {
+            return Ok(false);
+        };
+        let cols = jobs[0].0.cols;
+        let total: usize = jobs.iter().map(|(w, _)| w.rows).sum();
+        let fits = jobs.iter().all(|(w, out)| {
+            w.ty.act_format() == Some(fmt)
+                && w.cols == cols
+                && w.rows % ROW_GRAIN == 0
+                && out.len() >= w.rows
+        });
+        if self.math != Math::Fast
+            || self.threads.min(self.p.workers()) < 2
+            || !(2..=MAX_JOBS).contains(&jobs.len())
+            || !fits
+            || total > tmp.len()
+        {
+            return Ok(false);
+        }
+        let arb = fmt
+            .row_bytes(cols)
+            .ok_or(KernelError::Unsupported(jobs[0].0.ty))?;
+        self.quantize(fmt, x, 1, cols, act_q)?;
+        let acts = &act_q[..arb];
+        let mut mats: heapless::Vec<&Tensor, MAX_JOBS> = heapless::Vec::new();
+        for (w, _) in jobs.iter() {
+            let _ = mats.push(*w);
+        }
+        let err = spin::Mutex::new(None::<KernelError>);
+        let cpu = self.cpu;
+        par_rows(
+            self.p,
+            self.threads,
+            total,
+            1,
+            &mut tmp[..total],
+            &|r, o| {
+                // The part of each matrix that falls in `r`, in that matrix's row numbers.
+                let mut base = 0;
+                for w in mats.iter() {
+                    let (lo, hi) = (r.start.max(base), r.end.min(base + w.rows));
+                    if lo < hi {
+                        let o = &mut o[lo - r.start..hi - r.start];
+                        let local = lo - base..hi - base;
+                        let rb = w.row_bytes();
+                        if let Err(e) =
+                            repack_rows(w.layout, w.ty, &cpu, w.data, rb, local, acts, arb, o)
+                        {
+                            *err.lock() = Some(e);
+                        }
+                    }
+                    base += w.rows;
+                }
+            },
+        );
+        if let Some(e) = err.into_inner() {
+            return Err(e.into());
+        }
+        let mut base = 0;
+        for (w, out) in jobs.iter_mut() {
+            out[..w.rows].copy_from_slice(&tmp[base..base + w.rows]);
+            base += w.rows;
+        }
+        Ok(true)
     }
 
     /// [`Self::linear_to`] where `have` is the format `act_q` already holds `x` in (if
