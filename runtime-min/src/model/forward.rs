@@ -79,7 +79,8 @@ pub enum Logits {
     Last,
     All,
     /// Positions `k..` of the call's tokens (perplexity scores only a window's second
-    /// half: the head, a quarter of a small model's prompt time, skips the first).
+    /// half, so the LM head, most of a small model's work per token when every position
+    /// needs logits, skips the first).
     From(usize),
     None,
 }
