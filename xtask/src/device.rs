@@ -155,6 +155,22 @@ pub fn device_target_dir() -> PathBuf {
     target_dir().join("device")
 }
 
+/// Profile overrides `cargo xtask test` sets for its release test builds (no LTO, 16
+/// codegen units: the same code and bits, built and linked faster); a device build
+/// removes them so what it produces is what ships.
+pub const TEST_PROFILE_ENV: [(&str, &str); 2] = [
+    ("CARGO_PROFILE_RELEASE_LTO", "false"),
+    ("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "16"),
+];
+
+/// `cmd` without [`TEST_PROFILE_ENV`]: the shipping release profile.
+pub fn shipped(mut cmd: std::process::Command) -> std::process::Command {
+    for (k, _) in TEST_PROFILE_ENV {
+        cmd.env_remove(k);
+    }
+    cmd
+}
+
 /// `cargo build --release` of `pinch-linux` for `target` with std compiled from source
 /// (`rust-src`) under the release profile instead of rustup's prebuilt one, which is
 /// what brings the binary toward 1 MB:
@@ -172,22 +188,6 @@ pub fn device_target_dir() -> PathBuf {
 /// accept it, so no second (nightly) toolchain is needed. A panic still prints its
 /// message and location before aborting.
 ///
-/// Profile overrides `cargo xtask test` sets for its release test builds (no LTO, 16
-/// codegen units: the same code and bits, built and linked faster); a device build
-/// removes them so what it produces is what ships.
-pub const TEST_PROFILE_ENV: [(&str, &str); 2] = [
-    ("CARGO_PROFILE_RELEASE_LTO", "false"),
-    ("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "16"),
-];
-
-/// `cmd` without [`TEST_PROFILE_ENV`]: the shipping release profile.
-pub fn shipped(mut cmd: std::process::Command) -> std::process::Command {
-    for (k, _) in TEST_PROFILE_ENV {
-        cmd.env_remove(k);
-    }
-    cmd
-}
-
 /// `rustflags` are the target's own flags (a linker route), added after ours.
 pub fn std_from_source_build(
     target: &'static str,

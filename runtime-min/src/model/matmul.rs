@@ -121,7 +121,6 @@ impl<P: Platform> MatMul<'_, P> {
         act_q: &mut [u8],
         tmp: &mut [f32],
     ) -> Result<bool, ModelError> {
-        const MAX_JOBS: usize = 4;
         let Some(fmt) = jobs.first().and_then(|(w, _)| w.ty.act_format()) else {
             return Ok(false);
         };
@@ -135,7 +134,7 @@ impl<P: Platform> MatMul<'_, P> {
         });
         if self.math != Math::Fast
             || self.threads.min(self.p.workers()) < 2
-            || !(2..=MAX_JOBS).contains(&jobs.len())
+            || jobs.len() < 2
             || !fits
             || total > tmp.len()
         {
@@ -146,12 +145,9 @@ impl<P: Platform> MatMul<'_, P> {
             .ok_or(KernelError::Unsupported(jobs[0].0.ty))?;
         self.quantize(fmt, x, 1, cols, act_q)?;
         let acts = &act_q[..arb];
-        let mut mats: heapless::Vec<&Tensor, MAX_JOBS> = heapless::Vec::new();
-        for (w, _) in jobs.iter() {
-            let _ = mats.push(*w);
-        }
         let err = spin::Mutex::new(None::<KernelError>);
         let cpu = self.cpu;
+        let mats: &[(&Tensor, &mut [f32])] = jobs;
         par_rows(
             self.p,
             self.threads,
@@ -161,7 +157,7 @@ impl<P: Platform> MatMul<'_, P> {
             &|r, o| {
                 // The part of each matrix that falls in `r`, in that matrix's row numbers.
                 let mut base = 0;
-                for w in mats.iter() {
+                for (w, _) in mats {
                     let (lo, hi) = (r.start.max(base), r.end.min(base + w.rows));
                     if lo < hi {
                         let o = &mut o[lo - r.start..hi - r.start];
