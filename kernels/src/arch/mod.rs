@@ -80,6 +80,8 @@ mod x86_min;
 #[cfg(target_arch = "x86_64")]
 mod x86_q1_lut;
 #[cfg(target_arch = "x86_64")]
+pub mod x86_quant;
+#[cfg(target_arch = "x86_64")]
 mod x86_repack;
 #[cfg(target_arch = "x86_64")]
 mod x86_rows;

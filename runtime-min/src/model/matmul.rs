@@ -2,7 +2,7 @@
 //! format (as llama.cpp does), rows split across workers, the f32 oracle beside it.
 use core::ops::Range;
 
-use pinch_kernels::matvec::{quantize_activation, KernelError};
+use pinch_kernels::matvec::{quantize_activation_on, KernelError};
 use pinch_kernels::repack::matmul_rows as repack_rows;
 use pinch_kernels::{ActFormat, CpuFeatures};
 
@@ -233,7 +233,8 @@ impl<P: Platform> MatMul<'_, P> {
             arb,
             &|ts, dst| {
                 for (i, t) in ts.enumerate() {
-                    let r = quantize_activation(
+                    let r = quantize_activation_on(
+                        &self.cpu,
                         fmt,
                         &x[t * cols..(t + 1) * cols],
                         &mut dst[i * arb..(i + 1) * arb],
@@ -284,11 +285,12 @@ impl<P: Platform> MatMul<'_, P> {
                     *err.lock() = Some(e);
                 }
             });
-            // [rows][n] -> [n][stride] at column row0, tokens split across workers.
-            // Rows outside, tokens inside: the reads run along a row of `tmp` and the
-            // writes touch one cache line per token, which the next 15 rows reuse (a
+            // [rows][n] -> [n][stride] at column row0, tokens split across workers, in
+            // bands of 16 rows: per token, one run of 16 output floats (a cache line)
+            // from 16 rows of `tmp` whose lines the next tokens reuse, so both sides
+            // stay in L1. (Row by row, each row's writes touch one line per token; a
             // token-outer loop reads `tmp` with a stride of n floats: a miss per value
-            // on a 262k-row head).
+            // on a 262k-row head.)
             let tmp: &[f32] = tmp;
             par_chunks(
                 self.p,
@@ -296,20 +298,35 @@ impl<P: Platform> MatMul<'_, P> {
                 n,
                 &mut out[..n * stride],
                 stride,
-                &|ts, dst| {
-                    let (t0, width) = (ts.start, ts.len());
-                    for r in 0..rows {
-                        let src = &tmp[r * n + t0..r * n + t0 + width];
-                        for (i, v) in src.iter().enumerate() {
-                            dst[i * stride + row0 + r] = *v;
-                        }
-                    }
-                },
+                &|ts, dst| transpose_band(tmp, n, ts, rows, dst, stride, row0),
             );
         }
         match err.into_inner() {
             Some(e) => Err(e.into()),
             None => Ok(()),
+        }
+    }
+}
+
+/// Rows `0..rows` of `tmp` ([rows][n]) at tokens `ts`, written token-major into `dst`
+/// (the tokens' rows of the output, `stride` floats each) at columns `row0..row0 + rows`.
+fn transpose_band(
+    tmp: &[f32],
+    n: usize,
+    ts: Range<usize>,
+    rows: usize,
+    dst: &mut [f32],
+    stride: usize,
+    row0: usize,
+) {
+    const BAND: usize = 16;
+    for r0 in (0..rows).step_by(BAND) {
+        let band = BAND.min(rows - r0);
+        for (i, t) in ts.clone().enumerate() {
+            let d = &mut dst[i * stride + row0 + r0..][..band];
+            for (k, v) in d.iter_mut().enumerate() {
+                *v = tmp[(r0 + k) * n + t];
+            }
         }
     }
 }
