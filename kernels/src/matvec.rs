@@ -107,7 +107,7 @@ pub fn quantize_activation(fmt: ActFormat, x: &[f32], dst: &mut [u8]) -> Result<
     Ok(())
 }
 
-/// [`quantize_activation`] on the SIMD quantizers `feat` allows (AVX2 for Q8_0 and Q8_K):
+/// [`quantize_activation`] on the SIMD quantizers `feat` allows (AVX2 or NEON for Q8_0, Q8_1 and Q8_K):
 /// the same bytes, faster; the engine quantizes every matrix input with it.
 ///
 /// # Errors
@@ -120,20 +120,41 @@ pub fn quantize_activation_on(
 ) -> Result<(), KernelError> {
     #[cfg(target_arch = "x86_64")]
     if let Some(t) = feat.avx2_token() {
-        let need = fmt.row_bytes(x.len());
-        if need == Some(dst.len()) {
-            match fmt {
-                ActFormat::Q8_0 => {
-                    crate::arch::x86_quant::q8_0_row(t, x, dst);
-                    return Ok(());
-                }
-                ActFormat::Q8_K if crate::arch::x86_quant::q8_k_row(t, x, dst) => return Ok(()),
-                _ => {}
-            }
+        if quantize_simd(t, fmt, x, dst) {
+            return Ok(());
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    if let Some(t) = feat.neon_token() {
+        if quantize_simd(t, fmt, x, dst) {
+            return Ok(());
         }
     }
     let _ = feat;
     quantize_activation(fmt, x, dst)
+}
+
+/// [`quantize_activation_on`] on one ISA's quantizer; `false` (the scalar code then runs
+/// and reports any shape error) for other formats and shapes, or a block it leaves to
+/// the scalar code.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+fn quantize_simd<Q: crate::arch::act_quant::Quantizer>(
+    isa: Q,
+    fmt: ActFormat,
+    x: &[f32],
+    dst: &mut [u8],
+) -> bool {
+    use crate::arch::act_quant as aq;
+    if fmt.row_bytes(x.len()) != Some(dst.len()) {
+        return false;
+    }
+    match fmt {
+        ActFormat::Q8_0 => aq::q8_0_row(isa, x, dst),
+        ActFormat::Q8_1 => aq::q8_1_row(isa, x, dst),
+        ActFormat::Q8_K => return aq::q8_k_row(isa, x, dst),
+        _ => return false,
+    }
+    true
 }
 
 /// Scalar reference dot product of one weight row with one activation row

@@ -1,4 +1,4 @@
-//! The SIMD activation quantizers (`matvec::quantize_activation_on`: AVX2 Q8_0 / Q8_K)
+//! The SIMD activation quantizers (`matvec::quantize_activation_on`: AVX2 and NEON Q8_0 / Q8_1 / Q8_K)
 //! against the scalar ones (`quantize_activation`), **byte for byte**, for every feature
 //! set of the running CPU: random rows at many magnitudes, rounding ties, blocks of
 //! zeros, a maximum that appears with both signs, subnormal and huge values, and blocks
@@ -74,7 +74,7 @@ fn rows() -> Vec<Vec<f32>> {
 #[test]
 fn simd_quantizers_write_the_scalar_bytes() {
     for feat in feature_sets() {
-        for fmt in [ActFormat::Q8_0, ActFormat::Q8_K] {
+        for fmt in [ActFormat::Q8_0, ActFormat::Q8_1, ActFormat::Q8_K] {
             let bytes = fmt.row_bytes(512).unwrap();
             for (i, x) in rows().iter().enumerate() {
                 let (mut want, mut got) = (vec![0xa5u8; bytes], vec![0x5au8; bytes]);
@@ -89,7 +89,7 @@ fn simd_quantizers_write_the_scalar_bytes() {
 #[test]
 fn simd_quantizers_check_lengths_as_the_scalar_does() {
     for feat in feature_sets() {
-        for fmt in [ActFormat::Q8_0, ActFormat::Q8_K] {
+        for fmt in [ActFormat::Q8_0, ActFormat::Q8_1, ActFormat::Q8_K] {
             let x = vec![0.5f32; 256];
             let bytes = fmt.row_bytes(256).unwrap();
             let mut short = vec![0u8; bytes - 1];

@@ -15,6 +15,8 @@ use core::ops::Range;
 use crate::{CpuFeatures, GgmlType};
 
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+pub mod act_quant;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod q1_lut;
 pub mod table;
 pub use table::{table, KernelTable};
@@ -48,6 +50,8 @@ mod neon_q2k_pack;
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod neon_q2k_repack;
 #[cfg(target_arch = "aarch64")]
+mod neon_quant;
+#[cfg(target_arch = "aarch64")]
 mod neon_repack;
 #[cfg(target_arch = "aarch64")]
 mod neon_rows;
@@ -80,7 +84,7 @@ mod x86_min;
 #[cfg(target_arch = "x86_64")]
 mod x86_q1_lut;
 #[cfg(target_arch = "x86_64")]
-pub mod x86_quant;
+mod x86_quant;
 #[cfg(target_arch = "x86_64")]
 mod x86_repack;
 #[cfg(target_arch = "x86_64")]
