@@ -107,8 +107,9 @@ pub fn quantize_activation(fmt: ActFormat, x: &[f32], dst: &mut [u8]) -> Result<
     Ok(())
 }
 
-/// [`quantize_activation`] on the SIMD quantizers `feat` allows (AVX2 or NEON for Q8_0, Q8_1 and Q8_K):
-/// the same bytes, faster; the engine quantizes every matrix input with it.
+/// [`quantize_activation`] on the SIMD quantizers `feat` allows (AVX2 or NEON for Q8_0,
+/// Q8_1 and Q8_K): the same bytes, faster; the engine quantizes every matrix input with
+/// it.
 ///
 /// # Errors
 /// As [`quantize_activation`].
