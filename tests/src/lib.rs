@@ -105,13 +105,7 @@ pub fn run_logits_threaded(
     spec: RunSpec,
     weight_budget: Option<u64>,
 ) -> Result<StreamedRun, ModelError> {
-    let plat = ThreadedMem(
-        MemPlatform {
-            bytes: gguf_bytes,
-            cpu: host_cpu(),
-        },
-        1,
-    );
+    let plat = ThreadedMem::over(gguf_bytes, 1);
     run_on(&plat, gguf_bytes, tokens, spec, weight_budget, false).map(|(r, _)| r)
 }
 
@@ -122,13 +116,7 @@ pub fn run_logits_workers(
     spec: RunSpec,
     workers: usize,
 ) -> Result<(Config, Vec<Vec<f32>>), ModelError> {
-    let plat = ThreadedMem(
-        MemPlatform {
-            bytes: gguf_bytes,
-            cpu: host_cpu(),
-        },
-        workers,
-    );
+    let plat = ThreadedMem::over(gguf_bytes, workers);
     run_on(&plat, gguf_bytes, tokens, spec, None, false).map(|((c, rows, _), _)| (c, rows))
 }
 
@@ -490,6 +478,19 @@ pub fn scale_layers(src: &[u8], n_layer: usize) -> Vec<u8> {
 /// minutes there); concurrency itself is the `pinch-linux` pool's tests' job.
 pub struct ThreadedMem<'b>(pub MemPlatform<'b>, pub usize);
 
+impl<'b> ThreadedMem<'b> {
+    /// The model bytes on the host's CPU features, reporting `workers` workers.
+    pub fn over(bytes: &'b [u8], workers: usize) -> Self {
+        ThreadedMem(
+            MemPlatform {
+                bytes,
+                cpu: host_cpu(),
+            },
+            workers,
+        )
+    }
+}
+
 impl Platform for ThreadedMem<'_> {
     type File = ();
     fn open(&self, path: &str) -> Result<(), pinch_runtime_min::platform::PlatformError> {
@@ -612,13 +613,7 @@ pub fn with_session_threaded<R>(
     repack: bool,
     f: impl FnOnce(&mut Session<'_, '_>, &ThreadedMem<'_>, &[(&'static str, usize)]) -> R,
 ) -> Result<R, ModelError> {
-    let plat = ThreadedMem(
-        MemPlatform {
-            bytes: gguf_bytes,
-            cpu: host_cpu(),
-        },
-        1,
-    );
+    let plat = ThreadedMem::over(gguf_bytes, 1);
     session_on(&plat, gguf_bytes, spec, weight_budget, None, repack, 1, f)
 }
 
