@@ -50,6 +50,29 @@ pub trait Products {
         self.linear(a, x, n, out_a)?;
         self.linear(b, x, n, out_b)
     }
+    /// One token through several matrices of the same input; the session's
+    /// implementation runs them as one split across its workers.
+    fn linear_many(
+        &mut self,
+        x: &[f32],
+        jobs: &mut [(&Tensor, &mut [f32])],
+    ) -> Result<(), ModelError> {
+        for (w, out) in jobs.iter_mut() {
+            self.linear(w, x, 1, out)?;
+        }
+        Ok(())
+    }
+    /// One token through several matrices, each `(w, x, out)` with its own input; the
+    /// session's implementation runs them as one split across its workers.
+    fn linear_each(
+        &mut self,
+        jobs: &mut [(&Tensor, &[f32], &mut [f32])],
+    ) -> Result<(), ModelError> {
+        for (w, x, out) in jobs.iter_mut() {
+            self.linear(w, x, 1, out)?;
+        }
+        Ok(())
+    }
     /// Charge the time since the last lap to `op` (the session's profile).
     fn lap(&mut self, _op: Op) {}
     /// The CPU features the activations may use (the scalar path unless told).
@@ -90,6 +113,20 @@ impl<P: Platform> Products for SessionProducts<'_, '_, '_, '_, P> {
         self.mm
             .linear_many(x, n, jobs, self.act_q, self.tmp, self.row)
     }
+    fn linear_many(
+        &mut self,
+        x: &[f32],
+        jobs: &mut [(&Tensor, &mut [f32])],
+    ) -> Result<(), ModelError> {
+        self.mm
+            .linear_many(x, 1, jobs, self.act_q, self.tmp, self.row)
+    }
+    fn linear_each(
+        &mut self,
+        jobs: &mut [(&Tensor, &[f32], &mut [f32])],
+    ) -> Result<(), ModelError> {
+        self.mm.linear_each(jobs, self.act_q, self.tmp, self.row)
+    }
     fn lap(&mut self, op: Op) {
         self.clock.lap(op);
     }
@@ -126,6 +163,11 @@ pub trait Experts {
     ) -> Result<(), ModelError> {
         let _ = any_order;
         block.each_resident(want, f)
+    }
+    /// Whether every expert of `block` is a view of its stacks in memory, with no read
+    /// in flight (so a token's experts may all be handed to the products at once).
+    fn in_stacks(&self, _block: &MoeFfn<'_>) -> bool {
+        true
     }
     /// Runtime routing knobs (`--experts`, `--moe-bias`).
     fn routing(&self) -> crate::pager::Routing {
@@ -387,6 +429,9 @@ impl<'a> MoeFfn<'a> {
         experts.prepare(self, &want[..n_want], &uses[..n_want], n)?;
         experts.prefetch(mm, self, &xn[..n * e], n)?;
         mm.lap(Op::ExpertWait);
+        if n == 1 && experts.in_stacks(self) && self.one_token(mm, &xn[..e], &mut out[..e], s, k)? {
+            return Ok(());
+        }
         let MoeScratch {
             ids,
             weights,
@@ -480,6 +525,87 @@ impl<'a> MoeFfn<'a> {
     }
 }
 
+impl MoeFfn<'_> {
+    /// One token whose experts are all views of the stacks: the picked experts' and the
+    /// shared expert's gate and up products as one split across the workers, then all
+    /// their down products as another (two joins per layer instead of two per expert
+    /// and two for the shared one; at two threads a small MoE's decode step is mostly
+    /// such joins). Every product and the sum's order are the per-expert path's (picks
+    /// in expert order, the shared expert last): same bits. `Ok(false)`, with nothing
+    /// done, when the scratch cannot hold every expert's rows at once.
+    fn one_token(
+        &self,
+        mm: &mut dyn Products,
+        xn: &[f32],
+        out: &mut [f32],
+        s: &mut MoeScratch<'_>,
+        k: usize,
+    ) -> Result<bool, ModelError> {
+        const MAX_FFNS: usize = moe_route::MAX_EXPERTS_USED + 1;
+        let e = xn.len();
+        // The picks in expert order, with their router weights.
+        let mut picks = [(0u32, 0.0f32); moe_route::MAX_EXPERTS_USED];
+        let picks = &mut picks[..k];
+        for (p, (&id, &w)) in picks.iter_mut().zip(s.ids.iter().zip(s.weights.iter())) {
+            *p = (id, w);
+        }
+        picks.sort_unstable_by_key(|p| p.0);
+        let mut ffns = heapless::Vec::<SwiGlu<'_>, MAX_FFNS>::new();
+        for &(id, _) in picks.iter() {
+            let _ = ffns.push(self.expert(id as usize)?);
+        }
+        if let Some(sh) = self.shared {
+            let _ = ffns.push(sh);
+        }
+        let width: usize = ffns.iter().map(|f| f.gate.rows).sum();
+        if width > s.gate.len().min(s.up.len()) || ffns.len() * e > s.down.len() {
+            return Ok(false);
+        }
+        let (gate, up) = (&mut s.gate[..width], &mut s.up[..width]);
+        {
+            let mut jobs = heapless::Vec::<(&Tensor, &mut [f32]), { 2 * MAX_FFNS }>::new();
+            let (mut g_rest, mut u_rest) = (&mut gate[..], &mut up[..]);
+            for f in &ffns {
+                let (g, gt) = core::mem::take(&mut g_rest).split_at_mut(f.gate.rows);
+                let (u, ut) = core::mem::take(&mut u_rest).split_at_mut(f.up.rows);
+                (g_rest, u_rest) = (gt, ut);
+                let _ = jobs.push((&f.gate, g));
+                let _ = jobs.push((&f.up, u));
+            }
+            mm.linear_many(xn, &mut jobs)?;
+        }
+        mm.lap(Op::FfnGateUp);
+        pinch_kernels::ops::swiglu_on(&mm.cpu(), gate, up);
+        mm.lap(Op::FfnAct);
+        let down = &mut s.down[..ffns.len() * e];
+        {
+            let mut jobs = heapless::Vec::<(&Tensor, &[f32], &mut [f32]), MAX_FFNS>::new();
+            let (mut g_rest, mut d_rest): (&[f32], &mut [f32]) = (gate, &mut down[..]);
+            for f in &ffns {
+                let (g, gt) = g_rest.split_at(f.gate.rows);
+                let (d, dt) = core::mem::take(&mut d_rest).split_at_mut(e);
+                (g_rest, d_rest) = (gt, dt);
+                let _ = jobs.push((&f.down, g, d));
+            }
+            mm.linear_each(&mut jobs)?;
+        }
+        mm.lap(Op::FfnDown);
+        out.fill(0.0);
+        for (i, &(_, w)) in picks.iter().enumerate() {
+            for (o, d) in out.iter_mut().zip(&down[i * e..(i + 1) * e]) {
+                let y = d * w;
+                *o += y;
+            }
+        }
+        if self.shared.is_some() {
+            for (o, d) in out.iter_mut().zip(&down[k * e..(k + 1) * e]) {
+                *o += d;
+            }
+        }
+        Ok(true)
+    }
+}
+
 /// `b.down = W_down · (silu(W_gate · x) * (W_up · x))` for `n` rows of `x`.
 fn swiglu_ffn(
     mm: &mut dyn Products,
@@ -535,6 +661,9 @@ impl<'a> MoeScratch<'a> {
     fn sizes(m: &MoeConfig, n_embd: usize, n_batch: usize) -> [usize; 11] {
         let f = m.n_ff_exp.max(m.n_ff_shexp);
         let nb = n_batch.max(1);
+        // Gate, up and down rows for a batch, or for one token's picks and shared
+        // expert side by side ([`MoeFfn::one_token`]).
+        let ffns = nb.max(m.n_used + 1);
         [
             nb * m.n_expert,
             nb * m.n_used,
@@ -542,9 +671,9 @@ impl<'a> MoeScratch<'a> {
             nb,
             nb,
             nb * n_embd,
-            nb * f,
-            nb * f,
-            nb * n_embd,
+            ffns * f,
+            ffns * f,
+            ffns * n_embd,
             nb * n_embd,
             nb.min(ANY_ORDER_TOKENS) * m.n_used * n_embd,
         ]

@@ -109,11 +109,9 @@ impl<P: Platform> MatMul<'_, P> {
     /// [`Self::linear_many`] for one token as one split of all the matrices' rows across
     /// the workers: one dispatch and join instead of one per matrix (at two threads a
     /// small model's decode step is dozens of matrices of a few hundred KiB, where each
-    /// join's wait counts). Only when there are several workers, every matrix pairs with
-    /// the same activation format and width, has a multiple of [`ROW_GRAIN`] rows (so no
-    /// worker's range starts inside a repacked row group) and all the rows fit `tmp`;
-    /// `Ok(false)` otherwise, with nothing done. Each row's dot is the one
-    /// [`Self::linear_pre`] computes: same bits.
+    /// join's wait counts). Only when every matrix pairs with the same activation format
+    /// and width and [`Self::one_pass_fits`]; `Ok(false)` otherwise, with nothing done.
+    /// Each row's dot is the one [`Self::linear_pre`] computes: same bits.
     fn linear_many_one_pass(
         &self,
         x: &[f32],
@@ -125,29 +123,119 @@ impl<P: Platform> MatMul<'_, P> {
             return Ok(false);
         };
         let cols = jobs[0].0.cols;
-        let total: usize = jobs.iter().map(|(w, _)| w.rows).sum();
-        let fits = jobs.iter().all(|(w, out)| {
-            w.ty.act_format() == Some(fmt)
-                && w.cols == cols
-                && w.rows % ROW_GRAIN == 0
-                && out.len() >= w.rows
-        });
-        if self.math != Math::Fast
-            || self.threads.min(self.p.workers()) < 2
-            || jobs.len() < 2
-            || !fits
-            || total > tmp.len()
-        {
+        let Some(arb) = fmt.row_bytes(cols) else {
+            return Ok(false);
+        };
+        let same = jobs
+            .iter()
+            .all(|(w, _)| w.ty.act_format() == Some(fmt) && w.cols == cols);
+        let mats = jobs.iter().map(|(w, o)| (*w, o.len()));
+        if !same || !self.one_pass_fits(mats, arb, act_q, tmp) {
             return Ok(false);
         }
-        let arb = fmt
-            .row_bytes(cols)
-            .ok_or(KernelError::Unsupported(jobs[0].0.ty))?;
         self.quantize(fmt, x, 1, cols, act_q)?;
         let acts = &act_q[..arb];
+        let mats: &[(&Tensor, &mut [f32])] = jobs;
+        self.one_pass(mats.len(), &|i| (mats[i].0, acts), tmp)?;
+        let mut base = 0;
+        for (w, out) in jobs.iter_mut() {
+            out[..w.rows].copy_from_slice(&tmp[base..base + w.rows]);
+            base += w.rows;
+        }
+        Ok(true)
+    }
+
+    /// One token through several matrices, each with its own input: `out = w · x` for
+    /// every `(w, x, out)` of `jobs` (the experts' down projections of one MoE layer).
+    /// One split of all their rows across the workers where [`Self::one_pass_fits`]
+    /// (each input quantized to its own matrix's format, one after another in `act_q`),
+    /// else one product per job; the same bits either way.
+    pub fn linear_each(
+        &self,
+        jobs: &mut [(&Tensor, &[f32], &mut [f32])],
+        act_q: &mut [u8],
+        tmp: &mut [f32],
+        row: &mut [f32],
+    ) -> Result<(), ModelError> {
+        // Each job's activation format and the end of its bytes in `act_q`.
+        let mut ends = [(ActFormat::F32, 0usize); MAX_EACH];
+        let mut at = 0;
+        let mut known = jobs.len() <= MAX_EACH;
+        for ((w, _, _), end) in jobs.iter().zip(ends.iter_mut()) {
+            match w
+                .ty
+                .act_format()
+                .and_then(|f| Some((f, f.row_bytes(w.cols)?)))
+            {
+                Some((fmt, arb)) => {
+                    at += arb;
+                    *end = (fmt, at);
+                }
+                None => known = false,
+            }
+        }
+        let mats = jobs.iter().map(|(w, _, o)| (*w, o.len()));
+        if !known || !self.one_pass_fits(mats, at, act_q, tmp) {
+            for (w, x, out) in jobs.iter_mut() {
+                self.linear(w, x, 1, out, act_q, tmp, row)?;
+            }
+            return Ok(());
+        }
+        let mut start = 0;
+        for ((w, x, _), &(fmt, end)) in jobs.iter().zip(&ends) {
+            self.quantize(fmt, x, 1, w.cols, &mut act_q[start..end])?;
+            start = end;
+        }
+        let acts: &[u8] = act_q;
+        let mats: &[(&Tensor, &[f32], &mut [f32])] = jobs;
+        let input = |i: usize| &acts[if i == 0 { 0 } else { ends[i - 1].1 }..ends[i].1];
+        self.one_pass(mats.len(), &|i| (mats[i].0, input(i)), tmp)?;
+        let mut base = 0;
+        for (w, _, out) in jobs.iter_mut() {
+            out[..w.rows].copy_from_slice(&tmp[base..base + w.rows]);
+            base += w.rows;
+        }
+        Ok(())
+    }
+
+    /// Whether `mats` (each with its output's length) may run as one split
+    /// ([`Self::one_pass`]) with `act_bytes` of quantized inputs: several workers, fast
+    /// math, at least two matrices, each with a multiple of [`ROW_GRAIN`] rows (so no
+    /// worker's range starts inside a repacked row group), all rows fitting `tmp` and
+    /// all inputs `act_q`.
+    fn one_pass_fits<'t>(
+        &self,
+        mats: impl Iterator<Item = (&'t Tensor<'t>, usize)>,
+        act_bytes: usize,
+        act_q: &[u8],
+        tmp: &[f32],
+    ) -> bool {
+        let (mut count, mut total, mut grained) = (0, 0, true);
+        for (w, out_len) in mats {
+            count += 1;
+            total += w.rows;
+            grained &= w.rows % ROW_GRAIN == 0 && out_len >= w.rows;
+        }
+        grained
+            && self.math == Math::Fast
+            && self.threads.min(self.p.workers()) >= 2
+            && count >= 2
+            && total <= tmp.len()
+            && act_bytes <= act_q.len()
+    }
+
+    /// The rows of `n_mats` matrices (`mat(i)`: matrix i and its input, one quantized
+    /// row in the matrix's activation format) split as one range across the workers,
+    /// into `tmp` one matrix after another.
+    fn one_pass<'t>(
+        &self,
+        n_mats: usize,
+        mat: &(dyn Fn(usize) -> (&'t Tensor<'t>, &'t [u8]) + Sync),
+        tmp: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let total: usize = (0..n_mats).map(|i| mat(i).0.rows).sum();
         let err = spin::Mutex::new(None::<KernelError>);
         let cpu = self.cpu;
-        let mats: &[(&Tensor, &mut [f32])] = jobs;
         par_rows(
             self.p,
             self.threads,
@@ -157,12 +245,13 @@ impl<P: Platform> MatMul<'_, P> {
             &|r, o| {
                 // The part of each matrix that falls in `r`, in that matrix's row numbers.
                 let mut base = 0;
-                for (w, _) in mats {
+                for i in 0..n_mats {
+                    let (w, acts) = mat(i);
                     let (lo, hi) = (r.start.max(base), r.end.min(base + w.rows));
                     if lo < hi {
                         let o = &mut o[lo - r.start..hi - r.start];
                         let local = lo - base..hi - base;
-                        let rb = w.row_bytes();
+                        let (rb, arb) = (w.row_bytes(), acts.len());
                         if let Err(e) =
                             repack_rows(w.layout, w.ty, &cpu, w.data, rb, local, acts, arb, o)
                         {
@@ -173,15 +262,10 @@ impl<P: Platform> MatMul<'_, P> {
                 }
             },
         );
-        if let Some(e) = err.into_inner() {
-            return Err(e.into());
+        match err.into_inner() {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
         }
-        let mut base = 0;
-        for (w, out) in jobs.iter_mut() {
-            out[..w.rows].copy_from_slice(&tmp[base..base + w.rows]);
-            base += w.rows;
-        }
-        Ok(true)
     }
 
     /// [`Self::linear_to`] where `have` is the format `act_q` already holds `x` in (if
@@ -392,6 +476,10 @@ type RowsLeft<'o> = spin::Mutex<(usize, &'o mut [f32])>;
 /// (16: the widest interleave, Q1_0x16; a chunk that split a group would make two
 /// workers compute it).
 const ROW_GRAIN: usize = 16;
+
+/// Most matrices [`MatMul::linear_each`] runs as one split (a MoE layer's picks and its
+/// shared expert; more run one product each).
+const MAX_EACH: usize = 40;
 
 /// Split `rows` (with `n_tok` outputs each, row-major in `out`) across workers with
 /// guided scheduling: each worker takes `remaining / (2 x workers)` rows at a time (a

@@ -603,6 +603,11 @@ impl<'a> ExpertPager<'a> {
             .map(|i| i as usize)
     }
 
+    /// Layer `il` is not paged (its experts are in the stacks) and no read is pending.
+    pub fn in_stacks(&self, il: usize) -> bool {
+        self.pages_of(il).is_none() && self.pending.is_empty()
+    }
+
     /// Whether expert `e` of layer `il` is in memory (every expert of a layer that is
     /// not paged is).
     pub fn is_resident(&self, il: usize, e: u16) -> bool {
@@ -1458,6 +1463,11 @@ impl Experts for Paged<'_, '_> {
             return Ok(());
         }
         block.each_resident(want, f)
+    }
+    /// A layer the pager does not page, with no read ahead in flight, has its experts
+    /// in the stacks; a paged layer's come from the slots as their reads finish.
+    fn in_stacks(&self, block: &MoeFfn<'_>) -> bool {
+        self.pager.in_stacks(block.il)
     }
     fn routing(&self) -> Routing {
         self.pager.routing
