@@ -523,9 +523,7 @@ impl<'a> MoeFfn<'a> {
         }
         Ok(())
     }
-}
 
-impl MoeFfn<'_> {
     /// One token whose experts are all views of the stacks: the picked experts' and the
     /// shared expert's gate and up products as one split across the workers, then all
     /// their down products as another (two joins per layer instead of two per expert
@@ -593,8 +591,7 @@ impl MoeFfn<'_> {
         out.fill(0.0);
         for (i, &(_, w)) in picks.iter().enumerate() {
             for (o, d) in out.iter_mut().zip(&down[i * e..(i + 1) * e]) {
-                let y = d * w;
-                *o += y;
+                *o += d * w;
             }
         }
         if self.shared.is_some() {

@@ -137,11 +137,7 @@ impl<P: Platform> MatMul<'_, P> {
         let acts = &act_q[..arb];
         let mats: &[(&Tensor, &mut [f32])] = jobs;
         self.one_pass(mats.len(), &|i| (mats[i].0, acts), tmp)?;
-        let mut base = 0;
-        for (w, out) in jobs.iter_mut() {
-            out[..w.rows].copy_from_slice(&tmp[base..base + w.rows]);
-            base += w.rows;
-        }
+        spread_rows(tmp, jobs.iter_mut().map(|(w, out)| (w.rows, &mut **out)));
         Ok(true)
     }
 
@@ -190,11 +186,7 @@ impl<P: Platform> MatMul<'_, P> {
         let mats: &[(&Tensor, &[f32], &mut [f32])] = jobs;
         let input = |i: usize| &acts[if i == 0 { 0 } else { ends[i - 1].1 }..ends[i].1];
         self.one_pass(mats.len(), &|i| (mats[i].0, input(i)), tmp)?;
-        let mut base = 0;
-        for (w, _, out) in jobs.iter_mut() {
-            out[..w.rows].copy_from_slice(&tmp[base..base + w.rows]);
-            base += w.rows;
-        }
+        spread_rows(tmp, jobs.iter_mut().map(|(w, _, out)| (w.rows, &mut **out)));
         Ok(())
     }
 
@@ -476,6 +468,16 @@ type RowsLeft<'o> = spin::Mutex<(usize, &'o mut [f32])>;
 /// (16: the widest interleave, Q1_0x16; a chunk that split a group would make two
 /// workers compute it).
 const ROW_GRAIN: usize = 16;
+
+/// Copy [`MatMul::one_pass`]'s rows, one matrix after another in `tmp`, to each
+/// matrix's `(rows, output)`.
+fn spread_rows<'o>(tmp: &[f32], outs: impl Iterator<Item = (usize, &'o mut [f32])>) {
+    let mut base = 0;
+    for (rows, out) in outs {
+        out[..rows].copy_from_slice(&tmp[base..base + rows]);
+        base += rows;
+    }
+}
 
 /// Most matrices [`MatMul::linear_each`] runs as one split (a MoE layer's picks and its
 /// shared expert; more run one product each).
