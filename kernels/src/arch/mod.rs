@@ -90,6 +90,8 @@ mod x86_repack;
 #[cfg(target_arch = "x86_64")]
 mod x86_rows;
 #[cfg(target_arch = "x86_64")]
+mod x86_stream;
+#[cfg(target_arch = "x86_64")]
 mod x86_table;
 
 /// Dot product of one weight row with one activation row on the best ISA path that

@@ -29,6 +29,7 @@ use core::arch::x86_64::*;
 use super::x86_f16::read_f16;
 use super::x86_kquant::hsum_f32;
 use super::x86_rows::hsum_i32;
+use super::x86_stream::fetch_ahead;
 use super::Job;
 use crate::blocks::{cast, Pod};
 use crate::quant::q4_k::{self, BlockQ4K};
@@ -202,12 +203,16 @@ unsafe fn lanes<B: K512>(x: &B, y: &BlockQ8K) -> (__m256i, f32, f32, i32) {
     (lanes, d, dmin, mins)
 }
 
-/// One row against one activation row: `dot_avx2`'s numbers.
+/// One row against one activation row: `dot_avx2`'s numbers; `FETCH`: the row is a
+/// stream read once, fetched ahead ([`super::x86_stream`]).
 #[inline(always)]
-unsafe fn dot_body<B: K512>(w: &[B], a: &[BlockQ8K]) -> f32 {
+unsafe fn dot_body<B: K512, const FETCH: bool>(w: &[B], a: &[BlockQ8K]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut mins = 0f32;
     for (x, y) in w.iter().zip(a) {
+        if FETCH {
+            fetch_ahead(x);
+        }
         let (lanes, d, dmin, m) = lanes(x, y);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc);
         mins += dmin * m as f32;
@@ -218,11 +223,11 @@ unsafe fn dot_body<B: K512>(w: &[B], a: &[BlockQ8K]) -> f32 {
 /// [`dot_body`] compiled for AVX-512 VNNI.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn dot_vnni<B: K512>(w: &[B], a: &[BlockQ8K]) -> f32 {
-    dot_body(w, a)
+    dot_body::<B, false>(w, a)
 }
 
 /// Rows `job.rows` against every token, one (row, token) dot at a time (the rows are
-/// read once each, in order: one sequential stream).
+/// read once each, in order: one sequential stream, fetched ahead by the first token).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn job_vnni<B: K512>(job: &Job, w: &[u8], acts: &[u8], out: &mut [f32]) -> bool {
     let nb = job.row_bytes / core::mem::size_of::<B>();
@@ -236,7 +241,11 @@ pub(super) unsafe fn job_vnni<B: K512>(job: &Job, w: &[u8], acts: &[u8], out: &m
         let wr = cast::<B>(&w[r * rb..(r + 1) * rb]).unwrap_or(&[]);
         for t in 0..n_tok {
             let a = cast::<BlockQ8K>(&acts[t * arb..(t + 1) * arb]).unwrap_or(&[]);
-            out[i * n_tok + t] = dot_body(wr, a);
+            out[i * n_tok + t] = if t == 0 {
+                dot_body::<B, true>(wr, a)
+            } else {
+                dot_body::<B, false>(wr, a)
+            };
         }
     }
     true

@@ -40,6 +40,7 @@ use super::x86_f16::read_f16;
 
 use super::x86_kquant::{self as kq, KBlock};
 use super::x86_legacy::{bits_to_mask, load32, nibbles};
+use super::x86_stream::fetch_ahead;
 use super::Job;
 use crate::blocks::{cast, Pod};
 use crate::quant::q5_0::BlockQ5_0;
@@ -467,6 +468,8 @@ unsafe fn kquant_tile<B: KRow, const TT: usize>(
     for k in 0..nb {
         // SAFETY: k < nb <= w.len() and <= a[t].len().
         let x = w.get_unchecked(k);
+        // The job reads its rows once, in order: one stream, fetched ahead.
+        fetch_ahead(x);
         let u = x.unpack();
         let wp = x.weight_part(a[0].get_unchecked(k));
         for t in 0..TT {
