@@ -8,8 +8,14 @@
 //!
 //! # Protocol
 //! The caller writes the job into `slot`, then bumps `epoch`; a worker that sees a new
-//! epoch reads the slot, runs its indices and decrements `pending`; the caller returns once
-//! `pending` is zero. Each side publishes "I am about to sleep" in a counter *before*
+//! epoch claims its indices (`claims[k]`: from the previous epoch to this one), reads the
+//! slot, runs them and decrements `pending`; the caller returns once `pending` is zero.
+//! Once its own indices are done the caller claims every worker's that is still
+//! unclaimed and runs them itself (decrementing `pending` for each): a worker that has not
+//! started yet (descheduled: another process holds its core) then costs nothing instead
+//! of holding up every call until the scheduler runs it. A worker whose claim fails skips
+//! the job without touching the slot. Each worker's indices are claimed exactly once per
+//! job, by whichever side gets there first, so every index still runs exactly once. Each side publishes "I am about to sleep" in a counter *before*
 //! re-checking the condition it sleeps on, and the other side checks that counter *after*
 //! changing the condition (all `SeqCst`), so a wake-up is never lost.
 //!
@@ -55,6 +61,9 @@ struct Shared {
     /// observe the bump. See the SAFETY notes at both ends.
     slot: UnsafeCell<Job>,
     epoch: AtomicUsize,
+    /// Per worker (index 0, the caller's, unused): the last epoch whose indices of that
+    /// worker were claimed, by the worker or by the caller.
+    claims: Vec<AtomicUsize>,
     pending: AtomicUsize,
     shutdown: AtomicBool,
     /// Workers parked (or about to park) on `wake`.
@@ -98,6 +107,7 @@ impl Pool {
         let shared = Arc::new(Shared {
             slot: UnsafeCell::new(Job { f: None, n: 0 }),
             epoch: AtomicUsize::new(0),
+            claims: (0..workers).map(|_| AtomicUsize::new(0)).collect(),
             pending: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
@@ -164,13 +174,22 @@ impl Pool {
                 n,
             }
         };
-        sh.epoch.fetch_add(1, SeqCst);
+        let epoch = sh.epoch.fetch_add(1, SeqCst).wrapping_add(1);
         if sh.sleepers.load(SeqCst) > 0 {
             let _g = sh.wake_lock.lock().unwrap_or_else(|e| e.into_inner());
             sh.wake.notify_all();
         }
 
-        let mine = run_indices(f, 0, n, self.workers);
+        let mut mine = run_indices(f, 0, n, self.workers);
+        for k in 1..self.workers {
+            if claim(sh, k, epoch) {
+                let theirs = run_indices(f, k, n, self.workers);
+                if mine.is_ok() {
+                    mine = theirs;
+                }
+                sh.pending.fetch_sub(1, SeqCst);
+            }
+        }
         wait_done(sh);
         // SAFETY: `pending` is zero, so every worker has finished with the slot.
         unsafe { *sh.slot.get() = Job { f: None, n: 0 } };
@@ -180,6 +199,16 @@ impl Pool {
             resume_unwind(payload);
         }
     }
+}
+
+/// Claim worker `k`'s indices of the job of `epoch` (true: this thread runs them). Each
+/// job moves every worker's claim from `epoch - 1` to `epoch` exactly once: the caller
+/// claims all that are left before it waits, so every job starts with all claims at its
+/// previous epoch.
+fn claim(sh: &Shared, k: usize, epoch: usize) -> bool {
+    sh.claims[k]
+        .compare_exchange(epoch.wrapping_sub(1), epoch, SeqCst, SeqCst)
+        .is_ok()
 }
 
 /// Run this thread's share of the indices, catching a panic so the pool keeps its
@@ -224,9 +253,15 @@ fn worker_loop(sh: &Shared, index: usize, workers: usize) {
         if sh.shutdown.load(SeqCst) {
             return;
         }
+        // The caller runs this worker's indices itself if it got there first (or has
+        // moved on to a later job, whose epoch the next wait returns at once).
+        if !claim(sh, index, seen) {
+            continue;
+        }
         // SAFETY: we observed the epoch bump that followed the caller's write of the slot
-        // (SeqCst store/load pair), and the caller will not write it again until `pending`
-        // is zero, which needs our decrement below.
+        // (SeqCst store/load pair) and claimed our indices of that job, and the caller
+        // will not write the slot again until `pending` is zero, which needs our
+        // decrement below.
         let job = unsafe { *sh.slot.get() };
         if let (Some(f), true) = (job.f, index < job.n) {
             if let Err(payload) = run_indices(f, index, job.n, workers) {
@@ -332,6 +367,39 @@ mod tests {
             });
         }
         assert_eq!(count.load(SeqCst), 9);
+    }
+
+    #[test]
+    fn a_parked_worker_leaves_its_indices_to_the_caller_and_each_runs_once() {
+        // A parked worker needs a wake-up (tens of microseconds) before it can claim its
+        // index; the caller, done with its own (empty) index at once, claims it first
+        // almost always. Five tries, so a wake-up that wins the race once cannot fail
+        // this; each index must still run exactly once, and the worker must skip the
+        // job it lost and take the next one.
+        let pool = Pool::new(2).unwrap();
+        let me = std::thread::current().id();
+        let mut on_caller = 0;
+        for _ in 0..5 {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            let runs = AtomicUsize::new(0);
+            let here = AtomicBool::new(false);
+            pool.run(2, &|i| {
+                if i == 1 {
+                    runs.fetch_add(1, SeqCst);
+                    here.store(std::thread::current().id() == me, SeqCst);
+                }
+            });
+            assert_eq!(runs.load(SeqCst), 1);
+            on_caller += usize::from(here.load(SeqCst));
+            let count = AtomicUsize::new(0);
+            for _ in 0..100 {
+                pool.run(2, &|_| {
+                    count.fetch_add(1, SeqCst);
+                });
+            }
+            assert_eq!(count.load(SeqCst), 200);
+        }
+        assert!(on_caller > 0, "the caller never ran a late worker's index");
     }
 
     #[test]
