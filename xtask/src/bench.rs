@@ -26,6 +26,8 @@
 //!   all-resident need: tokens/s, bytes read per token (the OS's count and the plan's),
 //!   the plan's ceiling at the storage speed `pinch bench --storage` measured, peak RSS.
 //! - `--draft`: speculative decoding at 40 % of the resident need (`crate::draft_bench`).
+//! - `--busy-core`: generation idle and while another thread spins on a core, at 1 and 2
+//!   threads (`crate::busy_bench`; issue 19's loss of at most 25 % at `-t 2`).
 //! - `--bonsai [--vocab N]`: the Bonsai-1.7B-shaped Q1_0 model (`crate::bonsai_bench`).
 //! - `--moe-scaled`: the expert pager on a 1.8 GB random MoE with Q2_K experts at pools
 //!   of 100 / 50 / 25 % of its experts (`crate::moe_bench`).
@@ -85,6 +87,9 @@ pub fn main(args: &[String]) -> Result<()> {
     } else {
         None
     };
+    if args.iter().any(|a| a == "--busy-core") {
+        return crate::busy_bench::table(&pinch, &model, title, llama.as_deref());
+    }
 
     println!("\n## x86: {title} (medians of {reps} alternating runs)\n");
     let mut no_extra = false;

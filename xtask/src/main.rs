@@ -18,6 +18,7 @@
 mod armv7_musl;
 mod bench;
 mod bonsai_bench;
+mod busy_bench;
 mod compat;
 mod device;
 mod draft_bench;
@@ -41,7 +42,7 @@ const USAGE: &str = "usage: cargo xtask <command>
   test [--keep-going]               the one test command (what CI runs)
   size                              build the tv binary and report its size
   run -- <pinch args>               build the host binary and run `pinch run` on the test model
-  bench [--vs-llama-cpp] [--qemu] [--moe] [--moe-scaled] [--stream] [--draft]   speed and memory targets (issue #4) on Gemma 3 270M
+  bench [--vs-llama-cpp] [--qemu] [--moe] [--moe-scaled] [--stream] [--draft] [--busy-core]   speed and memory targets (issue #4) on Gemma 3 270M
                                    (--moe: the x86 table on a scaled random MoE model)
   fuzz [--seconds N] [TARGET ...]   run the fuzz targets (nightly + libFuzzer), N s each
   soak --minutes N [--model PATH]   20 clients of good and hostile traffic against `pinch serve`
