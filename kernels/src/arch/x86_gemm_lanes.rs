@@ -28,7 +28,11 @@
 //! Tiles, measured on Gemma 3 270M's shapes (AMD EPYC, Zen 4; 64 tokens): VNNI 2 rows x 8
 //! tokens (beat 3 x 7 / 3 x 8 by about 15 % on Q8_0 and 6 % on Q5_0, and 4 x 5, 4 x 6,
 //! 2 x 12, 1 x 8, and 512-bit token pairs); AVX2 1 x 8 (16 registers; beat 2 x 4 by
-//! 13-20 %).
+//! 13-20 %). On the Zen 5 VM, whose 512-bit `vpdpbusd` and FMA run at the 256-bit rate,
+//! whole token tiles go two tokens per 512-bit vector ([`pair_tile`], 4 rows x 8 tokens;
+//! the 256-bit tiles keep the token remainders): 64 tokens, Q5_0 2048 x 640 1.14-1.38 ->
+//! 0.80-0.90 ms, Q8_0 256 x 640 0.125-0.153 -> 0.076-0.098 ms (2 rows: 0.86-1.10 and
+//! 0.081-0.111); Gemma pp512 +17 % at -t 1 and -t 2.
 //!
 //! Floats: every pair computes `acc[l] = fma(d_w * d_a, lane[l], acc[l])` per block in
 //! block order (`d_w * d_a` is exact in f32: two f16 significands) and reduces the eight
@@ -115,22 +119,139 @@ struct TokTables {
     aux: [[__m256i; T]; MAX_NB],
 }
 
-/// `RR` weight rows against `TT` tokens (of a token tile whose tables are `tab`), all of
-/// `nb` blocks; `dt` is scratch for the scale products.
+/// Whole token tiles with AVX-512 VNNI go two tokens per 512-bit vector
+/// ([`pair_tile`]): the activation operands of tokens `2p` and `2p + 1`, interleaved by
+/// 32-bit lane, once per token tile and block (lane `2l` is token `2p`'s lane `l`, lane
+/// `2l + 1` token `2p + 1`'s).
+#[repr(C, align(64))]
+struct PairTables {
+    /// The activation operand of `vpdpbusd`: Q8_0 the biased quants, Q5_0 the quants.
+    act: [[__m512i; T / 2]; MAX_NB],
+    /// Q5_0: `-16 * sum(a)` per lane, where the accumulation starts (Q8_0: unused).
+    start: [[__m512i; T / 2]; MAX_NB],
+}
+
+/// Two tokens' eight lanes interleaved (`a` in the even lanes, `b` in the odd ones).
+#[inline(always)]
+unsafe fn interleave(a: __m256i, b: __m256i) -> __m512i {
+    let idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    _mm512_permutex2var_epi32(_mm512_castsi256_si512(a), idx, _mm512_castsi256_si512(b))
+}
+
+/// Each 32-bit lane of `w` twice (the weights against an interleaved token pair).
+#[inline(always)]
+unsafe fn twice(w: __m256i) -> __m512i {
+    let idx = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    _mm512_permutexvar_epi32(idx, _mm512_castsi256_si512(w))
+}
+
+/// `RR` weight rows against the eight tokens of a whole token tile, AVX-512 VNNI, two
+/// tokens per 512-bit vector: per (row, token pair, block) one `vpdpbusd`, one conversion
+/// and one fused multiply-add whose scale operand is the pair's two products `d_w * d_a`
+/// broadcast as one 64-bit word, i.e. [`tile`]'s arithmetic on each lane of each token
+/// (same integers, same fused multiply-adds in block order, same reduction), with half
+/// its instructions. On the Zen 5 VM 512-bit `vpdpbusd` and FMA run at the 256-bit ones'
+/// rate; on cores that split them in two (Zen 4) this tile gains nothing (measured before:
+/// see the module doc).
 ///
 /// # Safety
-/// AVX2/FMA/F16C (and AVX-512 F/BW/VL/VNNI when `VNNI`); every slice in `w` and `a` has
-/// at least `nb <= MAX_NB` blocks, and `tab` holds blocks `0..nb` of tokens `0..TT`.
+/// AVX-512 F/BW/VL/VNNI; every slice in `w` has at least `nb <= MAX_NB` blocks; `pt`
+/// and `tab` hold blocks `0..nb` of the tile's eight tokens.
 #[inline(always)]
-unsafe fn tile<B: Lanes, const VNNI: bool, const RR: usize, const TT: usize>(
+unsafe fn pair_tile<B: Lanes, const RR: usize>(
     w: [&[B]; RR],
-    a: [&[BlockQ8_0]; TT],
     tab: *const TokTables,
+    pt: *const PairTables,
     dt: *mut [[[f32; T]; RR]; MAX_NB],
     nb: usize,
     prefetch: *const u8,
-) -> [[f32; TT]; RR] {
-    // Scale products first, so that the block loop reads them as broadcast loads.
+) -> [[f32; T]; RR] {
+    scale_products::<B, RR, T>(&w, tab, dt, nb);
+    // acc[p][r]: row r against tokens 2p, 2p + 1.
+    let mut acc = [[_mm512_setzero_ps(); RR]; T / 2];
+    let pf_step = RR * core::mem::size_of::<B>();
+    for k in 0..nb {
+        fetch_step(prefetch, k, pf_step);
+        // SAFETY: k < nb <= w[r].len() and MAX_NB.
+        let wq: [__m512i; RR] =
+            core::array::from_fn(|r| twice(w[r].get_unchecked(k).quants::<true>()));
+        // Q8_0: -128 * sum(w) per lane, exact (as `tile`).
+        let winit: [__m512i; RR] = if B::SIGNED {
+            core::array::from_fn(|r| {
+                let s = _mm512_dpbusd_epi32(
+                    _mm512_setzero_si512(),
+                    _mm512_set1_epi8(0x80u8 as i8),
+                    wq[r],
+                );
+                _mm512_sub_epi32(_mm512_setzero_si512(), s)
+            })
+        } else {
+            [_mm512_setzero_si512(); RR]
+        };
+        let dk = core::ptr::addr_of!((*dt)[k]) as *const [f32; T];
+        for (p, acc_p) in acc.iter_mut().enumerate() {
+            // SAFETY: k < nb, p < T / 2: written for this token tile.
+            let at = (*pt).act[k][p];
+            for r in 0..RR {
+                let g = if B::SIGNED {
+                    _mm512_dpbusd_epi32(winit[r], at, wq[r])
+                } else {
+                    _mm512_dpbusd_epi32((*pt).start[k][p], wq[r], at)
+                };
+                // d_w * d_a of tokens 2p and 2p + 1 (adjacent in `dt`), in every lane pair.
+                // SAFETY: 8 readable bytes inside `dt[k][r]` (2p + 2 <= T), written above.
+                let dd = _mm_loadl_epi64((*dk.add(r)).as_ptr().add(2 * p) as *const __m128i);
+                let d = _mm512_castsi512_ps(_mm512_broadcastq_epi64(dd));
+                acc_p[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(g), acc_p[r]);
+            }
+        }
+    }
+    // Even lanes to the low half (token 2p), odd lanes to the high half (token 2p + 1).
+    let split = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    let mut out = [[0.0f32; T]; RR];
+    for r in 0..RR {
+        let tok: [__m256; T] = core::array::from_fn(|t| {
+            let v = _mm512_permutexvar_ps(split, acc[t / 2][r]);
+            if t % 2 == 0 {
+                _mm512_castps512_ps256(v)
+            } else {
+                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
+            }
+        });
+        // SAFETY: T == 8 writable f32.
+        _mm256_storeu_ps(out[r].as_mut_ptr(), reduce8(tok));
+    }
+    out
+}
+
+/// Block step `k` of the row tile at `prefetch` (null: none) requested: the `pf_step`
+/// bytes of the tile's rows' block `k` (consecutive steps cover the whole tile).
+#[inline(always)]
+unsafe fn fetch_step(prefetch: *const u8, k: usize, pf_step: usize) {
+    if !prefetch.is_null() {
+        let p = prefetch.wrapping_add(k * pf_step);
+        let mut off = 0;
+        while off < pf_step {
+            // A prefetch never faults, even past the end of the weights.
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off) as *const i8);
+            off += 64;
+        }
+    }
+}
+
+/// `dt[k][r][t] = d_w(row r, block k) * d_a(token t, block k)` for `t < TT` (rounded up
+/// to 8), which the tiles read as broadcast loads.
+///
+/// # Safety
+/// AVX2/F16C; every slice in `w` has at least `nb <= MAX_NB` blocks and `tab.da[k]` is
+/// written for every `k < nb`.
+#[inline(always)]
+unsafe fn scale_products<B: Lanes, const RR: usize, const TT: usize>(
+    w: &[&[B]; RR],
+    tab: *const TokTables,
+    dt: *mut [[[f32; T]; RR]; MAX_NB],
+    nb: usize,
+) {
     for k in 0..nb {
         for (r, wr) in w.iter().enumerate() {
             // SAFETY: k < nb <= MAX_NB and <= w[r].len(); `da[k]` is initialized; `dt` is
@@ -147,17 +268,29 @@ unsafe fn tile<B: Lanes, const VNNI: bool, const RR: usize, const TT: usize>(
             }
         }
     }
+}
+
+/// `RR` weight rows against `TT` tokens (of a token tile whose tables are `tab`), all of
+/// `nb` blocks; `dt` is scratch for the scale products.
+///
+/// # Safety
+/// AVX2/FMA/F16C (and AVX-512 F/BW/VL/VNNI when `VNNI`); every slice in `w` and `a` has
+/// at least `nb <= MAX_NB` blocks, and `tab` holds blocks `0..nb` of tokens `0..TT`.
+#[inline(always)]
+unsafe fn tile<B: Lanes, const VNNI: bool, const RR: usize, const TT: usize>(
+    w: [&[B]; RR],
+    a: [&[BlockQ8_0]; TT],
+    tab: *const TokTables,
+    dt: *mut [[[f32; T]; RR]; MAX_NB],
+    nb: usize,
+    prefetch: *const u8,
+) -> [[f32; TT]; RR] {
+    // Scale products first, so that the block loop reads them as broadcast loads.
+    scale_products::<B, RR, TT>(&w, tab, dt, nb);
     let mut acc = [[_mm256_setzero_ps(); TT]; RR];
     let pf_step = RR * core::mem::size_of::<B>();
     for k in 0..nb {
-        if !prefetch.is_null() {
-            let p = prefetch.wrapping_add(k * pf_step);
-            // A prefetch never faults, even past the end of the weights.
-            _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
-            if pf_step > 64 {
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64) as *const i8);
-            }
-        }
+        fetch_step(prefetch, k, pf_step);
         // SAFETY: k < nb <= w[r].len(), a[t].len() and MAX_NB.
         let wq: [__m256i; RR] = core::array::from_fn(|r| w[r].get_unchecked(k).quants::<VNNI>());
         // AVX2 Q8_0: |w| for `maddubs` (the sign goes to the activation).
@@ -309,6 +442,8 @@ unsafe fn body<B: Lanes, const VNNI: bool, const R: usize, const TT: usize>(
     // before it is read.
     let mut tab_m = MaybeUninit::<TokTables>::uninit();
     let tab = tab_m.as_mut_ptr();
+    let mut pair_m = MaybeUninit::<PairTables>::uninit();
+    let pt = pair_m.as_mut_ptr();
     let mut dt_m = MaybeUninit::<[[[f32; T]; R]; MAX_NB]>::uninit();
     let dt = dt_m.as_mut_ptr();
     // The one-row tiles' products, in the same (larger) buffer.
@@ -352,6 +487,25 @@ unsafe fn body<B: Lanes, const VNNI: bool, const R: usize, const TT: usize>(
                 (*tab).da[k][t] = read_f16(b.d);
             }
         }
+        // A whole token tile with VNNI: the token pairs' interleaved operands.
+        let pairs = VNNI && tt == T;
+        if pairs {
+            for k in 0..nb {
+                for p in 0..T / 2 {
+                    // SAFETY: k < nb <= MAX_NB; tokens 2p, 2p + 1 < tt were written above
+                    // (`aux`), and their blocks exist (`act` rows of nb blocks).
+                    let (x, y) = (act(t0 + 2 * p), act(t0 + 2 * p + 1));
+                    let q = |b: &BlockQ8_0| _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
+                    let (ax, ay) = ((*tab).aux[k][2 * p], (*tab).aux[k][2 * p + 1]);
+                    if B::SIGNED {
+                        (*pt).act[k][p] = interleave(ax, ay);
+                    } else {
+                        (*pt).act[k][p] = interleave(q(x.get_unchecked(k)), q(y.get_unchecked(k)));
+                        (*pt).start[k][p] = interleave(ax, ay);
+                    }
+                }
+            }
+        }
         let mut i = 0;
         while i < nr {
             let rr = if i + R <= nr { R } else { 1 };
@@ -374,6 +528,21 @@ unsafe fn body<B: Lanes, const VNNI: bool, const R: usize, const TT: usize>(
                         out[(i + r) * n_tok + t0..][..$t].copy_from_slice(v);
                     }
                 }};
+            }
+            if pairs && rr == R {
+                let res = pair_tile::<B, R>(
+                    core::array::from_fn(|j| row(start + i + j)),
+                    tab,
+                    pt,
+                    dt,
+                    nb,
+                    next,
+                );
+                for (r, v) in res.iter().enumerate() {
+                    out[(i + r) * n_tok + t0..][..T].copy_from_slice(v);
+                }
+                i += rr;
+                continue;
             }
             macro_rules! arms {
                 ($($t:literal)*) => {

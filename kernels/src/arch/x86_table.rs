@@ -95,12 +95,12 @@ rows_fn!(
 );
 rows_fn!(
     q8_0_rows_vnni,
-    prompt[gl::job_vnni::<BlockQ8_0, 2, 8>],
+    prompt[gl::job_vnni::<BlockQ8_0, 4, 8>],
     xr::lanes_job_vnni::<BlockQ8_0>
 );
 rows_fn!(
     q5_0_rows_vnni,
-    prompt[gl::job_vnni::<BlockQ5_0, 2, 8>],
+    prompt[gl::job_vnni::<BlockQ5_0, 4, 8>],
     xr::lanes_job_vnni::<BlockQ5_0>
 );
 rows_fn!(q4_1_rows, prompt [], mn::job_avx2::<BlockQ4_1>);
