@@ -372,3 +372,57 @@ fn simd_path_is_taken_where_the_cpu_has_one() {
         );
     }
 }
+
+/// Q5_0x4s on x86 runs several tokens on groups unpacked to a 64 KiB stack buffer, in
+/// chunks (here 200 rows of 1024 columns: three chunks), and rows too long for four of
+/// them to fit (24,576 columns) token by token through the one-token product: both give
+/// the plain scalar bits, for whole and partial row ranges.
+#[test]
+fn q5_0x4s_chunked_and_long_rows_equal_plain_scalar_bits() {
+    let ty = GgmlType::Q5_0;
+    let mut rng = Rng(0x0510_4a5e);
+    for (rows, cols) in [(200usize, 1024usize), (13, 24576)] {
+        let rb = ty.row_bytes(cols as u64).unwrap() as usize;
+        let arb = cols / 32 * 34;
+        let w = weights_of(&mut rng, ty, rows, cols);
+        let wr = repacked_as(Layout::Q5_0x4s, ty, &w, rb);
+        for n_tok in [1usize, 2, 5] {
+            let a = acts(&mut rng, n_tok, cols);
+            for feat in feature_sets() {
+                for range in [0..rows, 3..rows - 2, 90..rows.min(99)] {
+                    let range = range.start.min(range.end)..range.end;
+                    let mut out = vec![f32::NAN; range.len() * n_tok];
+                    repack::matmul_rows(
+                        Layout::Q5_0x4s,
+                        ty,
+                        &feat,
+                        &wr,
+                        rb,
+                        range.clone(),
+                        &a,
+                        arb,
+                        &mut out,
+                    )
+                    .unwrap();
+                    for (i, r) in range.clone().enumerate() {
+                        for t in 0..n_tok {
+                            let want = vec_dot_reference(
+                                ty,
+                                &feat,
+                                &w[r * rb..(r + 1) * rb],
+                                &a[t * arb..(t + 1) * arb],
+                            )
+                            .unwrap();
+                            let got = out[i * n_tok + t];
+                            assert_eq!(
+                                got.to_bits(),
+                                want.to_bits(),
+                                "{feat:?} {rows}x{cols} n_tok {n_tok} range {range:?} row {r} tok {t}: {got} vs {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -18,7 +18,7 @@ use super::x86_iq4 as iq4;
 use super::x86_kquant512 as k5;
 use super::x86_min as mn;
 use super::x86_q1_lut::Avx2 as Q1Lut;
-use super::{q1_lut, x86_repack, x86_rows as xr, Job};
+use super::{q1_lut, x86_q5_0x4s, x86_repack, x86_rows as xr, Job};
 use super::{x86_gemm as gemm, x86_gemm_lanes as gl, x86_kquant as kq, x86_legacy as lg};
 use crate::quant::iq4_nl::BlockIq4Nl;
 use crate::quant::iq4_xs::BlockIq4Xs;
@@ -142,6 +142,20 @@ unsafe fn q8_0x4<const VNNI: bool>(
     unsafe { x86_repack::matmul::<VNNI>(table, w, row_bytes, rows, acts, out) }
 }
 
+/// Q5_0x4s with AVX-512 VNNI (one token: the transposed product; prompts: the plain
+/// tiles on unpacked groups).
+unsafe fn q5_0x4s(
+    table: &'static KernelTable,
+    w: &[u8],
+    row_bytes: usize,
+    rows: Range<usize>,
+    acts: &[u8],
+    out: &mut [f32],
+) -> bool {
+    // SAFETY: the table's contract (this entry is in the VNNI table only).
+    unsafe { x86_q5_0x4s::matmul(table, w, row_bytes, rows, acts, out) }
+}
+
 /// The entries both tables share: one-row kernels, and row ranges of the formats without
 /// a VNNI variant.
 macro_rules! common {
@@ -187,6 +201,7 @@ pub(super) static VNNI: KernelTable = KernelTable {
         Kernels::plain(T::Q4_K, Some(q4_k_dot_vnni), Some(q4_k_rows_vnni)),
         Kernels::plain(T::Q6_K, Some(q6_k_dot_vnni), Some(q6_k_rows_vnni)),
         Kernels::packed(T::Q8_0, Layout::Q8_0x4, q8_0x4::<true>),
+        Kernels::packed(T::Q5_0, Layout::Q5_0x4s, q5_0x4s),
         Kernels::packed(T::Q1_0, Layout::Q1_0x16, q1_lut::matmul::<Q1Lut>),
     ],
 };
