@@ -19,7 +19,9 @@
 //!   are weights `4k..` and high nibbles `16 + 4k..`), then the 128 fifth bits
 //!   bit-sliced over 16 bytes: byte `4r + j`, bit `k` is weight `4k + j` of row `r`, bit
 //!   `4 + k` weight `16 + 4k + j`, then the scales. A shift and a mask then give any chunk's fifth bits
-//!   (the plain layout needs a table lookup and a compare per 16 weights). NEON.
+//!   (the plain layout needs a table lookup and a compare per 16 weights). NEON, and x86
+//!   with AVX-512 VNNI, where the 64 nibble bytes are one vector whose 32-bit element
+//!   `(k, r)` is row `r`'s x86 lane `k` (`crate::arch` `x86_q5_0x4s`).
 //! - [`Layout::Q5_0x4d`] ([`BlockQ5_0x4d`]): Q5_0 for `sdot` by element, each weight
 //!   as `8 (q - 16)` in the top five bits of a byte (one mask away), the low three bits
 //!   of those bytes and a 16-byte word of bit pairs carrying the other sixteen weights
