@@ -15,9 +15,10 @@
 //! started yet (descheduled: another process holds its core) then costs nothing instead
 //! of holding up every call until the scheduler runs it. A worker whose claim fails skips
 //! the job without touching the slot. Each worker's indices are claimed exactly once per
-//! job, by whichever side gets there first, so every index still runs exactly once. Each side publishes "I am about to sleep" in a counter *before*
-//! re-checking the condition it sleeps on, and the other side checks that counter *after*
-//! changing the condition (all `SeqCst`), so a wake-up is never lost.
+//! job, by whichever side gets there first, so every index still runs exactly once.
+//! Each side publishes "I am about to sleep" in a counter *before* re-checking the
+//! condition it sleeps on, and the other side checks that counter *after* changing the
+//! condition (all `SeqCst`), so a wake-up is never lost.
 //!
 //! # Panics
 //! A panic inside `f` on any thread is caught, the call still waits for every worker (the
