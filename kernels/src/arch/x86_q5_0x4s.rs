@@ -29,9 +29,10 @@
 use core::arch::x86_64::*;
 use core::ops::Range;
 
-use super::table::{KernelTable, PackedJob};
+use super::table::KernelTable;
 use super::x86_f16::read_f16;
 use super::x86_legacy::load32;
+use super::x86_repack::split_groups;
 use super::x86_stream::fetch_ahead;
 use crate::blocks::{cast, cast_mut};
 use crate::quant::q5_0::{BlockQ5_0, BLOCK_BYTES};
@@ -167,84 +168,74 @@ pub(super) unsafe fn matmul(
     acts: &[u8],
     out: &mut [f32],
 ) -> bool {
-    let Some(PackedJob { n_tok, arb, split }) = PackedJob::new(
+    let shape = (BLOCK_BYTES, q8_0::BLOCK_BYTES, G);
+    split_groups(
+        table,
+        GgmlType::Q5_0,
+        shape,
         w,
         row_bytes,
-        &rows,
+        rows,
         acts,
-        out.len(),
-        (BLOCK_BYTES, q8_0::BLOCK_BYTES, G),
-    ) else {
-        return false;
-    };
-    let (head, tail) = out.split_at_mut((split - rows.start) * n_tok);
-    if split > rows.start {
-        let grouped = rows.start..split;
-        let chunk_rows = UNPACKED / row_bytes / G * G;
-        if n_tok == 1 {
-            let Some(a) = cast::<BlockQ8_0>(&acts[..arb]) else {
-                return false;
-            };
-            // SAFETY: the caller's ISA; `PackedJob` checked that the groups of `grouped`
-            // are whole and inside `w`.
-            unsafe { one_token(w, row_bytes, grouped, a, head) };
-        } else if chunk_rows == 0 {
-            // Rows too long to unpack four at a time: token by token, strided out.
-            for t in 0..n_tok {
-                let Some(a) = cast::<BlockQ8_0>(&acts[t * arb..(t + 1) * arb]) else {
+        out,
+        |job, grouped, head| {
+            let (n_tok, arb) = (job.n_tok, job.arb);
+            let chunk_rows = UNPACKED / row_bytes / G * G;
+            if n_tok == 1 {
+                let Some(a) = cast::<BlockQ8_0>(&acts[..arb]) else {
                     return false;
                 };
-                let mut col = [0.0f32; 64];
-                let mut r = grouped.start;
-                while r < grouped.end {
-                    let end = (r + col.len()).min(grouped.end);
-                    // SAFETY: as above, for a sub-range of `grouped`.
-                    unsafe { one_token(w, row_bytes, r..end, a, &mut col[..end - r]) };
-                    for (i, v) in col[..end - r].iter().enumerate() {
-                        head[(r - grouped.start + i) * n_tok + t] = *v;
+                // SAFETY: the caller's ISA; `PackedJob` checked that the groups of `grouped`
+                // are whole and inside `w`.
+                unsafe { one_token(w, row_bytes, grouped, a, head) };
+            } else if chunk_rows == 0 {
+                // Rows too long to unpack four at a time: token by token, strided out.
+                for t in 0..n_tok {
+                    let Some(a) = cast::<BlockQ8_0>(&acts[t * arb..(t + 1) * arb]) else {
+                        return false;
+                    };
+                    let mut col = [0.0f32; 64];
+                    let mut r = grouped.start;
+                    while r < grouped.end {
+                        let end = (r + col.len()).min(grouped.end);
+                        // SAFETY: as above, for a sub-range of `grouped`.
+                        unsafe { one_token(w, row_bytes, r..end, a, &mut col[..end - r]) };
+                        for (i, v) in col[..end - r].iter().enumerate() {
+                            head[(r - grouped.start + i) * n_tok + t] = *v;
+                        }
+                        r = end;
                     }
-                    r = end;
+                }
+            } else {
+                let mut buf = [0u8; UNPACKED];
+                let mut c0 = grouped.start / G * G;
+                while c0 < grouped.end {
+                    let c1 = (c0 + chunk_rows).min(grouped.end.div_ceil(G) * G);
+                    let plain = &mut buf[..(c1 - c0) * row_bytes];
+                    // SAFETY: the caller's ISA.
+                    if !unsafe { unpack(&w[c0 * row_bytes..c1 * row_bytes], row_bytes, plain) } {
+                        return false;
+                    }
+                    let (lo, hi) = (c0.max(grouped.start), c1.min(grouped.end));
+                    let o = &mut head[(lo - grouped.start) * n_tok..(hi - grouped.start) * n_tok];
+                    let ok = table.rows(
+                        GgmlType::Q5_0,
+                        plain,
+                        row_bytes,
+                        lo - c0..hi - c0,
+                        acts,
+                        arb,
+                        o,
+                    );
+                    if !ok {
+                        return false;
+                    }
+                    c0 = c1;
                 }
             }
-        } else {
-            let mut buf = [0u8; UNPACKED];
-            let mut c0 = grouped.start / G * G;
-            while c0 < grouped.end {
-                let c1 = (c0 + chunk_rows).min(grouped.end.div_ceil(G) * G);
-                let plain = &mut buf[..(c1 - c0) * row_bytes];
-                // SAFETY: the caller's ISA.
-                if !unsafe { unpack(&w[c0 * row_bytes..c1 * row_bytes], row_bytes, plain) } {
-                    return false;
-                }
-                let (lo, hi) = (c0.max(grouped.start), c1.min(grouped.end));
-                let o = &mut head[(lo - grouped.start) * n_tok..(hi - grouped.start) * n_tok];
-                if !table.rows(
-                    GgmlType::Q5_0,
-                    plain,
-                    row_bytes,
-                    lo - c0..hi - c0,
-                    acts,
-                    arb,
-                    o,
-                ) {
-                    return false;
-                }
-                c0 = c1;
-            }
-        }
-    }
-    if split < rows.end {
-        return table.rows(
-            GgmlType::Q5_0,
-            w,
-            row_bytes,
-            split..rows.end,
-            acts,
-            arb,
-            tail,
-        );
-    }
-    true
+            true
+        },
+    )
 }
 
 /// Word shifts that move bit `k` (`LO`) / `4 + k` (`HI`) of every byte to its top bit in

@@ -58,42 +58,57 @@ pub(super) unsafe fn matmul<const VNNI: bool>(
     acts: &[u8],
     out: &mut [f32],
 ) -> bool {
-    let Some(PackedJob { n_tok, arb, split }) = PackedJob::new(
+    let shape = (BLOCK_BYTES, BLOCK_BYTES, 4);
+    split_groups(
+        table,
+        GgmlType::Q8_0,
+        shape,
         w,
         row_bytes,
-        &rows,
+        rows,
         acts,
-        out.len(),
-        (BLOCK_BYTES, BLOCK_BYTES, 4),
-    ) else {
+        out,
+        |job, grouped, head| {
+            // SAFETY: the caller guarantees the ISA; `PackedJob` put every group-block of the
+            // groups of `grouped` (all in whole groups) inside `w`, every activation row
+            // inside `acts`, and `head` has one value per (row, token) of `grouped`.
+            unsafe {
+                if VNNI {
+                    groups_job_vnni(w, row_bytes, grouped, acts, job.n_tok, head)
+                } else {
+                    groups_job(w, row_bytes, grouped, acts, job.n_tok, head)
+                }
+            };
+            true
+        },
+    )
+}
+
+/// The shape of a product over a repacked tensor of plain type `ty` checked
+/// ([`PackedJob::new`] with `shape`), then `groups` on the rows in whole groups
+/// (`rows.start..split`, with their outputs) and `table`'s plain kernel on the rest;
+/// `false` when the shapes do not fit or `groups` fails.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn split_groups(
+    table: &'static KernelTable,
+    ty: GgmlType,
+    shape: (usize, usize, usize),
+    w: &[u8],
+    row_bytes: usize,
+    rows: Range<usize>,
+    acts: &[u8],
+    out: &mut [f32],
+    groups: impl FnOnce(&PackedJob, Range<usize>, &mut [f32]) -> bool,
+) -> bool {
+    let Some(job) = PackedJob::new(w, row_bytes, &rows, acts, out.len(), shape) else {
         return false;
     };
+    let (split, n_tok) = (job.split, job.n_tok);
     let (head, tail) = out.split_at_mut((split - rows.start) * n_tok);
-    if split > rows.start {
-        // SAFETY: the caller guarantees the ISA; the checks above put every group-block
-        // of groups `rows.start / 4 .. ceil(split / 4)` (all in whole groups) inside `w`,
-        // every activation row inside `acts`, and `head` has one value per (row, token)
-        // of `rows.start..split`.
-        unsafe {
-            if VNNI {
-                groups_job_vnni(w, row_bytes, rows.start..split, acts, n_tok, head)
-            } else {
-                groups_job(w, row_bytes, rows.start..split, acts, n_tok, head)
-            }
-        };
+    if split > rows.start && !groups(&job, rows.start..split, head) {
+        return false;
     }
-    if split < rows.end {
-        return table.rows(
-            GgmlType::Q8_0,
-            w,
-            row_bytes,
-            split..rows.end,
-            acts,
-            arb,
-            tail,
-        );
-    }
-    true
+    split >= rows.end || table.rows(ty, w, row_bytes, split..rows.end, acts, job.arb, tail)
 }
 
 #[inline(always)]
