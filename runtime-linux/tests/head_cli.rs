@@ -428,3 +428,70 @@ fn unreadable_corpus_is_named_in_the_error() {
         assert!(!err.contains("tiny-llama"), "{err}");
     }
 }
+
+/// `--generate`: the model's predictions over its own text change the ranking, the
+/// `--save-soft` file holds them (header, one f32 a vocabulary id) and `--load-soft`
+/// ranks the same head from it without generating; bad uses fail with named errors.
+#[test]
+fn generated_text_ranks_the_head_and_saved_counts_rank_it_again() {
+    let model = path("tests/data/tiny/tiny-gemma3-Q8_0.gguf");
+    let corpus = path("tests/data/corpus");
+    let base = [
+        "head-select",
+        "-m",
+        &model,
+        "--corpus",
+        &corpus,
+        "--rows",
+        "64",
+    ];
+    let plain = pinch(&base);
+    ok(&plain);
+    let soft = tmp("gen.soft");
+    let soft = soft.to_str().unwrap();
+    let gen = ["--generate", "40", "-n", "8", "-s", "5"];
+    let o = pinch(&[&base[..], &gen[..], &["--save-soft", soft]].concat());
+    ok(&o);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("40 of 40 tokens"), "{err}");
+    assert_ne!(
+        o.stdout, plain.stdout,
+        "the model's own text changed nothing"
+    );
+    let bytes = std::fs::read(soft).unwrap();
+    let nl = bytes.iter().position(|&b| b == b'\n').unwrap();
+    assert_eq!(&bytes[..nl], b"pinch-soft v1 n_vocab=300 positions=40");
+    let counts: Vec<f32> = bytes[nl + 1..]
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(counts.len(), 300);
+    // Every position adds one softmax: the counts sum to the positions.
+    let sum: f32 = counts.iter().sum();
+    assert!((sum - 40.0).abs() < 1e-2, "sum {sum}");
+
+    let again = pinch(&[&base[..], &["--load-soft", soft]].concat());
+    ok(&again);
+    assert_eq!(again.stdout, o.stdout);
+
+    // A truncated file, a file of another vocabulary and --save-soft without --generate.
+    let short = tmp("short.soft");
+    std::fs::write(&short, &bytes[..bytes.len() - 4]).unwrap();
+    let other = tmp("other.soft");
+    let mut b = b"pinch-soft v1 n_vocab=301 positions=40\n".to_vec();
+    b.extend_from_slice(&bytes[nl + 1..]);
+    b.extend_from_slice(&[0; 4]);
+    std::fs::write(&other, b).unwrap();
+    for bad in [&short, &other] {
+        let o = pinch(&[&base[..], &["--load-soft", bad.to_str().unwrap()]].concat());
+        assert!(!o.status.success());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("--load-soft"), "{err}");
+    }
+    let o = pinch(&[&base[..], &["--save-soft", soft, "--soft"]].concat());
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--save-soft"));
+    let o = pinch(&[&base[..], &gen[..], &["--generate-weight", "-1"]].concat());
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--generate-weight"));
+}

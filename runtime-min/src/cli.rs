@@ -130,6 +130,21 @@ pub struct Opts<'s> {
     pub head_lang: Option<&'s str>,
     /// head-select: rank by the model's own predictions over the corpus too (`--soft`).
     pub soft: bool,
+    /// head-select: tokens of the model's own free text whose predictions rank too
+    /// (`--generate N`; 0: none).
+    pub generate: usize,
+    /// head-select: weight of the model's own text against the corpus, in multiples of
+    /// the corpus's tokens (`--generate-weight X`, default 4).
+    pub generate_weight: f32,
+    /// head-select: start each document of the model's own text with this many tokens
+    /// of a line of the corpus (`--generate-seed K`, default 16; 0: from BOS alone).
+    pub generate_seed: usize,
+    /// head-select: write the model's expected counts over its own text to this file
+    /// (`--save-soft`).
+    pub save_soft: Option<&'s str>,
+    /// head-select: read those counts from a `--save-soft` file instead of generating
+    /// (`--load-soft`).
+    pub load_soft: Option<&'s str>,
     /// serve, llama-server's flags: `--alias`, `--api-key`, `--parallel`,
     /// `--chat-template NAME`, `--chat-template-file FILE`, `--no-webui`, `--no-slots`,
     /// `--no-metrics`, `--cors-origins localhost`.
@@ -278,6 +293,13 @@ flags (llama.cpp names):
                           file (en.txt: en): en,code or en=3,code=1 (others weigh 0)
   --soft                  head-select: add the model's predicted probabilities over the
                           corpus to the counts (runs the model; ranks far better)
+  --generate N            head-select: let the model write N tokens of its own text
+                          (documents of -n tokens, each from the first 16 tokens of a
+                          line of the corpus, --generate-seed K; the sampling flags)
+                          and add its predicted probabilities at each of them, weighed
+                          --generate-weight X (default 4) times the corpus's tokens
+  --save-soft FILE        head-select: keep those probabilities; --load-soft FILE ranks
+                          from them again (other --rows) without generating
   --plain                 loops: prompts as plain text, no chat template (base models)
   -o, --output FILE       head-select, recut: write FILE (atomically) instead of stdout
   --pool N                moe-sim: expert slots per MoE layer
@@ -447,6 +469,11 @@ impl<'s> Opts<'s> {
             plain: false,
             head_lang: None,
             soft: false,
+            generate: 0,
+            generate_weight: 4.0,
+            generate_seed: 16,
+            save_soft: None,
+            load_soft: None,
             serve: ServeFlags::default(),
             tune: None,
         }
@@ -627,6 +654,11 @@ impl<'s> Opts<'s> {
                 "--head-lang" => o.head_lang = Some(val()?),
                 "--plain" => o.plain = true,
                 "--soft" => o.soft = true,
+                "--generate" => o.generate = num!(),
+                "--generate-weight" => o.generate_weight = num!(),
+                "--generate-seed" => o.generate_seed = num!(),
+                "--save-soft" => o.save_soft = Some(val()?),
+                "--load-soft" => o.load_soft = Some(val()?),
                 "--guard" => {
                     let v = val()?;
                     o.guard = Some(parse_size(v).ok_or(CliError::BadValue { flag, value: v })?);

@@ -143,7 +143,9 @@ pub fn main<P: Platform>(p: &P, args: &[&str], region: &mut [u8]) -> i32 {
             let _ = Out::stdout(p).write_str(USAGE);
             Ok(())
         }
-        Command::HeadSelect if !o.soft => head_select::head_select(p, &o, region),
+        Command::HeadSelect if !o.soft && o.generate == 0 && o.load_soft.is_none() => {
+            head_select::head_select(p, &o, region)
+        }
         Command::Recut => recut::recut(p, &o, region),
         Command::MoeSim => moe_sim::moe_sim(p, &o, region),
         Command::Tune => tune::tune(p, &o, region),
