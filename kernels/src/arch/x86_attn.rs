@@ -5,6 +5,7 @@ use core::arch::x86_64::*;
 
 use crate::attn::{KvRow, KvRows};
 use crate::cpu::Avx2;
+use crate::ops::RopeKind;
 use crate::quant::float::hsum16;
 
 /// Dot product; `None` if lengths differ.
@@ -25,6 +26,82 @@ pub fn fma_row(_: Avx2, v: KvRow, w: f32, acc: &mut [f32]) -> bool {
     // SAFETY: as in `dot`; `acc.len() <= v.len()` keeps every access in bounds.
     unsafe { fma_row_avx2(v, w, acc) };
     true
+}
+
+/// [`crate::ops::rope_apply`] with 8 pairs a step (same bits: the same two fused steps
+/// per pair, each exactly rounded); `false` if `x` is shorter than `angles`.
+pub fn rope_apply(_: Avx2, x: &mut [f32], angles: &[f32], kind: RopeKind) -> bool {
+    if x.len() < angles.len() || !angles.len().is_multiple_of(2) {
+        return false;
+    }
+    // SAFETY: the `Avx2` token proves AVX2 with FMA and F16C; every access is a slice
+    // index or an 8-wide load/store of a range checked against the slices below.
+    unsafe {
+        match kind {
+            RopeKind::Neox => rope_neox_avx2(x, angles),
+            RopeKind::Norm => rope_norm_avx2(x, angles),
+        }
+    }
+    true
+}
+
+/// Halves: pair i is (x[i], x[i + n_rot/2]), its (sin, cos) at angles[2i..2i+2].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rope_neox_avx2(x: &mut [f32], angles: &[f32]) {
+    let half = angles.len() / 2;
+    let (lo, hi) = x[..2 * half].split_at_mut(half);
+    let mut i = 0;
+    while i + 8 <= half {
+        let a = &angles[2 * i..2 * i + 16];
+        let a0 = _mm256_loadu_ps(a.as_ptr());
+        let a1 = _mm256_loadu_ps(a[8..].as_ptr());
+        // [s0 s1 s4 s5 | s2 s3 s6 s7] -> s0..s7 (and the cosines likewise).
+        let s = _mm256_castpd_ps(_mm256_permute4x64_pd::<0xD8>(_mm256_castps_pd(
+            _mm256_shuffle_ps::<0x88>(a0, a1),
+        )));
+        let c = _mm256_castpd_ps(_mm256_permute4x64_pd::<0xD8>(_mm256_castps_pd(
+            _mm256_shuffle_ps::<0xDD>(a0, a1),
+        )));
+        let x0 = _mm256_loadu_ps(lo[i..i + 8].as_ptr());
+        let x1 = _mm256_loadu_ps(hi[i..i + 8].as_ptr());
+        let new0 = _mm256_fmsub_ps(x0, c, _mm256_mul_ps(x1, s));
+        let new1 = _mm256_fmadd_ps(x0, s, _mm256_mul_ps(x1, c));
+        _mm256_storeu_ps(lo[i..i + 8].as_mut_ptr(), new0);
+        _mm256_storeu_ps(hi[i..i + 8].as_mut_ptr(), new1);
+        i += 8;
+    }
+    for i in i..half {
+        let (s, c) = (angles[2 * i], angles[2 * i + 1]);
+        let (x0, x1) = (lo[i], hi[i]);
+        lo[i] = fmaf(x0, c, -(x1 * s));
+        hi[i] = fmaf(x0, s, x1 * c);
+    }
+}
+
+/// Adjacent pairs: pair i is (x[2i], x[2i+1]), its (sin, cos) at angles[2i..2i+2].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rope_norm_avx2(x: &mut [f32], angles: &[f32]) {
+    let n = angles.len();
+    let mut i = 0;
+    while i + 8 <= n {
+        let a = _mm256_loadu_ps(angles[i..i + 8].as_ptr());
+        let s = _mm256_moveldup_ps(a); // s0 s0 s1 s1 ...
+        let c = _mm256_movehdup_ps(a); // c0 c0 c1 c1 ...
+        let v = _mm256_loadu_ps(x[i..i + 8].as_ptr()); // e0 o0 e1 o1 ...
+        let swapped = _mm256_permute_ps::<0xB1>(v); // o0 e0 o1 e1 ...
+                                                    // Even lanes: e*c - o*s; odd lanes: e*s + o*c (e from `swapped` there).
+        let even = _mm256_fmsub_ps(v, c, _mm256_mul_ps(swapped, s));
+        let odd = _mm256_fmadd_ps(swapped, s, _mm256_mul_ps(v, c));
+        _mm256_storeu_ps(x[i..i + 8].as_mut_ptr(), _mm256_blend_ps::<0xAA>(even, odd));
+        i += 8;
+    }
+    while i < n {
+        let (s, c) = (angles[i], angles[i + 1]);
+        let (x0, x1) = (x[i], x[i + 1]);
+        x[i] = fmaf(x0, c, -(x1 * s));
+        x[i + 1] = fmaf(x0, s, x1 * c);
+        i += 2;
+    }
 }
 
 #[inline]

@@ -12,7 +12,7 @@ use core::ops::Range;
 
 use pinch_kernels::attn;
 use pinch_kernels::attn_q8;
-use pinch_kernels::ops::{self, rope_apply};
+use pinch_kernels::ops::{self, rope_apply_with};
 use pinch_kernels::quant::q8_0::{BLOCK_BYTES, QK};
 use pinch_kernels::CpuFeatures;
 
@@ -203,16 +203,16 @@ impl<'a> Attention<'a> {
             let table = (2 * t + self.swa as usize) * nr;
             let angles = &s.rope[table..table + nr];
             for h in s.q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
-                rope_apply(h, angles, c.rope_kind);
+                rope_apply_with(&cx.mm.cpu, h, angles, c.rope_kind);
                 if c.scale_q {
                     ops::scale_inplace(h, q_scale);
                 }
             }
             for h in s.k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
-                rope_apply(h, angles, c.rope_kind);
+                rope_apply_with(&cx.mm.cpu, h, angles, c.rope_kind);
             }
-            kv.k.write(pos, &s.k[t * kvd..(t + 1) * kvd]);
-            kv.v.write(pos, &s.v[t * kvd..(t + 1) * kvd]);
+            kv.k.write(&cx.mm.cpu, pos, &s.k[t * kvd..(t + 1) * kvd]);
+            kv.v.write(&cx.mm.cpu, pos, &s.v[t * kvd..(t + 1) * kvd]);
         }
         cx.clock.lap(Op::RopeAndCache);
         // Consecutive positions attend together; rows of different sequences one by one,

@@ -10,8 +10,9 @@
 //! see alone.
 use pinch_kernels::attn::{KvRow, KvRows};
 use pinch_kernels::attn_q8::{self, Q8Rows};
-use pinch_kernels::f16::f32_to_f16;
+use pinch_kernels::f16::narrow_slice;
 use pinch_kernels::quant::q8_0::{BLOCK_BYTES, QK};
+use pinch_kernels::CpuFeatures;
 
 use crate::arena::{Arena, ArenaError};
 
@@ -153,15 +154,11 @@ impl<'a> KvPlane<'a> {
         }
     }
 
-    fn put(&mut self, slot: usize, x: &[f32]) {
+    fn put(&mut self, feat: &CpuFeatures, slot: usize, x: &[f32]) {
         let d = self.dim;
         match &mut self.store {
             Store::F32(s) => s[slot * d..(slot + 1) * d].copy_from_slice(x),
-            Store::F16(s) => {
-                for (o, v) in s[slot * d..(slot + 1) * d].iter_mut().zip(x) {
-                    *o = f32_to_f16(*v);
-                }
-            }
+            Store::F16(s) => narrow_slice(feat, x, &mut s[slot * d..(slot + 1) * d]),
             Store::Q8(s) => {
                 let rb = d / QK * BLOCK_BYTES;
                 attn_q8::quantize(x, &mut s[slot * rb..(slot + 1) * rb]);
@@ -169,12 +166,13 @@ impl<'a> KvPlane<'a> {
         }
     }
 
-    /// Store `x` (len dim) at position `pos`.
-    pub fn write(&mut self, pos: usize, x: &[f32]) {
+    /// Store `x` (len dim) at position `pos` (f16 conversions on the fastest path
+    /// `feat` allows, same bits).
+    pub fn write(&mut self, feat: &CpuFeatures, pos: usize, x: &[f32]) {
         let slot = self.slot(pos);
-        self.put(slot, x);
+        self.put(feat, slot, x);
         if self.ring > 0 {
-            self.put(slot + self.ring, x);
+            self.put(feat, slot + self.ring, x);
         }
     }
 
