@@ -29,13 +29,13 @@
 //!   `--head-lang en`: 3.12 / 0.48 % (llama.cpp's probabilities over the 20 KB English
 //!   file, same ranking rule);
 //! - embedding-row norms and the logit against the mean embedding: no signal (Gemma's
-//!   rows all have norm 1.031; both rank worse than vocabulary order).
-//!
+//!   rows all have norm 1.031; both rank worse than vocabulary order);
 //! - the model's own text (`--generate N`, below), Gemma 3 270M, 65,536 rows, English
 //!   corpus file of the shared corpus (Candide, 343 KB), bits per byte on the whole
 //!   held-out wiki + literary excerpts (73 KB; full head 1.329512): corpus alone
 //!   +5.80 %; 50,000 tokens from BOS alone +6.01 %; 50,000 tokens each begun with 16
-//!   tokens of a corpus line +4.54 %; both (100,000) +4.31 % (`--generate-weight` 4; on
+//!   tokens of a corpus line +4.54 %; both (100,000) +4.31 %, with `--soft` too +3.87 %
+//!   (`--generate-weight` 4, `-n 256 --temp 1 --top-k 0 --top-p 1 --min-p 0.05`; on
 //!   the 9 KB held-out text weights 1 / 4 / 20 / 100 gave +6.7 / +5.3 / +6.3 / +5.7 %
 //!   from BOS). At 32,768 rows it gains nothing (+13.73 -> +13.56 %), see the README
 //!   for the rest. The misses left are rare words (`dearth`, `fortnight`, names) whose
