@@ -184,10 +184,14 @@ fn weight_of(spec: Option<&str>, path: &str) -> Result<u32, AppError> {
         .map_err(|_| AppError::Usage("--head-lang: give languages as en,code or en=3,code=1"))
 }
 
+/// Corpus files of nonzero weight and their weights (the first 64), as read into the
+/// arena: the seeds of `--generate`.
+pub type WeightedTexts<'a> = heapless::Vec<(&'a [u8], u32), 64>;
+
 /// Add every token of the corpus `spec` to `counts` (tokenized with `tok` as it is),
 /// each file weighted by `--head-lang` (`langs`), and the characters of every file of
-/// nonzero weight to `chars` (and, weighted, to `model`); returns (files, bytes,
-/// tokens).
+/// nonzero weight to `chars` (and, weighted, to `model`), those files to `keep`;
+/// returns (files, bytes, tokens).
 #[allow(clippy::too_many_arguments)]
 pub fn count_corpus<'a, P: Platform>(
     p: &P,
@@ -198,6 +202,7 @@ pub fn count_corpus<'a, P: Platform>(
     counts: &mut [u32],
     chars: &mut CharSet<'_>,
     mut model: Option<&mut CharModel<'_>>,
+    mut keep: Option<&mut WeightedTexts<'a>>,
 ) -> Result<(usize, usize, usize), AppError> {
     let scratch = arena.bytes("tokenizer scratch", tok.scratch_bytes(PIECE + 4))?;
     let ids = arena.slice::<u32>("tokens", PIECE + 8)?;
@@ -211,6 +216,11 @@ pub fn count_corpus<'a, P: Platform>(
         chars.add_text(text);
         if let Some(m) = model.as_deref_mut() {
             m.add_text(text, w);
+        }
+        if let Some(k) = keep.as_deref_mut() {
+            if !text.is_empty() {
+                let _ = k.push((text, w));
+            }
         }
         for_each_piece(tok, text, scratch, ids, &mut |ids| {
             for &id in ids {
@@ -288,6 +298,7 @@ pub fn head_select_soft<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(),
     counts.fill(0);
     let mut chars = CharSet::new(arena.slice("head select", CHARSET_WORDS)?);
     let mut model = CharModel::new(arena.slice("head select", CHAR_MODEL_WORDS)?);
+    let mut texts = WeightedTexts::new();
     let (files, bytes, tokens) = count_corpus(
         p,
         tok,
@@ -297,6 +308,7 @@ pub fn head_select_soft<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(),
         counts,
         &mut chars,
         Some(&mut model),
+        Some(&mut texts),
     )?;
     let soft = arena.slice::<f32>("head select", nv)?;
     soft.fill(0.0);
@@ -313,7 +325,8 @@ pub fn head_select_soft<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(),
     if let Some(path) = o.load_soft {
         written = load_soft(p, arena, path, own)?;
     } else if o.generate > 0 {
-        written = soft_over_own_text(p, o, tok, sess, arena, exps, own, &mut err)?;
+        let seeds = if o.generate_seed > 0 { &texts[..] } else { &[] };
+        written = soft_over_own_text(p, o, tok, sess, arena, seeds, exps, own, &mut err)?;
         if let Some(path) = o.save_soft {
             save_soft(p, arena, path, own, written)?;
         }
@@ -415,7 +428,8 @@ fn soft_over_corpus<'a, P: Platform>(
 
 /// `--generate N`: let the model write `N` tokens of free text, documents of at most
 /// `-n` tokens (or the context) from BOS (or, without one, from its end-of-text
-/// token), sampled with the sampling flags, and add its predicted probabilities at
+/// token) and the first `--generate-seed` tokens of a line of one of `texts` (none:
+/// BOS alone), sampled with the sampling flags, and add its predicted probabilities at
 /// every step to `soft`; returns the tokens written.
 ///
 /// Why: a base model's free text is a sample of what it was trained on, so its
@@ -430,6 +444,7 @@ fn soft_over_own_text<'a, P: Platform>(
     tok: &Tokenizer<'_>,
     sess: &mut Session<'_, 'a>,
     arena: &mut Arena<'a>,
+    texts: &[(&[u8], u32)],
     exps: &mut [f32],
     soft: &mut [f32],
     err: &mut Out<'_, P>,
@@ -439,18 +454,8 @@ fn soft_over_own_text<'a, P: Platform>(
             "--generate needs a model with a BOS or end-of-text token to start from",
         ));
     };
-    // Seed texts: the corpus files of nonzero weight (the first 64), drawn in proportion
-    // to it.
-    let mut texts = heapless::Vec::<(&'a [u8], u32), 64>::new();
-    if o.generate_seed > 0 {
-        for_each_file(p, arena, o.corpus, &mut |path, text| {
-            let w = weight_of(o.head_lang, path)?;
-            if w > 0 && !text.is_empty() {
-                let _ = texts.push((text, w));
-            }
-            Ok(())
-        })?;
-    }
+    // Seeds are drawn from `texts` (the corpus files of nonzero weight) in proportion
+    // to their weights.
     let total_w: u64 = texts.iter().map(|t| t.1 as u64).sum();
     let scratch = arena.bytes("tokenizer scratch", tok.scratch_bytes(SEED_BYTES + 4))?;
     let seed_ids = arena.slice::<u32>("tokens", SEED_BYTES + 8)?;
@@ -590,10 +595,8 @@ fn load_soft<P: Platform>(
         let bad = || AppError::Usage("--load-soft: not a pinch-soft v1 file of this vocabulary");
         let nl = bytes.iter().position(|&b| b == b'\n').ok_or_else(bad)?;
         let head = core::str::from_utf8(&bytes[..nl]).map_err(|_| bad())?;
-        let mut words = head.split(' ');
-        let (Some("pinch-soft"), Some("v1")) = (words.next(), words.next()) else {
-            return Err(bad());
-        };
+        let rest = head.strip_prefix(SOFT_MAGIC).ok_or_else(bad)?;
+        let mut words = rest.split(' ').filter(|w| !w.is_empty());
         let field =
             |w: Option<&str>, key: &str| -> Option<usize> { w?.strip_prefix(key)?.parse().ok() };
         let nv = field(words.next(), "n_vocab=").ok_or_else(bad)?;
@@ -649,7 +652,17 @@ pub fn select_from_corpus<'a, P: Platform>(
         counts.fill(0);
         let mut chars = CharSet::new(s.slice("head select", CHARSET_WORDS)?);
         let mut model = CharModel::new(s.slice("head select", CHAR_MODEL_WORDS)?);
-        let stats = count_corpus(p, tok, s, spec, langs, counts, &mut chars, Some(&mut model))?;
+        let stats = count_corpus(
+            p,
+            tok,
+            s,
+            spec,
+            langs,
+            counts,
+            &mut chars,
+            Some(&mut model),
+            None,
+        )?;
         let sig = Signals {
             chars: &chars,
             model: Some(&model),
