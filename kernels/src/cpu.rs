@@ -37,14 +37,17 @@ pub enum Feature {
     Avx2 = 16,
     /// x86 AVX-512 F/BW/VL with VNNI (only ever set together with [`Feature::Avx2`]).
     Avx512Vnni = 32,
+    /// x86 AVX-512 VBMI (`vpermb`, `vpmultishiftqb`; only ever set together with
+    /// [`Feature::Avx512Vnni`]): Ice Lake and later, Zen 4 and later.
+    Avx512Vbmi = 64,
 }
 
 /// The instruction-set extensions this CPU was proven to have. All off = scalar only.
 ///
 /// # Invariants
 /// Every bit set was reported by the CPU/OS ([`CpuFeatures::detect`]) or is guaranteed by
-/// the build target ([`CpuFeatures::baseline`]); `Avx512Vnni` implies `Avx2` and
-/// `Dotprod`/`Fp16`/`I8mm` imply `Neon`. Safe code cannot set a bit (the field is
+/// the build target ([`CpuFeatures::baseline`]); `Avx512Vnni` implies `Avx2`, `Avx512Vbmi`
+/// implies `Avx512Vnni`, and `Dotprod`/`Fp16`/`I8mm` imply `Neon`. Safe code cannot set a bit (the field is
 /// private and every public method only clears bits):
 ///
 /// ```compile_fail
@@ -137,6 +140,9 @@ impl CpuFeatures {
                     && std::arch::is_x86_feature_detected!("avx512vnni")
                 {
                     bits |= Feature::Avx512Vnni as u8;
+                    if std::arch::is_x86_feature_detected!("avx512vbmi") {
+                        bits |= Feature::Avx512Vbmi as u8;
+                    }
                 }
             }
         }
@@ -150,7 +156,7 @@ impl CpuFeatures {
     }
 
     /// These features minus `f` (and what depends on it: no `Dotprod` without `Neon`, no
-    /// `Avx512Vnni` without `Avx2`).
+    /// `Avx512Vnni` without `Avx2`, no `Avx512Vbmi` without `Avx512Vnni`).
     pub const fn without(self, f: Feature) -> CpuFeatures {
         let mut bits = self.bits & !(f as u8);
         if bits & Feature::Neon as u8 == 0 {
@@ -158,6 +164,9 @@ impl CpuFeatures {
         }
         if bits & Feature::Avx2 as u8 == 0 {
             bits &= !(Feature::Avx512Vnni as u8);
+        }
+        if bits & Feature::Avx512Vnni as u8 == 0 {
+            bits &= !(Feature::Avx512Vbmi as u8);
         }
         CpuFeatures { bits }
     }
@@ -172,6 +181,7 @@ impl CpuFeatures {
             Feature::I8mm,
             Feature::Avx2,
             Feature::Avx512Vnni,
+            Feature::Avx512Vbmi,
         ] {
             if !keep.contains(&f) {
                 out = out.without(f);
@@ -182,7 +192,7 @@ impl CpuFeatures {
 
     /// Every SIMD level these features allow, scalar first, each a real path of the
     /// kernel tables (for tests that compare every path with the scalar reference):
-    /// scalar, then NEON and NEON + dotprod, or AVX2 and AVX2 + AVX-512 VNNI.
+    /// scalar, then NEON and NEON + dotprod, or AVX2, AVX2 + AVX-512 VNNI and that + VBMI.
     pub fn levels(self) -> impl Iterator<Item = CpuFeatures> {
         let steps = [
             CpuFeatures::SCALAR,
@@ -192,6 +202,13 @@ impl CpuFeatures {
                 Feature::Dotprod,
                 Feature::Avx2,
                 Feature::Avx512Vnni,
+            ]),
+            self.only(&[
+                Feature::Neon,
+                Feature::Dotprod,
+                Feature::Avx2,
+                Feature::Avx512Vnni,
+                Feature::Avx512Vbmi,
             ]),
         ];
         steps
@@ -230,6 +247,12 @@ impl CpuFeatures {
     #[inline]
     pub const fn avx512vnni(&self) -> bool {
         self.has(Feature::Avx512Vnni)
+    }
+
+    /// x86 AVX-512 VBMI (implies [`CpuFeatures::avx512vnni`]).
+    #[inline]
+    pub const fn avx512vbmi(&self) -> bool {
+        self.has(Feature::Avx512Vbmi)
     }
 
     /// The AVX2 token, if the CPU has AVX2 (with FMA and F16C).
@@ -307,6 +330,7 @@ mod tests {
                 Feature::I8mm,
                 Feature::Avx2,
                 Feature::Avx512Vnni,
+                Feature::Avx512Vbmi,
             ]);
             assert_eq!(all, start);
             assert!(!all.avx2() && all.avx2_token().is_none());
@@ -326,6 +350,15 @@ mod tests {
         };
         assert_eq!(x.without(Feature::Avx2), CpuFeatures::SCALAR);
         assert_eq!(x.levels().count(), 3);
+        let v = CpuFeatures {
+            bits: x.bits | Feature::Avx512Vbmi as u8,
+        };
+        assert_eq!(
+            v.without(Feature::Avx512Vnni),
+            x.without(Feature::Avx512Vnni)
+        );
+        assert!(!v.without(Feature::Avx2).avx512vbmi());
+        assert_eq!(v.levels().count(), 4);
     }
 
     /// `pairs` as auxv bytes, in a fixed buffer (the crate has no allocator).

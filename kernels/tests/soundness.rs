@@ -9,13 +9,14 @@ use pinch_kernels::arch::{has_fast_kernel, table};
 use pinch_kernels::cpu::Feature;
 use pinch_kernels::{attn, repack, CpuFeatures, GgmlType};
 
-const ALL: [Feature; 6] = [
+const ALL: [Feature; 7] = [
     Feature::Neon,
     Feature::Dotprod,
     Feature::Fp16,
     Feature::I8mm,
     Feature::Avx2,
     Feature::Avx512Vnni,
+    Feature::Avx512Vbmi,
 ];
 
 #[test]

@@ -10,7 +10,7 @@
 //!   cost no RSS), page aligned. Available memory and RSS come from `/proc`.
 //! - Workers: a persistent [`Pool`]; expert reads: a persistent [`ReaderPool`], made
 //!   on the expert pager's first read (of `--moe-readers` threads) and kept for the run.
-//! - CPU features: detected at run time; `PINCH_CPU=scalar|neon|neon-nodot` can only
+//! - CPU features: detected at run time; `PINCH_CPU=scalar|neon|neon-nodot|avx2|avx512vnni` can only
 //!   lower them (to test or compare the slower paths on a fast machine).
 //! - `PINCH_READ_DELAY_US=N` (for benchmarks only): every direct read first sleeps N
 //!   microseconds, as a flash device's per-request latency would delay it, so the
@@ -88,7 +88,7 @@ impl LinuxPlatform {
         let detected = detect_cpu();
         let cpu = match std::env::var("PINCH_CPU") {
             Ok(v) => cpu_override(detected, &v).unwrap_or_else(|| {
-                eprintln!("pinch: ignoring PINCH_CPU={v} (expected scalar, neon or neon-nodot)");
+                eprintln!("pinch: ignoring PINCH_CPU={v} (expected scalar, neon, neon-nodot, avx2 or avx512vnni)");
                 detected
             }),
             Err(_) => detected,
@@ -124,6 +124,8 @@ pub fn cpu_override(detected: CpuFeatures, value: &str) -> Option<CpuFeatures> {
         "scalar" => CpuFeatures::SCALAR,
         "neon" => detected.only(&[Neon, Dotprod, Fp16, I8mm]),
         "neon-nodot" => detected.only(&[Neon]),
+        "avx2" => detected.only(&[Avx2]),
+        "avx512vnni" => detected.only(&[Avx2, Avx512Vnni]),
         _ => return None,
     })
 }
@@ -675,6 +677,10 @@ mod tests {
             cpu_override(CpuFeatures::SCALAR, "neon"),
             Some(CpuFeatures::SCALAR)
         );
+        let avx2 = cpu_override(all, "avx2").unwrap();
+        assert!(!avx2.avx512vnni() && !avx2.neon() && avx2.avx2() == all.avx2());
+        let vnni = cpu_override(all, "avx512vnni").unwrap();
+        assert!(!vnni.avx512vbmi() && vnni.avx512vnni() == all.avx512vnni());
         assert_eq!(cpu_override(all, "turbo"), None);
     }
 

@@ -84,6 +84,8 @@ mod x86_min;
 #[cfg(target_arch = "x86_64")]
 mod x86_q1_lut;
 #[cfg(target_arch = "x86_64")]
+mod x86_q1_lut512;
+#[cfg(target_arch = "x86_64")]
 mod x86_q5_0x4s;
 #[cfg(target_arch = "x86_64")]
 mod x86_quant;

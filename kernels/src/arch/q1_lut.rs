@@ -1,7 +1,8 @@
 //! Q1_0 by table lookup (Four-Russians / T-MAC style) over the repacked
 //! [`crate::repack::Layout::Q1_0x16`] layout: the ISA-independent driver (shapes, table
 //! chunks, row groups, the padded last group), instantiated per ISA through
-//! [`LutKernel`] ([`super::neon_q1_lut`]: `tbl`; [`super::x86_q1_lut`]: `vpshufb`).
+//! [`LutKernel`] ([`super::neon_q1_lut`]: `tbl`; [`super::x86_q1_lut`]: `vpshufb`;
+//! [`super::x86_q1_lut512`]: `vpermb`, four groups' tables per lookup).
 //! Only what costs nothing is shared: the table building and the inner loops, where
 //! the instructions are, stay in the ISA files.
 //!

@@ -1,4 +1,5 @@
-//! The x86 kernel tables: AVX2 (with FMA and F16C) and AVX2 + AVX-512 VNNI.
+//! The x86 kernel tables: AVX2 (with FMA and F16C), AVX2 + AVX-512 VNNI, and that +
+//! AVX-512 VBMI (the VNNI table with Q1_0's `vpermb` lookup kernel).
 //!
 //! Each entry names the kernels of one (type, layout); the kernels themselves live in
 //! the format-family files (`x86_legacy`, `x86_kquant`: one row; `x86_rows`: row x
@@ -18,6 +19,7 @@ use super::x86_iq4 as iq4;
 use super::x86_kquant512 as k5;
 use super::x86_min as mn;
 use super::x86_q1_lut::Avx2 as Q1Lut;
+use super::x86_q1_lut512::Vbmi as Q1Lut512;
 use super::{q1_lut, x86_q5_0x4s, x86_repack, x86_rows as xr, Job};
 use super::{x86_gemm as gemm, x86_gemm_lanes as gl, x86_kquant as kq, x86_legacy as lg};
 use crate::quant::iq4_nl::BlockIq4Nl;
@@ -38,7 +40,9 @@ use crate::{CpuFeatures, GgmlType as T};
 
 /// The table for `feat`, if it has AVX2.
 pub(super) fn for_features(feat: &CpuFeatures) -> Option<&'static KernelTable> {
-    if feat.avx512vnni() {
+    if feat.avx512vbmi() {
+        Some(&VBMI)
+    } else if feat.avx512vnni() {
         Some(&VNNI)
     } else if feat.avx2() {
         Some(&AVX2)
@@ -192,16 +196,29 @@ pub(super) static AVX2: KernelTable = KernelTable {
     ],
 };
 
+/// The VNNI entries, with `$q1` for Q1_0x16.
+macro_rules! vnni {
+    ($q1:expr) => {
+        common![
+            Kernels::plain(T::Q8_0, Some(q8_0_dot), Some(q8_0_rows_vnni)),
+            Kernels::plain(T::Q5_0, Some(q5_0_dot), Some(q5_0_rows_vnni)),
+            Kernels::plain(T::Q4_K, Some(q4_k_dot_vnni), Some(q4_k_rows_vnni)),
+            Kernels::plain(T::Q6_K, Some(q6_k_dot_vnni), Some(q6_k_rows_vnni)),
+            Kernels::packed(T::Q8_0, Layout::Q8_0x4, q8_0x4::<true>),
+            Kernels::packed(T::Q5_0, Layout::Q5_0x4s, q5_0x4s),
+            Kernels::packed(T::Q1_0, Layout::Q1_0x16, $q1),
+        ]
+    };
+}
+
 /// AVX2 + AVX-512 F/BW/VL/VNNI.
 pub(super) static VNNI: KernelTable = KernelTable {
     name: "avx2+avx512vnni",
-    entries: common![
-        Kernels::plain(T::Q8_0, Some(q8_0_dot), Some(q8_0_rows_vnni)),
-        Kernels::plain(T::Q5_0, Some(q5_0_dot), Some(q5_0_rows_vnni)),
-        Kernels::plain(T::Q4_K, Some(q4_k_dot_vnni), Some(q4_k_rows_vnni)),
-        Kernels::plain(T::Q6_K, Some(q6_k_dot_vnni), Some(q6_k_rows_vnni)),
-        Kernels::packed(T::Q8_0, Layout::Q8_0x4, q8_0x4::<true>),
-        Kernels::packed(T::Q5_0, Layout::Q5_0x4s, q5_0x4s),
-        Kernels::packed(T::Q1_0, Layout::Q1_0x16, q1_lut::matmul::<Q1Lut>),
-    ],
+    entries: vnni!(q1_lut::matmul::<Q1Lut>),
+};
+
+/// AVX2 + AVX-512 F/BW/VL/VNNI/VBMI.
+pub(super) static VBMI: KernelTable = KernelTable {
+    name: "avx2+avx512vbmi",
+    entries: vnni!(q1_lut::matmul::<Q1Lut512>),
 };
