@@ -11,6 +11,7 @@
 use core::arch::x86_64::*;
 
 use super::q1_lut::{LutKernel, Tables, GROUPS, KC, R, RG, SUB};
+use super::x86_stream::fetch_ahead;
 use crate::quant::q8_0::BlockQ8_0;
 use crate::repack::BlockQ1_0x16;
 
@@ -32,6 +33,10 @@ unsafe fn groups(
         ]
     });
     for b in 0..nkb {
+        for blk in blocks {
+            // SAFETY: a hint only (see `fetch_ahead`).
+            unsafe { fetch_ahead(&blk[b]) };
+        }
         let mut sumi = [[_mm256_setzero_ps(); 2]; RG];
         for sb in 0..SUB {
             let k = b * SUB + sb;
