@@ -8,7 +8,7 @@
 //! the drafted tokens the sampler agrees with ([`Sampler::sample_with_draft`]: greedy
 //! output is identical to plain greedy decoding, sampled output is distributed exactly
 //! as plain sampling) and returns the session to the last position it keeps.
-use crate::model::{Logits, ModelError, Session};
+use crate::model::{ModelError, Session};
 use crate::platform::Platform;
 use crate::sampler::Sampler;
 
@@ -136,8 +136,8 @@ pub struct Step {
 /// the next `last`.
 ///
 /// # Errors
-/// The session's errors; `ModelError::Truncate` for a model whose state cannot go back
-/// (recurrent layers): do not draft for such models.
+/// The session's errors; `ModelError::TruncateRecurrent` for a model with recurrent
+/// layers whose session keeps no draft point (`Session::keep_draft_point`).
 pub fn verify<P: Platform>(
     sess: &mut Session<'_, '_>,
     p: &P,
@@ -154,7 +154,7 @@ pub fn verify<P: Platform>(
     let mut produced = 0;
     let mut accepted = 0;
     let mut open = true;
-    sess.eval(p, &feed[..=k], Logits::All, &mut |i, logits| {
+    sess.eval_draft(p, &feed[..=k], &mut |i, logits| {
         if !open {
             return;
         }
@@ -171,8 +171,9 @@ pub fn verify<P: Platform>(
             open = false;
         }
     })?;
-    // Keep `last` and the accepted drafts; the rows of the rejected ones are overwritten.
-    sess.truncate(start + 1 + accepted)?;
+    // Keep `last` and the accepted drafts; the rows of the rejected ones are overwritten
+    // (recurrent states are taken back).
+    sess.rewind_draft(start + 1 + accepted)?;
     Ok(Step { produced, accepted })
 }
 

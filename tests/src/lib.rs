@@ -729,11 +729,11 @@ pub fn with_tokenizer_session<R>(
     gguf_bytes: &[u8],
     budget: Option<u64>,
     opts: impl FnOnce(CpuFeatures) -> SessionOptions,
-    f: impl FnOnce(
-        &mut Session<'_, '_>,
+    f: impl for<'a> FnOnce(
+        &mut Session<'_, 'a>,
         &pinch_runtime_min::tokenizer::Tokenizer<'_>,
         &MemPlatform<'_>,
-        &mut Arena<'_>,
+        &mut Arena<'a>,
     ) -> R,
 ) -> R {
     let plat = MemPlatform {

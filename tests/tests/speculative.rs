@@ -177,6 +177,10 @@ fn drive(
             cpu,
         },
         |sess, tok, plat, arena| {
+            if draft > 0 {
+                // As the commands do: a recurrent model keeps a draft point.
+                sess.keep_draft_point(arena).unwrap();
+            }
             let mut drafter = generate::drafter(draft, sess.opts.n_ctx, arena).unwrap();
             let mut scratch = vec![0u8; tok.scratch_bytes(text.len())];
             let mut prompt = vec![0u32; 512];
@@ -293,7 +297,7 @@ fn drafted_generation_gives_the_tokens_of_plain_greedy_on_gemma_270m() {
 }
 
 #[test]
-fn drafts_are_on_when_weights_stream_and_off_for_recurrent_models() {
+fn drafts_are_on_when_weights_stream_and_for_recurrent_models_when_asked() {
     let plat = MemPlatform {
         bytes: &[],
         cpu: host_cpu(),
@@ -319,9 +323,141 @@ fn drafts_are_on_when_weights_stream_and_off_for_recurrent_models() {
         generate::draft_len(&plat, &opts(&["ppl", "--draft", "4"]), &llama, true),
         0
     );
+    let f16 = opts(&["run", "--draft", "4", "--state-f16"]);
     for name in ["tiny-qwen35-Q8_0.gguf", "tiny-lfm2-Q8_0.gguf"] {
         let cfg = cfg_of(name);
-        assert_eq!(generate::draft_len(&plat, &four, &cfg, true), 0, "{name}");
+        assert_eq!(generate::draft_len(&plat, &four, &cfg, true), 4, "{name}");
+        // Not by default: the state copy takes budget from resident weights.
         assert_eq!(generate::draft_len(&plat, &run, &cfg, true), 0, "{name}");
+        assert_eq!(generate::draft_len(&plat, &f16, &cfg, true), 0, "{name}");
+    }
+    // f16 state goes with llama's config too: there it changes nothing.
+    assert_eq!(generate::draft_len(&plat, &f16, &llama, true), 4);
+}
+
+fn argmax(l: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in l.iter().enumerate() {
+        if v > l[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn recurrent_opts(cpu: pinch_kernels::CpuFeatures) -> SessionOptions {
+    SessionOptions {
+        n_ctx: 256,
+        n_batch: 32,
+        kv: KvType::F32,
+        kv_v: KvType::F32,
+        math: Math::Fast,
+        threads: 2,
+        head_group: 1,
+        attn_skip: false,
+        swa_ring: true,
+        state_f16: false,
+        n_seq: 1,
+        cpu,
+    }
+}
+
+/// Recurrent layers (Gated DeltaNet in qwen35, short conv in lfm2; llama as the
+/// control): a draft verified in one pass and kept in part takes the state back to the
+/// last kept token (`Session::eval_draft` / `rewind_draft`: the copy from before the pass
+/// and the pass's log, no weights read). For every draft length `k` and every count `j`
+/// of right drafted tokens, the pass's logits of the kept positions and those of the
+/// plain decoding that continues after the rewind are plain greedy decoding's, bit for
+/// bit; and without a draft point the session refuses instead of going on wrong.
+#[test]
+fn rejected_drafts_take_recurrent_states_back_to_plain_decoding() {
+    const STEPS: usize = 20;
+    // The draft pass starts after this many plain steps.
+    const AT: usize = 3;
+    for name in [
+        "tiny-qwen35-Q8_0.gguf",
+        "tiny-qwen35-F32.gguf",
+        "tiny-lfm2-Q8_0.gguf",
+        "tiny-llama-Q8_0.gguf",
+    ] {
+        let bytes = std::fs::read(data_dir().join("tiny").join(name)).unwrap();
+        let prompt = prompt();
+        // Plain greedy: logits L[i] of generated token i, one token per pass after the
+        // prompt.
+        let (toks, logits) =
+            with_tokenizer_session(&bytes, None, recurrent_opts, |sess, _, p, _| {
+                let mut rows: Vec<Vec<f32>> = vec![];
+                sess.eval(p, &prompt, Logits::Last, &mut |_, l| rows.push(l.to_vec()))
+                    .unwrap();
+                let mut toks = vec![argmax(&rows[0])];
+                while toks.len() < STEPS {
+                    let last = *toks.last().unwrap();
+                    sess.eval(p, &[last], Logits::Last, &mut |_, l| rows.push(l.to_vec()))
+                        .unwrap();
+                    toks.push(argmax(rows.last().unwrap()));
+                }
+                (toks, rows)
+            });
+        let n_vocab = logits[0].len() as u32;
+        for k in [1usize, 3, 6] {
+            for j in 0..=k {
+                with_tokenizer_session(&bytes, None, recurrent_opts, |sess, _, p, arena| {
+                    sess.keep_draft_point(arena).unwrap();
+                    assert!(sess.can_verify_drafts());
+                    sess.eval(p, &prompt, Logits::Last, &mut |_, _| {}).unwrap();
+                    for &t in &toks[..AT] {
+                        sess.eval(p, &[t], Logits::Last, &mut |_, _| {}).unwrap();
+                    }
+                    // Feed token AT and k drafted tokens, the first j right.
+                    let mut feed = vec![toks[AT]];
+                    for i in 1..=k {
+                        let right = toks[AT + i];
+                        feed.push(if i <= j { right } else { (right + 1) % n_vocab });
+                    }
+                    let start = sess.n_past();
+                    let mut rows: Vec<Vec<f32>> = vec![];
+                    sess.eval_draft(p, &feed, &mut |_, l| rows.push(l.to_vec()))
+                        .unwrap();
+                    assert_eq!(rows.len(), k + 1);
+                    for (i, row) in rows.iter().enumerate().take(j + 1) {
+                        assert!(
+                            row.iter()
+                                .zip(&logits[AT + 1 + i])
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{name} k {k} j {j}: pass row {i} differs from plain decoding"
+                        );
+                    }
+                    sess.rewind_draft(start + 1 + j).unwrap();
+                    assert_eq!(sess.n_past(), start + 1 + j);
+                    // Plain decoding goes on from the last kept token.
+                    let mut next = toks[AT + 1 + j];
+                    for step in AT + 2 + j..STEPS {
+                        let mut row = vec![];
+                        sess.eval(p, &[next], Logits::Last, &mut |_, l| row = l.to_vec())
+                            .unwrap();
+                        assert!(
+                            row.iter()
+                                .zip(&logits[step])
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{name} k {k} j {j}: step {step} after the rewind differs"
+                        );
+                        next = toks[step];
+                    }
+                });
+            }
+        }
+        // Without a draft point a recurrent session refuses the pass and keeps its state.
+        with_tokenizer_session(&bytes, None, recurrent_opts, |sess, _, p, _| {
+            sess.eval(p, &prompt, Logits::Last, &mut |_, _| {}).unwrap();
+            let n = sess.n_past();
+            let res = sess.eval_draft(p, &toks[..3], &mut |_, _| {});
+            if sess.has_recurrent() {
+                assert!(!sess.can_verify_drafts());
+                assert!(res.is_err(), "{name}");
+                assert_eq!(sess.n_past(), n);
+            } else {
+                res.unwrap();
+            }
+        });
     }
 }

@@ -339,7 +339,10 @@ fn with_model<P: Platform>(
     let n_draft = crate::generate::draft_len(p, o, &cfg, plan.res.streams());
     if n_draft > 0 {
         sopts.head_group = n_draft + 1;
-        let buffers = buffers + (sopts.n_ctx * 4) as u64;
+        // The history, and for a recurrent model the state copy and pass log that take
+        // it back to the last kept token.
+        let point = Session::draft_point_bytes(&cfg, sopts.state_f16) as u64;
+        let buffers = buffers + (sopts.n_ctx * 4) as u64 + point;
         plan = plan_for(&sopts, buffers);
     }
     let mut err = Out::stderr(p);
@@ -394,6 +397,9 @@ fn with_model<P: Platform>(
         if let Some(x) = sess.experts_mut().filter(|x| x.pages()) {
             x.set_verify(arena.bytes("stream verify", crate::model::stream::VERIFY_CHUNK)?);
         }
+    }
+    if n_draft > 0 {
+        sess.keep_draft_point(&mut arena)?;
     }
     let draft = crate::generate::drafter(n_draft, sopts.n_ctx, &mut arena)?;
     let mut ctx = Ctx {

@@ -147,6 +147,9 @@ impl<'a> DeltaNet<'a> {
             s.row,
         )?;
         cx.clock.lap(Op::QkvProj);
+        if let Some(l) = st.log.as_mut().filter(|l| l.on) {
+            l.conv_inputs(qkv, n);
+        }
         st.conv_inplace(&self.conv, wconv, qkv, n, cd, pos0)?;
         let cpu = cx.opts.cpu;
         ops::silu_on(&cpu, SiluMode::Alone, qkv, &[]);
@@ -162,6 +165,9 @@ impl<'a> DeltaNet<'a> {
                 &mut beta[t * nv..(t + 1) * nv],
             );
             recurrent::delta_gates(gt, self.dt_bias, self.a, bt);
+        }
+        if let Some(l) = st.log.as_mut().filter(|l| l.on) {
+            l.rule_inputs(qkv, cd, g, beta, n);
         }
         cx.clock.lap(Op::RopeAndCache);
         match &mut st.matrix {

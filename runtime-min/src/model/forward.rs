@@ -15,6 +15,7 @@ use pinch_kernels::CpuFeatures;
 
 use crate::arena::Arena;
 use crate::model::config::{Config, MixerKind};
+use crate::model::draft_log::{self, shape as draft_log_shape, DraftLog};
 use crate::model::hybrid::Checkpoint;
 use crate::model::kv::KvType;
 use crate::model::layer::{Clock, Cx, LayerState};
@@ -231,6 +232,9 @@ pub struct Session<'w, 'a> {
     /// Recurrent models: the state before the last token of the latest prompt (see
     /// [`Self::keep_checkpoint`]).
     checkpoint: Option<Checkpoint<'a>>,
+    /// Speculative decoding on a recurrent model: the state before the latest
+    /// draft-verifying pass (see [`Self::eval_draft`]).
+    draft_point: Option<Checkpoint<'a>>,
     /// MoE models: the expert pager (pools for paged layers, routing knobs, trace).
     experts: Option<crate::pager::ExpertPager<'a>>,
 }
@@ -326,6 +330,7 @@ impl<'w, 'a> Session<'w, 'a> {
             embd_cache,
             embd_tags: [u32::MAX; EMBD_CACHE_ROWS],
             checkpoint: None,
+            draft_point: None,
             experts,
         })
     }
@@ -530,6 +535,151 @@ impl<'w, 'a> Session<'w, 'a> {
     pub fn keep_checkpoint(&mut self, arena: &mut Arena<'a>) -> Result<(), ModelError> {
         if self.checkpoint.is_none() && self.state.iter().any(|s| s.is_recurrent()) {
             self.checkpoint = Some(Checkpoint::new(arena, &self.cfg, self.opts.state_f16)?);
+        }
+        Ok(())
+    }
+
+    /// Bytes [`Self::keep_draft_point`] takes for `cfg` (0 without recurrent layers).
+    pub fn draft_point_bytes(cfg: &Config, state_f16: bool) -> usize {
+        let logs: usize = (0..cfg.n_layer)
+            .filter_map(|il| draft_log_shape(cfg, cfg.layer(il).mixer))
+            .map(|(ch, w, nv)| DraftLog::bytes_needed(ch, w, nv))
+            .sum();
+        if logs == 0 {
+            return 0;
+        }
+        Checkpoint::bytes_needed(cfg, state_f16) + logs
+    }
+
+    /// For a model with recurrent layers: room (from `arena`, [`Self::draft_point_bytes`])
+    /// to take the recurrent state back to any position of a draft-verifying pass
+    /// ([`Self::eval_draft`], [`Self::rewind_draft`]). Nothing to do for other models.
+    pub fn keep_draft_point(&mut self, arena: &mut Arena<'a>) -> Result<(), ModelError> {
+        if self.draft_point.is_some() || !self.has_recurrent() {
+            return Ok(());
+        }
+        for (il, st) in self.state.iter_mut().enumerate() {
+            let shape = draft_log_shape(&self.cfg, self.cfg.layer(il).mixer);
+            if let (Some(r), Some((ch, w, nv))) = (st.recurrent_mut(), shape) {
+                r.log = Some(DraftLog::new(arena, ch, w, nv)?);
+            }
+        }
+        self.draft_point = Some(Checkpoint::new(arena, &self.cfg, self.opts.state_f16)?);
+        Ok(())
+    }
+
+    /// Whether drafts can be verified: a model without recurrent layers, or one whose
+    /// session keeps a draft point with f32 delta-rule matrices (f16 ones round once per
+    /// pass, so a pass of several tokens would not give plain decoding's state).
+    pub fn can_verify_drafts(&self) -> bool {
+        !self.has_recurrent() || (self.draft_point.is_some() && !self.opts.state_f16)
+    }
+
+    /// Run `tokens` (the newest token and a draft) in one pass at positions `n_past..`,
+    /// `on_logits` for every position, so that [`Self::rewind_draft`] can keep any
+    /// prefix of them: a recurrent model saves its state first and logs what the pass
+    /// feeds each recurrent layer.
+    ///
+    /// # Errors
+    /// As [`Self::eval`]; [`ModelError::TruncateRecurrent`] for a recurrent model that
+    /// cannot verify drafts ([`Self::can_verify_drafts`]).
+    pub fn eval_draft<P: Platform>(
+        &mut self,
+        p: &P,
+        tokens: &[u32],
+        on_logits: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<(), ModelError> {
+        let start = self.n_past;
+        if self.has_recurrent() {
+            let Some(dp) = self.draft_point.as_mut().filter(|_| !self.opts.state_f16) else {
+                return Err(ModelError::TruncateRecurrent {
+                    to: start,
+                    n_past: start,
+                });
+            };
+            dp.save(&self.state, start);
+            for r in self.state.iter_mut().filter_map(|s| s.recurrent_mut()) {
+                if let Some(l) = &mut r.log {
+                    l.start();
+                }
+            }
+        }
+        // One pass: the prompt checkpoint would cut it before its last token.
+        let prompt_point = self.checkpoint.take();
+        let res = self.eval(p, tokens, Logits::All, on_logits);
+        self.checkpoint = prompt_point;
+        for r in self.state.iter_mut().filter_map(|s| s.recurrent_mut()) {
+            if let Some(l) = &mut r.log {
+                l.on = false;
+            }
+        }
+        res
+    }
+
+    /// Keep the first `n` positions after an [`Self::eval_draft`] pass (`n` between
+    /// its first position + 1 and `n_past`). Attention layers forget the rest by
+    /// position; recurrent layers get the state from before the pass back and run the
+    /// logged updates of the kept tokens again (no weight is read).
+    ///
+    /// # Errors
+    /// `n` outside the pass, or a recurrent state the pass did not log:
+    /// [`ModelError::TruncateRecurrent`] (the session is then unchanged).
+    pub fn rewind_draft(&mut self, n: usize) -> Result<(), ModelError> {
+        if n == self.n_past || !self.has_recurrent() {
+            return self.truncate(n);
+        }
+        let refuse = ModelError::TruncateRecurrent {
+            to: n,
+            n_past: self.n_past,
+        };
+        let Some(dp) = self.draft_point.as_ref() else {
+            return Err(refuse);
+        };
+        let Some(start) = dp.at.filter(|&a| a < n && n < self.n_past) else {
+            return Err(refuse);
+        };
+        let m = n - start;
+        let logged = self.state.iter().filter_map(|s| s.recurrent()).all(|r| {
+            r.log
+                .as_ref()
+                .is_some_and(|l| l.logged() == self.n_past - start)
+        });
+        if !logged || !dp.restore(&mut self.state, start) {
+            return Err(refuse);
+        }
+        let cpu = self.opts.cpu;
+        let out = &mut self.s.mixer[..];
+        let mut ok = true;
+        for (il, st) in self.state.iter_mut().enumerate() {
+            let delta = match self.cfg.layer(il).mixer {
+                MixerKind::GatedDeltaNet => self.cfg.delta.map(|d| d.dims),
+                _ => None,
+            };
+            if let Some(r) = st.recurrent_mut() {
+                let Some(log) = r.log.take() else {
+                    ok = false;
+                    continue;
+                };
+                ok &= draft_log::replay(r, &log, m, delta, &cpu, out);
+                r.log = Some(log);
+            }
+        }
+        for r in self.state.iter_mut().filter_map(|s| s.recurrent_mut()) {
+            if let Some(l) = &mut r.log {
+                l.clear();
+            }
+        }
+        if !ok {
+            // The states are past repair: start the conversation over rather than
+            // continue from a wrong one.
+            self.reset();
+            return Err(refuse);
+        }
+        self.n_past = n;
+        if let Some(c) = &mut self.checkpoint {
+            if c.at.is_some_and(|at| at > n) {
+                c.at = None;
+            }
         }
         Ok(())
     }

@@ -318,6 +318,9 @@ impl StateMatrix<'_> {
 pub struct RecurrentState<'a> {
     pub conv: &'a mut [f32],
     pub matrix: StateMatrix<'a>,
+    /// With speculative decoding: what the latest draft-verifying pass fed the state
+    /// (see [`crate::model::draft_log`]).
+    pub log: Option<crate::model::draft_log::DraftLog<'a>>,
 }
 
 impl<'a> RecurrentState<'a> {
@@ -335,7 +338,11 @@ impl<'a> RecurrentState<'a> {
         } else {
             StateMatrix::F32(arena.slice("recurrent state", matrix)?)
         };
-        let mut st = RecurrentState { conv, matrix };
+        let mut st = RecurrentState {
+            conv,
+            matrix,
+            log: None,
+        };
         st.clear();
         Ok(st)
     }

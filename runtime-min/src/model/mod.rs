@@ -21,6 +21,7 @@
 pub mod attention;
 pub mod config;
 pub mod deltanet;
+pub mod draft_log;
 pub mod ffn_dense;
 pub mod ffn_moe;
 pub mod forward;

@@ -95,6 +95,9 @@ impl<'a> ShortConv<'a> {
                 *o = b * x;
             }
         }
+        if let Some(l) = st.log.as_mut().filter(|l| l.on) {
+            l.conv_inputs(y, n);
+        }
         st.conv_inplace(&self.conv, wconv, y, n, e, pos0)?;
         for (row, yt) in bcx.chunks_exact(3 * e).zip(y.chunks_exact_mut(e)) {
             for (o, c) in yt.iter_mut().zip(&row[e..2 * e]) {
