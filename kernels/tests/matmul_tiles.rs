@@ -109,6 +109,11 @@ fn q5_0_tiles_match_scalar_exactly() {
 }
 
 #[test]
+fn q4_0_tiles_match_scalar_exactly() {
+    check_type(GgmlType::Q4_0);
+}
+
+#[test]
 fn q4_1_tiles_match_scalar_exactly() {
     check_type(GgmlType::Q4_1);
 }
@@ -128,6 +133,7 @@ fn block32_tiles_cover_every_remainder() {
     for ty in [
         GgmlType::Q8_0,
         GgmlType::Q5_0,
+        GgmlType::Q4_0,
         GgmlType::Q4_1,
         GgmlType::Q5_1,
     ] {
@@ -181,5 +187,32 @@ fn k_quant_tiles_are_exact_for_any_activation_bytes() {
                 &format!("raw acts {rows}x{cols} tok {n_tok}"),
             );
         }
+    }
+}
+
+/// Q4_0 blocks whose integer sum is large (all weights -8 or 7 against activations of
+/// ±127: |sumi| up to 32,512), where `(sumi * d_w) * d_a`, the reference's two roundings,
+/// differs from `sumi * (d_w * d_a)`: the tiles must keep the reference's order.
+#[test]
+fn q4_0_tiles_round_large_block_sums_as_the_reference() {
+    let ty = GgmlType::Q4_0;
+    let mut rng = Rng(0x0440_0008);
+    let (rows, nb) = (19usize, 6usize);
+    let cols = nb * 32;
+    let mut w = weights(&mut rng, ty, rows, cols);
+    for (i, blk) in w.chunks_mut(18).enumerate() {
+        blk[2..].fill(if i % 3 == 0 { 0x00 } else { 0xff });
+    }
+    for n_tok in [1usize, 2, 5, 8] {
+        let x: Vec<f32> = (0..n_tok * cols)
+            .map(|j| if (j / 32 + j / cols) % 2 == 0 { 1.0 } else { -1.0 } * (1.0 + (j % 7) as f32 * 1e-3))
+            .collect();
+        let fmt = ty.act_format().unwrap();
+        let arb = fmt.row_bytes(cols).unwrap();
+        let mut a = vec![0u8; n_tok * arb];
+        for (xr, ar) in x.chunks(cols).zip(a.chunks_mut(arb)) {
+            pinch_kernels::matvec::quantize_activation(fmt, xr, ar).unwrap();
+        }
+        check(ty, &w, rows, &a, arb, &format!("large sums tok {n_tok}"));
     }
 }

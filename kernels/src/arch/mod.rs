@@ -86,6 +86,8 @@ mod x86_q1_lut;
 #[cfg(target_arch = "x86_64")]
 mod x86_q1_lut512;
 #[cfg(target_arch = "x86_64")]
+mod x86_q4_0_rows;
+#[cfg(target_arch = "x86_64")]
 mod x86_q5_0x4s;
 #[cfg(target_arch = "x86_64")]
 mod x86_quant;

@@ -20,7 +20,7 @@ use super::x86_kquant512 as k5;
 use super::x86_min as mn;
 use super::x86_q1_lut::Avx2 as Q1Lut;
 use super::x86_q1_lut512::Vbmi as Q1Lut512;
-use super::{q1_lut, x86_q5_0x4s, x86_repack, x86_rows as xr, Job};
+use super::{q1_lut, x86_q4_0_rows as q40, x86_q5_0x4s, x86_repack, x86_rows as xr, Job};
 use super::{x86_gemm as gemm, x86_gemm_lanes as gl, x86_kquant as kq, x86_legacy as lg};
 use crate::quant::iq4_nl::BlockIq4Nl;
 use crate::quant::iq4_xs::BlockIq4Xs;
@@ -107,6 +107,8 @@ rows_fn!(
     prompt[gl::job_vnni::<BlockQ5_0, 4, 8>],
     xr::lanes_job_vnni::<BlockQ5_0>
 );
+rows_fn!(q4_0_rows, prompt [], q40::job_avx2);
+rows_fn!(q4_0_rows_vnni, prompt [], q40::job_vnni);
 rows_fn!(q4_1_rows, prompt [], mn::job_avx2::<BlockQ4_1>);
 rows_fn!(q5_1_rows, prompt [], mn::job_avx2::<BlockQ5_1>);
 rows_fn!(q2_k_rows, prompt [], xr::kquant_job::<BlockQ2K>);
@@ -166,7 +168,6 @@ macro_rules! common {
     ($($extra:expr),* $(,)?) => {
         &[
             $($extra,)*
-            Kernels::plain(T::Q4_0, Some(q4_0_dot), None),
             Kernels::plain(T::Q4_1, Some(q4_1_dot), Some(q4_1_rows)),
             Kernels::plain(T::Q5_1, Some(q5_1_dot), Some(q5_1_rows)),
             Kernels::plain(T::Q1_0, Some(q1_0_dot), None),
@@ -188,6 +189,7 @@ pub(super) static AVX2: KernelTable = KernelTable {
     name: "avx2",
     entries: common![
         Kernels::plain(T::Q8_0, Some(q8_0_dot), Some(q8_0_rows)),
+        Kernels::plain(T::Q4_0, Some(q4_0_dot), Some(q4_0_rows)),
         Kernels::plain(T::Q5_0, Some(q5_0_dot), Some(q5_0_rows)),
         Kernels::plain(T::Q4_K, Some(q4_k_dot), Some(q4_k_rows)),
         Kernels::plain(T::Q6_K, Some(q6_k_dot), Some(q6_k_rows)),
@@ -201,6 +203,7 @@ macro_rules! vnni {
     ($q1:expr) => {
         common![
             Kernels::plain(T::Q8_0, Some(q8_0_dot), Some(q8_0_rows_vnni)),
+            Kernels::plain(T::Q4_0, Some(q4_0_dot), Some(q4_0_rows_vnni)),
             Kernels::plain(T::Q5_0, Some(q5_0_dot), Some(q5_0_rows_vnni)),
             Kernels::plain(T::Q4_K, Some(q4_k_dot_vnni), Some(q4_k_rows_vnni)),
             Kernels::plain(T::Q6_K, Some(q6_k_dot_vnni), Some(q6_k_rows_vnni)),
