@@ -114,6 +114,11 @@ fn q4_0_tiles_match_scalar_exactly() {
 }
 
 #[test]
+fn iq4_nl_tiles_match_scalar_exactly() {
+    check_type(GgmlType::IQ4_NL);
+}
+
+#[test]
 fn q4_1_tiles_match_scalar_exactly() {
     check_type(GgmlType::Q4_1);
 }
@@ -134,6 +139,7 @@ fn block32_tiles_cover_every_remainder() {
         GgmlType::Q8_0,
         GgmlType::Q5_0,
         GgmlType::Q4_0,
+        GgmlType::IQ4_NL,
         GgmlType::Q4_1,
         GgmlType::Q5_1,
     ] {
@@ -214,5 +220,22 @@ fn q4_0_tiles_round_large_block_sums_as_the_reference() {
             pinch_kernels::matvec::quantize_activation(fmt, xr, ar).unwrap();
         }
         check(ty, &w, rows, &a, arb, &format!("large sums tok {n_tok}"));
+    }
+}
+
+/// Odd block counts (IQ4_NL's x86 order adds an odd last block on its own; Q4_0 has no
+/// pairing but the tiles must not assume one), one token and several.
+#[test]
+fn block32_tiles_take_odd_block_counts() {
+    for ty in [GgmlType::IQ4_NL, GgmlType::Q4_0] {
+        let mut rng = Rng(0x0dd0_b10c ^ ty as u64);
+        for nb in [1usize, 3, 5, 21] {
+            for (rows, n_tok) in [(1usize, 1usize), (5, 1), (9, 3), (6, 8)] {
+                let cols = nb * 32;
+                let w = weights(&mut rng, ty, rows, cols);
+                let (a, arb) = acts(&mut rng, ty, n_tok, cols);
+                check(ty, &w, rows, &a, arb, &format!("{rows}x{cols} tok {n_tok}"));
+            }
+        }
     }
 }

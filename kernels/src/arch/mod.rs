@@ -74,6 +74,8 @@ mod x86_gemm_lanes;
 #[cfg(target_arch = "x86_64")]
 mod x86_iq4;
 #[cfg(target_arch = "x86_64")]
+mod x86_iq4_nl_rows;
+#[cfg(target_arch = "x86_64")]
 mod x86_kquant;
 #[cfg(target_arch = "x86_64")]
 mod x86_kquant512;

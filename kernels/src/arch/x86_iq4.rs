@@ -33,7 +33,7 @@ use crate::quant::q8_k::BlockQ8K;
 
 /// IQ4_NL's 16 levels in both 128-bit halves.
 #[inline(always)]
-unsafe fn levels() -> __m256i {
+pub(super) unsafe fn levels() -> __m256i {
     _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES.as_ptr() as *const __m128i))
 }
 

@@ -16,6 +16,7 @@ use core::ops::Range;
 
 use super::table::{block_dot, float_dot, kquant_dot, KernelTable, Kernels};
 use super::x86_iq4 as iq4;
+use super::x86_iq4_nl_rows as nlr;
 use super::x86_kquant512 as k5;
 use super::x86_min as mn;
 use super::x86_q1_lut::Avx2 as Q1Lut;
@@ -109,6 +110,7 @@ rows_fn!(
 );
 rows_fn!(q4_0_rows, prompt [], q40::job_avx2);
 rows_fn!(q4_0_rows_vnni, prompt [], q40::job_vnni);
+rows_fn!(iq4_nl_rows, prompt [], nlr::job_avx2);
 rows_fn!(q4_1_rows, prompt [], mn::job_avx2::<BlockQ4_1>);
 rows_fn!(q5_1_rows, prompt [], mn::job_avx2::<BlockQ5_1>);
 rows_fn!(q2_k_rows, prompt [], xr::kquant_job::<BlockQ2K>);
@@ -179,7 +181,7 @@ macro_rules! common {
             Kernels::plain(T::Q3_K, Some(q3_k_dot), Some(q3_k_rows)),
             Kernels::plain(T::Q5_K, Some(q5_k_dot), Some(q5_k_rows)),
             Kernels::plain(T::IQ4_XS, Some(iq4_xs_dot), None),
-            Kernels::plain(T::IQ4_NL, Some(iq4_nl_dot), None),
+            Kernels::plain(T::IQ4_NL, Some(iq4_nl_dot), Some(iq4_nl_rows)),
         ]
     };
 }
