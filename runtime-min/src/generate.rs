@@ -522,11 +522,7 @@ pub fn generate<P: Platform>(
                 keep = i + 1;
             }
         };
-        if k > 0 {
-            sess.eval_draft(p, &feed[..=k], &mut on_logits)?;
-        } else {
-            sess.eval(p, &feed[..=k], Logits::All, &mut on_logits)?;
-        }
+        sess.eval_draft(p, &feed[..=k], &mut on_logits)?;
         st.passes += 1;
         if k > 0 {
             st.drafts += 1;

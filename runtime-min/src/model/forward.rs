@@ -578,7 +578,7 @@ impl<'w, 'a> Session<'w, 'a> {
     /// Run `tokens` (the newest token and a draft) in one pass at positions `n_past..`,
     /// `on_logits` for every position, so that [`Self::rewind_draft`] can keep any
     /// prefix of them: a recurrent model saves its state first and logs what the pass
-    /// feeds each recurrent layer.
+    /// feeds each recurrent layer. A single token (an empty draft) is a plain pass.
     ///
     /// # Errors
     /// As [`Self::eval`]; [`ModelError::TruncateRecurrent`] for a recurrent model that
@@ -589,6 +589,10 @@ impl<'w, 'a> Session<'w, 'a> {
         tokens: &[u32],
         on_logits: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<(), ModelError> {
+        // No draft: nothing to take back, so a plain pass (no copy, no log).
+        if tokens.len() <= 1 {
+            return self.eval(p, tokens, Logits::All, on_logits);
+        }
         let start = self.n_past;
         if self.has_recurrent() {
             let Some(dp) = self.draft_point.as_mut().filter(|_| !self.opts.state_f16) else {
