@@ -3,7 +3,7 @@
 //! two runs gives instructions per call. Not part of the tests; a measuring aid for the
 //! aarch64 targets of issue #4.
 //!
-//! `insn_count TYPE ROWS COLS TOKENS REPS [repack]`, e.g. `insn_count q8_0 4096 640 1 10 repack`;
+//! `insn_count TYPE ROWS COLS TOKENS REPS [repack|lut8]`, e.g. `insn_count q8_0 4096 640 1 10 repack`;
 //! `insn_count TYPE ROWS COLS 0 REPS repacks` times the in-place repack itself (what the
 //! expert pager does to each matrix it reads into a slot), `REPS` times, no product.
 use pinch_kernels::{matvec, repack, CpuFeatures, GgmlType};
@@ -26,7 +26,9 @@ fn main() {
     let cols: usize = args[3].parse().unwrap();
     let n_tok: usize = args[4].parse().unwrap();
     let reps: usize = args[5].parse().unwrap();
-    let packed = args.get(6).is_some_and(|a| a == "repack");
+    // `lut8`: the inexact 8-bit table layout where the CPU has it (`--lut8`).
+    let lut8 = args.get(6).is_some_and(|a| a == "lut8");
+    let packed = lut8 || args.get(6).is_some_and(|a| a == "repack");
     let repacks_only = args.get(6).is_some_and(|a| a == "repacks");
     let feat = features();
     let row_bytes = ty.row_bytes(cols as u64).unwrap() as usize;
@@ -75,7 +77,7 @@ fn main() {
         matvec::quantize_activation(fmt, &x, &mut acts[t * arb..(t + 1) * arb]).unwrap();
     }
     let layout = if packed {
-        let l = repack::Layout::preferred(ty, &feat).unwrap();
+        let l = repack::Layout::preferred_with(ty, &feat, lut8).unwrap();
         let mut scratch = vec![0u8; l.scratch_bytes(row_bytes)];
         repack::repack_in_place(l, ty, &mut w, row_bytes, &mut scratch).unwrap();
         l

@@ -84,6 +84,13 @@ pub enum Layout {
     /// Q1_0, groups of sixteen rows, the rows' sign bytes side by side
     /// ([`BlockQ1_0x16`], for the lookup-table kernel).
     Q1_0x16,
+    /// Q1_0 in the bytes of [`Layout::Q1_0x16`], multiplied through 8-bit tables: the
+    /// inexact arithmetic of [`crate::quant::lut8`], chosen only on request (`--lut8`),
+    /// never by [`Layout::preferred`].
+    Q1_0x16Lut8,
+    /// Q2_0 in the bytes of [`Layout::Q2_0x16`] through 8-bit tables, as
+    /// [`Layout::Q1_0x16Lut8`].
+    Q2_0x16Lut8,
     /// Q2_K, groups of eight rows, quants regrouped per 16-weight group for `sdot` by
     /// element ([`BlockQ2Kx8`], block-sum arithmetic: [`crate::quant::q2_k::vec_dot_block_sum`]).
     Q2Kx8,
@@ -125,6 +132,8 @@ impl Layout {
             Layout::Q8_0x4s => 2,
             Layout::Q5_0x4s => 3,
             Layout::Q1_0x16 => 5,
+            Layout::Q1_0x16Lut8 => 19,
+            Layout::Q2_0x16Lut8 => 20,
             Layout::Q2Kx8 => 10,
             Layout::Tq2_0x4 => 11,
             Layout::Q2_0x4 => 12,
@@ -147,6 +156,8 @@ impl Layout {
             2 => Some(Layout::Q8_0x4s),
             3 => Some(Layout::Q5_0x4s),
             5 => Some(Layout::Q1_0x16),
+            19 => Some(Layout::Q1_0x16Lut8),
+            20 => Some(Layout::Q2_0x16Lut8),
             10 => Some(Layout::Q2Kx8),
             11 => Some(Layout::Tq2_0x4),
             12 => Some(Layout::Q2_0x4),
@@ -167,6 +178,8 @@ impl Layout {
         match self {
             Layout::Plain => 1,
             Layout::Q1_0x16
+            | Layout::Q1_0x16Lut8
+            | Layout::Q2_0x16Lut8
             | Layout::Tq2_0x16
             | Layout::Q2_0x16
             | Layout::Q2_0x16d
@@ -183,6 +196,8 @@ impl Layout {
             Layout::Q8_0x4s => "q8_0x4s",
             Layout::Q5_0x4s => "q5_0x4s",
             Layout::Q1_0x16 => "q1_0x16",
+            Layout::Q1_0x16Lut8 => "q1_0x16-lut8",
+            Layout::Q2_0x16Lut8 => "q2_0x16-lut8",
             Layout::Q2Kx8 => "q2_kx8",
             Layout::Tq2_0x4 => "tq2_0x4",
             Layout::Q2_0x4 => "q2_0x4",
@@ -203,6 +218,25 @@ impl Layout {
     pub fn preferred(ty: GgmlType, feat: &CpuFeatures) -> Option<Layout> {
         crate::arch::table(feat).preferred_layout(ty)
     }
+    /// [`Layout::preferred`], or with `lut8` (`--lut8`) the 8-bit table layout of Q1_0
+    /// and Q2_0 where the CPU's table has a kernel for it.
+    pub fn preferred_with(ty: GgmlType, feat: &CpuFeatures, lut8: bool) -> Option<Layout> {
+        let t = crate::arch::table(feat);
+        let l8 = match ty {
+            GgmlType::Q1_0 => Some(Layout::Q1_0x16Lut8),
+            GgmlType::Q2_0 => Some(Layout::Q2_0x16Lut8),
+            _ => None,
+        };
+        match l8 {
+            Some(l) if lut8 && t.has_packed(l) => Some(l),
+            _ => t.preferred_layout(ty),
+        }
+    }
+    /// Whether this layout's kernels compute the type's reference arithmetic (every
+    /// layout but the 8-bit table ones of `--lut8`, which [`Layout::preferred`] skips).
+    pub fn is_exact(self) -> bool {
+        !matches!(self, Layout::Q1_0x16Lut8 | Layout::Q2_0x16Lut8)
+    }
     /// The type tensors in this layout have (`None` for [`Layout::Plain`]: any).
     fn ty(self) -> Option<GgmlType> {
         match self {
@@ -210,10 +244,12 @@ impl Layout {
             Layout::Q8_0x4 | Layout::Q8_0x4s => Some(GgmlType::Q8_0),
             Layout::Q5_0x4s | Layout::Q5_0x4d => Some(GgmlType::Q5_0),
             Layout::Q4_0x4s => Some(GgmlType::Q4_0),
-            Layout::Q1_0x16 => Some(GgmlType::Q1_0),
+            Layout::Q1_0x16 | Layout::Q1_0x16Lut8 => Some(GgmlType::Q1_0),
             Layout::Q2Kx8 => Some(GgmlType::Q2_K),
             Layout::Tq2_0x4 | Layout::Tq2_0x16 | Layout::Tq2_0x16d => Some(GgmlType::TQ2_0),
-            Layout::Q2_0x4 | Layout::Q2_0x16 | Layout::Q2_0x16d => Some(GgmlType::Q2_0),
+            Layout::Q2_0x4 | Layout::Q2_0x16 | Layout::Q2_0x16d | Layout::Q2_0x16Lut8 => {
+                Some(GgmlType::Q2_0)
+            }
             Layout::Tq1_0x4 => Some(GgmlType::TQ1_0),
             Layout::Q4Kx4 => Some(GgmlType::Q4_K),
             Layout::Q6Kx4 => Some(GgmlType::Q6_K),
@@ -520,7 +556,7 @@ macro_rules! with_group {
                 type $G = BlockQ5_0x4s;
                 $body
             }
-            Layout::Q1_0x16 => {
+            Layout::Q1_0x16 | Layout::Q1_0x16Lut8 => {
                 type $G = BlockQ1_0x16;
                 $body
             }
@@ -556,7 +592,7 @@ macro_rules! with_group {
                 type $G = BlockTq2_0x16;
                 $body
             }
-            Layout::Q2_0x16 => {
+            Layout::Q2_0x16 | Layout::Q2_0x16Lut8 => {
                 type $G = BlockQ2_0x16;
                 $body
             }
@@ -770,6 +806,9 @@ pub fn dot_row_scalar(
     if matches!(layout, Layout::Q4Kx4 | Layout::Q6Kx4) {
         return kquant::dot_row(layout, order, w, row_bytes, r, act);
     }
+    if matches!(layout, Layout::Q1_0x16Lut8 | Layout::Q2_0x16Lut8) {
+        return lut8_dot_row(layout, w, row_bytes, r, act);
+    }
     if matches!(
         layout,
         Layout::Q1_0x16
@@ -811,6 +850,33 @@ pub fn dot_row_scalar(
             (d * y.scale(), q, y)
         }))
     }, plain => 0.0)
+}
+
+/// [`dot_row_scalar`] for the 8-bit table layouts: their own arithmetic
+/// ([`crate::quant::lut8`]) over the whole row, one fused step per block.
+fn lut8_dot_row(layout: Layout, w: &[u8], row_bytes: usize, r: usize, act: &[u8]) -> f32 {
+    use crate::quant::lut8::{self, Block, Lut8Format, Q1, Q2};
+    fn row<F: Lut8Format, G: Group>(w: &[u8], row_bytes: usize, r: usize, act: &[u8]) -> f32 {
+        let n_rows = w.len() / row_bytes.max(1);
+        let nb = row_bytes / core::mem::size_of::<Block>();
+        let mut sum = 0.0f32;
+        let mut t = [[0i8; 16]; lut8::GROUPS];
+        let a = q8_0::act_blocks(act);
+        for (b, ys) in (0..nb).zip(a.chunks_exact(F::SUB)) {
+            let x = row_block::<G>(w, row_bytes, n_rows, r, b);
+            let bytes = crate::blocks::bytes_of(core::slice::from_ref(&x));
+            let Some(x) = crate::blocks::cast::<Block>(bytes).and_then(|x| x.first()) else {
+                return f32::NAN;
+            };
+            sum = lut8::block_dot::<F>(x, ys, &mut t, sum);
+        }
+        sum
+    }
+    if layout == Layout::Q2_0x16Lut8 {
+        row::<Q2, BlockQ2_0x16>(w, row_bytes, r, act)
+    } else {
+        row::<Q1, BlockQ1_0x16>(w, row_bytes, r, act)
+    }
 }
 
 /// [`dot_row_scalar`] for [`Layout::Q2Kx8`]: rows in whole groups in the block-sum

@@ -58,6 +58,18 @@ fn generate(model: &str, extra: &[&str]) -> (String, String) {
     ok(&pinch(&a))
 }
 
+/// The first 400 characters of the wiki excerpt, in `dir`.
+fn short_text(dir: &Path) -> PathBuf {
+    let eval = std::fs::read_to_string(repo().join("tests/data/eval/wiki-excerpt.txt")).unwrap();
+    let short = dir.join("short.txt");
+    std::fs::write(
+        &short,
+        &eval[..eval.char_indices().nth(400).map_or(eval.len(), |c| c.0)],
+    )
+    .unwrap();
+    short
+}
+
 fn check_model(fixture: &str) {
     let dir = scratch_dir(fixture);
     let model = dir.join(format!("{fixture}.gguf"));
@@ -72,13 +84,7 @@ fn check_model(fixture: &str) {
     let cd = cache_dir.to_str().unwrap();
     let cache = cache_dir.join(format!("{fixture}.pinch-repack"));
 
-    let eval = std::fs::read_to_string(repo().join("tests/data/eval/wiki-excerpt.txt")).unwrap();
-    let short = dir.join("short.txt");
-    std::fs::write(
-        &short,
-        &eval[..eval.char_indices().nth(400).map_or(eval.len(), |c| c.0)],
-    )
-    .unwrap();
+    let short = short_text(&dir);
     // Plain kernels (file row order) are the reference.
     let (text0, ppl0, _) = outputs(model, &short, &["--no-repack"]);
     assert!(!text0.is_empty() && !ppl0.is_empty());
@@ -164,4 +170,39 @@ fn unwritable_cache_dir_is_reported() {
         err.contains("cannot write /nonexistent-dir/tiny-gemma3-Q8_0.pinch-repack"),
         "{err}"
     );
+}
+
+/// The last `bits/byte` value a `ppl` run printed.
+fn bits_per_byte(ppl: &str) -> f64 {
+    ppl.rsplit("bits/byte")
+        .next()
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no bits/byte in {ppl}"))
+}
+
+/// `--lut8` through the binary on the Q1_0 fixture: where the CPU has the 8-bit table
+/// kernel (aarch64) the perplexity moves off the exact run's, a little; elsewhere one
+/// note says the exact kernel stays, and the outputs are the exact run's.
+#[test]
+fn lut8_runs_where_it_has_a_kernel_and_says_so_where_not() {
+    let dir = scratch_dir("lut8");
+    let model = repo().join("tests/data/tiny/tiny-llama-Q1_0.gguf");
+    let model = model.to_str().unwrap();
+    let short = short_text(&dir);
+    let (text0, ppl0, err0) = outputs(model, &short, &[]);
+    let (text1, ppl1, err1) = outputs(model, &short, &["--lut8"]);
+    assert!(!err0.contains("--lut8"), "{err0}");
+    let neon = cfg!(target_arch = "aarch64");
+    let notes = err1.matches("--lut8: no 8-bit table kernel").count();
+    assert_eq!(notes, if neon { 0 } else { 2 }, "{err1}");
+    let (b0, b1) = (bits_per_byte(&ppl0), bits_per_byte(&ppl1));
+    if neon {
+        assert_ne!(ppl1, ppl0, "--lut8 changed nothing");
+        assert!((b1 / b0 - 1.0).abs() < 0.01, "bits per byte {b0} -> {b1}");
+        assert!(!text1.is_empty());
+    } else {
+        assert_eq!((text1.as_str(), b1), (text0.as_str(), b0));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

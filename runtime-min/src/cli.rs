@@ -122,6 +122,9 @@ pub struct Opts<'s> {
     pub repack_cache: Option<&'s str>,
     /// Keep Q8_0 matrices in the file's row order (`--no-repack`; for comparisons).
     pub no_repack: bool,
+    /// Q1_0 / Q2_0 through 8-bit lookup tables (`--lut8`): faster, not llama.cpp's
+    /// arithmetic.
+    pub lut8: bool,
     /// head-select / recut: write the result to this file (`-o`; `None` or `-`: stdout).
     pub output: Option<&'s str>,
     /// loops: plain prompts, no chat template (`--plain`, for base models).
@@ -320,6 +323,9 @@ flags (llama.cpp names):
                           kernel layout); keep them in DIR/<model>.pinch-repack: the first
                           run writes it, later runs read it; rebuilt when the model changes
   --no-repack             keep Q8_0 matrices in the file's row order
+  --lut8                  Q1_0 / Q2_0 (1- and 2-bit) matrices through 8-bit lookup tables
+                          on aarch64: fewer instructions, not bit-exact with llama.cpp
+                          (1-1.5 % RMS error per product); elsewhere the exact kernels
   --tune FILE             run, chat, serve: settings from a `pinch tune` profile (flags
                           given on the command line win)
 ";
@@ -465,6 +471,7 @@ impl<'s> Opts<'s> {
             membw_bytes: 0,
             repack_cache: None,
             no_repack: false,
+            lut8: false,
             output: None,
             plain: false,
             head_lang: None,
@@ -676,6 +683,7 @@ impl<'s> Opts<'s> {
                 }
                 "--repack-cache" => o.repack_cache = Some(val()?),
                 "--no-repack" => o.no_repack = true,
+                "--lut8" => o.lut8 = true,
                 "-o" | "--output" => o.output = Some(val()?),
                 "--tune" => o.tune = Some(val()?),
                 "-h" | "--help" => o.command = Command::Help,
@@ -835,6 +843,8 @@ mod tests {
                 .unwrap()
                 .no_repack
         );
+        assert!(Opts::parse(&["run", "-m", "m", "--lut8"]).unwrap().lut8);
+        assert!(!o.lut8);
         let o = Opts::parse(&["recut", "-m", "m", "--head", "h", "-o", "x.gguf"]).unwrap();
         assert_eq!(o.output, Some("x.gguf"));
         let o = Opts::parse(&["head-select", "-m", "m", "--output", "-"]).unwrap();

@@ -408,11 +408,33 @@ pub fn cache_path(dir: &str, model_path: &str) -> Option<heapless::String<512>> 
     Some(s)
 }
 
+/// Which layouts the loader repacks matrices into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Repack {
+    /// None: every read passes through (reference arithmetic, `--no-repack`).
+    Off,
+    /// Each type's preferred layout (`Layout::preferred`): the exact kernels.
+    Exact,
+    /// As `Exact`, but Q1_0 and Q2_0 in the inexact 8-bit table layouts where the CPU
+    /// has their kernels (`--lut8`, `Layout::Q1_0x16Lut8` / `Q2_0x16Lut8`).
+    Lut8,
+}
+
+impl From<bool> for Repack {
+    fn from(on: bool) -> Repack {
+        if on {
+            Repack::Exact
+        } else {
+            Repack::Off
+        }
+    }
+}
+
 impl<'p, 's, P: Platform> Repacking<'p, 's, P> {
     /// Prepare repacking for the model `file` (`g`, at `model_path`): find the eligible
     /// matrices, take their scratch from `arena`, and, with `dir`, open and check the
     /// cache (a stale one is reported on stderr and will be rebuilt). Without `dir`
-    /// tensors are repacked at load and nothing is written. With `enabled == false`
+    /// tensors are repacked at load and nothing is written. With [`Repack::Off`]
     /// (reference arithmetic) every read passes through.
     pub fn new(
         inner: &'p P,
@@ -420,18 +442,19 @@ impl<'p, 's, P: Platform> Repacking<'p, 's, P> {
         g: &Gguf,
         model_path: &str,
         dir: Option<&str>,
-        enabled: bool,
+        mode: impl Into<Repack>,
         arena: &mut Arena<'s>,
     ) -> Result<Repacking<'p, 's, P>, ArenaError> {
+        let mode = mode.into();
         let mut eligible = heapless::Vec::new();
         let mut scratch = 0usize;
         let cpu = inner.cpu();
         for t in g.tensors() {
-            let Some(layout) = Layout::preferred(t.ty, &cpu) else {
+            let Some(layout) = Layout::preferred_with(t.ty, &cpu, mode == Repack::Lut8) else {
                 continue;
             };
             // Without a SIMD kernel for the layout, plain rows are faster.
-            if !enabled || !repack::has_fast_kernel(layout, &cpu) {
+            if mode == Repack::Off || !repack::has_fast_kernel(layout, &cpu) {
                 continue;
             }
             let rows = t.rows() as usize;

@@ -13,7 +13,7 @@ use pinch_runtime_min::model::{
     Config, KvType, Loader, Logits, Math, ModelError, Session, SessionOptions,
 };
 use pinch_runtime_min::platform::{MemPlatform, Platform};
-use pinch_runtime_min::repack_cache::{self, Repacking};
+use pinch_runtime_min::repack_cache::{self, Repack, Repacking};
 use pinch_runtime_min::residency::{self, ResidencyPlan};
 
 /// Directory of the repo's test data.
@@ -91,11 +91,34 @@ pub fn run_logits_repacked(
     tokens: &[u32],
     spec: RunSpec,
 ) -> Result<(Vec<Vec<f32>>, usize), ModelError> {
+    run_repacked(gguf_bytes, tokens, spec, Repack::Exact)
+}
+
+/// [`run_logits_repacked`] with `--lut8` (Q1_0 / Q2_0 through 8-bit tables where this
+/// CPU has the kernels).
+pub fn run_logits_lut8(
+    gguf_bytes: &[u8],
+    tokens: &[u32],
+    spec: RunSpec,
+) -> Result<(Vec<Vec<f32>>, usize), ModelError> {
+    run_repacked(gguf_bytes, tokens, spec, Repack::Lut8)
+}
+
+fn run_repacked(
+    gguf_bytes: &[u8],
+    tokens: &[u32],
+    spec: RunSpec,
+    repack: Repack,
+) -> Result<(Vec<Vec<f32>>, usize), ModelError> {
     let plat = MemPlatform {
         bytes: gguf_bytes,
         cpu: host_cpu(),
     };
-    run_on(&plat, gguf_bytes, tokens, spec, None, true).map(|((_, rows, _), n)| (rows, n))
+    let o = Options {
+        repack,
+        ..Options::default()
+    };
+    run_with(&plat, gguf_bytes, tokens, spec, o).map(|((_, rows, _), n)| (rows, n))
 }
 
 /// [`run_logits_streamed`] with a reader thread.
@@ -124,7 +147,7 @@ pub fn run_logits_workers(
 #[derive(Clone, Copy)]
 struct Options {
     weight_budget: Option<u64>,
-    repack: bool,
+    repack: Repack,
     swa_ring: bool,
 }
 
@@ -132,7 +155,7 @@ impl Default for Options {
     fn default() -> Options {
         Options {
             weight_budget: None,
-            repack: false,
+            repack: Repack::Off,
             swa_ring: true,
         }
     }
@@ -150,7 +173,7 @@ fn run_on<P: Platform<File = ()>>(
 ) -> Result<(StreamedRun, usize), ModelError> {
     let o = Options {
         weight_budget,
-        repack,
+        repack: repack.into(),
         ..Options::default()
     };
     run_with(plat, gguf_bytes, tokens, spec, o)

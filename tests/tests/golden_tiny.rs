@@ -340,3 +340,58 @@ fn swa_ring_gives_the_full_cache_logits() {
         }
     }
 }
+
+/// `--lut8` (Q1_0 and Q2_0 through 8-bit tables, `kernels/src/quant/lut8.rs`) on their
+/// fixtures: where this CPU has the kernels (aarch64) those matrices are repacked into
+/// the 8-bit table layouts and the logits move off the exact ones (the arithmetic really
+/// changed) but stay close to llama.cpp's; elsewhere the exact kernels run and the logits
+/// are the exact run's. Batched and one token at a time.
+#[test]
+fn lut8_logits_stay_close_to_llama_cpp_on_the_1_and_2_bit_fixtures() {
+    // The bounds: about three times llama.cpp's own distance between these fixtures'
+    // quantized-activation logits and the float-activation ones (1.4 % and 2.1 %
+    // relative RMS), measured 2.4 % and 6.4 % under qemu.
+    for (name, ty, bound) in [
+        ("tiny-llama-Q1_0.gguf", pinch_kernels::GgmlType::Q1_0, 0.04),
+        ("tiny-llama-Q2_0.gguf", pinch_kernels::GgmlType::Q2_0, 0.08),
+    ] {
+        let bytes = std::fs::read(data_dir().join("tiny").join(name)).unwrap();
+        let meta = Meta::load(&data_dir().join("tiny").join(format!("{name}.meta")));
+        let tokens = meta.u32s("token_ids");
+        let want = golden(name, "f32kv", "batched");
+        let layout = pinch_kernels::repack::Layout::preferred_with(ty, &host_cpu(), true);
+        let has_kernel = layout.is_some_and(|l| !l.is_exact());
+        for batch in [1, 24] {
+            let spec = RunSpec {
+                math: Math::Fast,
+                kv: KvType::F32,
+                batch,
+                threads: 2,
+                attn_skip: false,
+            };
+            let (exact, _) = run_logits_repacked(&bytes, &tokens, spec).unwrap();
+            let (lut8, n) = run_logits_lut8(&bytes, &tokens, spec).unwrap();
+            let same = exact
+                .iter()
+                .flatten()
+                .zip(lut8.iter().flatten())
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert_eq!(
+                same, !has_kernel,
+                "{name} batch {batch}: {n} tensors repacked"
+            );
+            // RMS of the difference from llama.cpp over the RMS of llama.cpp's logits.
+            let (mut err, mut sig, mut worst) = (0.0f64, 0.0f64, 0.0f32);
+            for (g, w) in lut8.iter().flatten().zip(want.iter().flatten()) {
+                err += f64::from(g - w).powi(2);
+                sig += f64::from(*w).powi(2);
+                worst = worst.max((g - w).abs());
+            }
+            let rel = (err / sig).sqrt();
+            println!(
+                "{name} batch {batch}: lut8 {has_kernel}, relative RMS {rel:.5}, largest {worst:.5}"
+            );
+            assert!(rel <= bound, "{name} batch {batch}: relative RMS {rel}");
+        }
+    }
+}

@@ -76,9 +76,9 @@ fn qemu(model: &Path) -> Result<()> {
         .arg(&plugin)
         .arg(root().join("tools/qemu-insn/insn.c")))?;
     println!("\n## ARM under qemu: instructions per generated token (single thread)\n");
-    println!("| cpu | generated token |\n| --- | ---: |");
+    println!("| cpu | generated token | with `--lut8` |\n| --- | ---: | ---: |");
     for cpu in ["max", "cortex-a53"] {
-        let count = |n: usize| -> Result<u64> {
+        let count = |n: usize, extra: &[&str]| -> Result<u64> {
             let out_file = root().join(format!("target/insn-bonsai-{cpu}.txt"));
             let _ = std::fs::remove_file(&out_file);
             let stdout = output(
@@ -89,7 +89,8 @@ fn qemu(model: &Path) -> Result<()> {
                     .args(["run", "-m"])
                     .arg(model)
                     .args(["-p", "Hello", "-n", &n.to_string(), "-t", "1", "-c", "64"])
-                    .args(["--temp", "0", "--ignore-eos", "--json"]),
+                    .args(["--temp", "0", "--ignore-eos", "--json"])
+                    .args(extra),
             )?;
             if !stdout
                 .lines()
@@ -105,8 +106,12 @@ fn qemu(model: &Path) -> Result<()> {
                 .and_then(|v| v.trim().parse().ok())
                 .ok_or_else(|| "no insns line".into())
         };
-        let (a, b) = (count(4)?, count(12)?);
-        println!("| {cpu} | {:.1} M |", (b - a) as f64 / 8.0 / 1e6);
+        let per_token = |extra: &[&str]| -> Result<f64> {
+            let (a, b) = (count(4, extra)?, count(12, extra)?);
+            Ok((b - a) as f64 / 8.0 / 1e6)
+        };
+        let (exact, lut8) = (per_token(&[])?, per_token(&["--lut8"])?);
+        println!("| {cpu} | {exact:.1} M | {lut8:.1} M |");
     }
     Ok(())
 }

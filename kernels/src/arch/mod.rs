@@ -46,6 +46,8 @@ mod neon_pair_lut;
 #[cfg(target_arch = "aarch64")]
 mod neon_q1_lut;
 #[cfg(target_arch = "aarch64")]
+mod neon_q1_lut8;
+#[cfg(target_arch = "aarch64")]
 mod neon_q2k_pack;
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod neon_q2k_repack;

@@ -241,6 +241,10 @@ unsafe fn group(blocks: &[BlockQ1_0x16], nkb: usize, t: &Tables, io: &mut [f32; 
 pub(super) struct Neon;
 
 impl LutKernel for Neon {
+    type Tables = Tables;
+    fn tables() -> Tables {
+        Tables::new()
+    }
     unsafe fn build(act: &[BlockQ8_0], t: &mut Tables) {
         // SAFETY: the caller's contract (Advanced SIMD).
         unsafe { build(act, t) }

@@ -18,6 +18,7 @@ use super::neon_legacy::{self as lg, base, dot};
 use super::neon_min as mn;
 use super::neon_pair_lut as pair_lut;
 use super::neon_q1_lut::Neon as Q1Lut;
+use super::neon_q1_lut8::{NeonQ1Lut8 as Q1Lut8, NeonQ2Lut8 as Q2Lut8};
 use super::neon_q2k_pack as q2k_pack;
 use super::neon_repack as rp;
 use super::neon_rows::{kquant, lanes};
@@ -144,6 +145,9 @@ pub(super) static NEON: KernelTable = KernelTable {
         Kernels::packed(T::Q5_0, Layout::Q5_0x4s, rp::q5_0x4s_base),
         Kernels::packed(T::Q4_0, Layout::Q4_0x4s, rp::q4_0x4s_base),
         Kernels::packed(T::Q1_0, Layout::Q1_0x16, q1_lut::matmul::<Q1Lut>),
+        // Inexact, on request only (`--lut8`; `Layout::preferred` takes the entry above).
+        Kernels::packed(T::Q1_0, Layout::Q1_0x16Lut8, q1_lut::matmul::<Q1Lut8>),
+        Kernels::packed(T::Q2_0, Layout::Q2_0x16Lut8, q1_lut::matmul::<Q2Lut8>),
         Kernels::packed(T::Q2_K, Layout::Q2Kx8, q2k_pack::base),
         // Preferred first: the pair tables count fewer instructions than `smlal`.
         Kernels::packed(T::TQ2_0, Layout::Tq2_0x16, pair_lut::tq2_0x16_base),
@@ -189,6 +193,9 @@ pub(super) static NEON_DOT: KernelTable = KernelTable {
         Kernels::packed(T::Q6_K, Layout::Q6Kx4, kp::q6_kx4_dot),
         // The lookup-table kernel needs no `sdot` (and counts fewer instructions).
         Kernels::packed(T::Q1_0, Layout::Q1_0x16, q1_lut::matmul::<Q1Lut>),
+        // Inexact, on request only (`--lut8`; `Layout::preferred` takes the entry above).
+        Kernels::packed(T::Q1_0, Layout::Q1_0x16Lut8, q1_lut::matmul::<Q1Lut8>),
+        Kernels::packed(T::Q2_0, Layout::Q2_0x16Lut8, q1_lut::matmul::<Q2Lut8>),
         Kernels::packed(T::Q2_K, Layout::Q2Kx8, q2k_pack::dot),
         // Preferred first: 16 rows per vector, no accumulator merges (both).
         Kernels::packed(T::TQ2_0, Layout::Tq2_0x16d, pair_lut::tq2_0x16d_dot),

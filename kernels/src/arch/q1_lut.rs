@@ -2,7 +2,9 @@
 //! [`crate::repack::Layout::Q1_0x16`] layout: the ISA-independent driver (shapes, table
 //! chunks, row groups, the padded last group), instantiated per ISA through
 //! [`LutKernel`] ([`super::neon_q1_lut`]: `tbl`; [`super::x86_q1_lut`]: `vpshufb`;
-//! [`super::x86_q1_lut512`]: `vpermb`, four groups' tables per lookup).
+//! [`super::x86_q1_lut512`]: `vpermb`, four groups' tables per lookup; and
+//! [`super::neon_q1_lut8`]: the inexact 8-bit tables of `--lut8`, [`crate::quant::lut8`],
+//! which run Q2_0 as well: its 18-byte blocks and 16-row groups have Q1_0's layout).
 //! Only what costs nothing is shared: the table building and the inner loops, where
 //! the instructions are, stay in the ISA files.
 //!
@@ -36,9 +38,20 @@ use core::ops::Range;
 
 use super::table::{KernelTable, PackedJob};
 use crate::blocks::cast;
+use crate::quant::lut8;
 use crate::quant::q1_0::{BlockQ1_0, BLOCK_BYTES};
 use crate::quant::q8_0::{self, BlockQ8_0};
 use crate::repack::BlockQ1_0x16;
+
+// Q2_0x16 is read through this driver's `BlockQ1_0x16` (the 8-bit table kernels).
+static_assertions::const_assert_eq!(
+    core::mem::size_of::<crate::repack::BlockQ2_0x16>(),
+    core::mem::size_of::<BlockQ1_0x16>()
+);
+static_assertions::const_assert_eq!(
+    core::mem::offset_of!(crate::repack::BlockQ2_0x16, d),
+    core::mem::offset_of!(BlockQ1_0x16, d)
+);
 
 /// Rows per group-block.
 pub(super) const R: usize = 16;
@@ -78,13 +91,49 @@ impl Tables {
     }
 }
 
+impl Tables {
+    pub(super) const fn new() -> Tables {
+        Tables {
+            lh: [[0; 16]; 2 * KC * GROUPS],
+            neg_sum: [[0; 2]; KC * SUB],
+            d: [0.0; KC * SUB],
+        }
+    }
+}
+
+/// The 8-bit tables of up to [`KC`] Q1_0 blocks of one activation row (the inexact
+/// arithmetic of [`crate::quant::lut8`], `--lut8`; Q1_0 and Q2_0 alike).
+#[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))] // NEON only so far
+pub(super) struct Tables8 {
+    /// Per Q1_0 block, its 32 groups' tables in group order.
+    pub(super) t: [lut8::BlockTables; KC],
+    /// Per Q1_0 block, the table scale.
+    pub(super) s: [f32; KC],
+}
+
+#[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
+impl Tables8 {
+    pub(super) const fn new() -> Tables8 {
+        Tables8 {
+            t: [[[0; 16]; GROUPS]; KC],
+            s: [0.0; KC],
+        }
+    }
+}
+
 /// One ISA's half of the kernel.
 pub(super) trait LutKernel {
-    /// Build the tables of `act` (whole Q8_0 blocks, at most `KC * SUB`).
+    /// Q8_0 activation blocks per weight block (4 for Q1_0; the 8-bit table kernels also
+    /// run Q2_0, whose 18-byte blocks and 16-row groups have Q1_0's layout: 2).
+    const SUB: usize = SUB;
+    /// The tables this kernel looks up.
+    type Tables;
+    fn tables() -> Self::Tables;
+    /// Build the tables of `act` (whole Q8_0 blocks, at most `KC * Self::SUB`).
     ///
     /// # Safety
     /// The CPU has the ISA of the implementation.
-    unsafe fn build(act: &[BlockQ8_0], t: &mut Tables);
+    unsafe fn build(act: &[BlockQ8_0], t: &mut Self::Tables);
     /// `sums[i][r]` (row `r` of row group `i`) plus the dot products of the group-blocks
     /// `blocks[i][..nkb]` with the tabled activations, in the reference's float steps.
     ///
@@ -94,7 +143,7 @@ pub(super) trait LutKernel {
     unsafe fn groups(
         blocks: [&[BlockQ1_0x16]; RG],
         nkb: usize,
-        t: &Tables,
+        t: &Self::Tables,
         sums: &mut [[f32; R]; RG],
     );
 }
@@ -114,7 +163,7 @@ pub(super) unsafe fn matmul<K: LutKernel>(
     acts: &[u8],
     out: &mut [f32],
 ) -> bool {
-    let act_per_block = SUB * q8_0::BLOCK_BYTES;
+    let act_per_block = K::SUB * q8_0::BLOCK_BYTES;
     let shape = (BLOCK_BYTES, act_per_block, R);
     let Some(PackedJob { n_tok, arb, .. }) =
         PackedJob::new(w, row_bytes, &rows, acts, out.len(), shape)
@@ -133,11 +182,7 @@ pub(super) unsafe fn matmul<K: LutKernel>(
     let in_range = |r: usize| rows.contains(&r);
     // A whole group in range with one token: its sums are 16 contiguous outputs.
     let contiguous = |first: usize| n_tok == 1 && rows.start <= first && first + R <= rows.end;
-    let mut tabs = Tables {
-        lh: [[0; 16]; 2 * KC * GROUPS],
-        neg_sum: [[0; 2]; KC * SUB],
-        d: [0.0; KC * SUB],
-    };
+    let mut tabs = K::tables();
     let zero = BlockQ1_0x16 {
         qs: [[0; 16]; 16],
         d: [[0; 2]; 16],
@@ -149,8 +194,8 @@ pub(super) unsafe fn matmul<K: LutKernel>(
         };
         for b0 in (0..nb).step_by(KC) {
             let nkb = KC.min(nb - b0);
-            // SAFETY: `K`'s ISA (the caller's contract); `a` has `nb * SUB` blocks.
-            unsafe { K::build(&a[b0 * SUB..(b0 + nkb) * SUB], &mut tabs) };
+            // SAFETY: `K`'s ISA (the caller's contract); `a` has `nb * K::SUB` blocks.
+            unsafe { K::build(&a[b0 * K::SUB..(b0 + nkb) * K::SUB], &mut tabs) };
             if g_range.end * R > whole && !pack_tail(w, row_bytes, whole, b0, &mut pad[..nkb]) {
                 return false;
             }

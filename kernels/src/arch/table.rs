@@ -133,11 +133,12 @@ impl KernelTable {
             .any(|e| e.layout == layout && e.packed.is_some())
     }
 
-    /// The first repacked layout this table lists for `ty`.
+    /// The first repacked layout this table lists for `ty` with the type's exact arithmetic
+    /// (`Layout::is_exact`: the `--lut8` layouts are only taken on request).
     pub fn preferred_layout(&self, ty: GgmlType) -> Option<Layout> {
         self.entries
             .iter()
-            .find(|e| e.ty == ty && e.packed.is_some())
+            .find(|e| e.ty == ty && e.packed.is_some() && e.layout.is_exact())
             .map(|e| e.layout)
     }
 

@@ -123,6 +123,10 @@ fn build_scalar(act: &[BlockQ8_0], t: &mut Tables) {
 pub(super) struct Avx2;
 
 impl LutKernel for Avx2 {
+    type Tables = Tables;
+    fn tables() -> Tables {
+        Tables::new()
+    }
     unsafe fn build(act: &[BlockQ8_0], t: &mut Tables) {
         build_scalar(act, t)
     }

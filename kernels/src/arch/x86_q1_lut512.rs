@@ -231,6 +231,10 @@ unsafe fn groups(
 pub(super) struct Vbmi;
 
 impl LutKernel for Vbmi {
+    type Tables = Tables;
+    fn tables() -> Tables {
+        Tables::new()
+    }
     unsafe fn build(act: &[BlockQ8_0], t: &mut Tables) {
         // SAFETY: the caller's contract (AVX-512 F/BW/VL/VNNI/VBMI with AVX2).
         unsafe { build(act, t) }

@@ -24,6 +24,7 @@ pub mod float;
 pub mod iq2_xxs;
 pub mod iq4_nl;
 pub mod iq4_xs;
+pub mod lut8;
 pub mod q1_0;
 pub mod q2_0;
 pub mod q2_k;

@@ -353,17 +353,28 @@ fn with_model<P: Platform>(
     drop(err);
     engine::check_budget(&plan, &g, &cfg, &sopts, pruned).map_err(AppError::Budget)?;
     // The row-interleaved layouts pay for one token at a time; `ppl` computes the head
-    // for 16 positions at once, where the plain layout's tiles are faster.
-    let repack = o.math == crate::model::Math::Fast && !o.no_repack && o.command != Command::Ppl;
-    let rp = crate::repack_cache::Repacking::new(
-        p,
-        &file,
-        &g,
-        path,
-        o.repack_cache,
-        repack,
-        &mut arena,
-    )?;
+    // for 16 positions at once, where the plain layout's tiles are faster (but with
+    // `--lut8` it measures that arithmetic, which only the repacked layout has).
+    let fast = o.math == crate::model::Math::Fast && !o.no_repack;
+    let repack = fast && (o.command != Command::Ppl || o.lut8);
+    let mode = match (repack, o.lut8) {
+        (false, _) => crate::repack_cache::Repack::Off,
+        (true, false) => crate::repack_cache::Repack::Exact,
+        (true, true) => crate::repack_cache::Repack::Lut8,
+    };
+    let rp =
+        crate::repack_cache::Repacking::new(p, &file, &g, path, o.repack_cache, mode, &mut arena)?;
+    let lut8_kernel = pinch_kernels::repack::has_fast_kernel(
+        pinch_kernels::repack::Layout::Q1_0x16Lut8,
+        &p.cpu(),
+    );
+    if mode == crate::repack_cache::Repack::Lut8 && !lut8_kernel {
+        let _ = writeln!(
+            Out::stderr(p),
+            "note: --lut8: no 8-bit table kernel on this CPU ({}); Q1_0 / Q2_0 keep the exact kernels",
+            p.cpu().describe()
+        );
+    }
     let mut weights: Weights = {
         let mut loader = Loader {
             platform: &rp,
