@@ -177,6 +177,9 @@ pub enum Stale {
     Checksum,
     ModelChanged(&'static str),
     BadEntry,
+    /// A tensor was cached in another layout than this run's kernels take (`--lut8`
+    /// given or dropped, or another CPU).
+    Layout,
     Payload,
 }
 
@@ -189,6 +192,7 @@ impl core::fmt::Display for Stale {
             Stale::Checksum => write!(f, "header checksum mismatch (corrupt)"),
             Stale::ModelChanged(what) => write!(f, "the model changed ({what})"),
             Stale::BadEntry => write!(f, "a tensor entry does not match the model"),
+            Stale::Layout => write!(f, "it holds other kernel layouts (--lut8, or another CPU)"),
             Stale::Payload => write!(f, "a tensor's bytes do not match their checksum (corrupt)"),
         }
     }
@@ -579,7 +583,11 @@ impl<'p, 's, P: Platform> Repacking<'p, 's, P> {
             st.stale.get_or_insert(Stale::BadEntry);
             return false;
         };
-        if c.len != buf.len() as u64 || c.layout != e.layout {
+        if c.layout != e.layout {
+            st.stale.get_or_insert(Stale::Layout);
+            return false;
+        }
+        if c.len != buf.len() as u64 {
             // Another residency (a head with more or fewer resident rows): rebuild.
             st.stale.get_or_insert(Stale::BadEntry);
             return false;
