@@ -1,16 +1,18 @@
-//! Q1_0 through 8-bit tables on baseline NEON (`--lut8`): the `tbl` half of the inexact
-//! arithmetic of [`crate::quant::q1_0_lut8`] over [`crate::repack::Layout::Q1_0x16Lut8`]
-//! (the bytes of Q1_0x16), driven by [`super::q1_lut::matmul`] with its
-//! [`super::q1_lut::Tables8`]. Every aarch64 core (no dotprod needed).
+//! Q1_0 and Q2_0 through 8-bit tables on baseline NEON (`--lut8`): the `tbl` half of the
+//! inexact arithmetic of [`crate::quant::lut8`] over [`crate::repack::Layout::Q1_0x16Lut8`]
+//! and [`crate::repack::Layout::Q2_0x16Lut8`] (the bytes of Q1_0x16 / Q2_0x16, one layout),
+//! driven by [`super::q1_lut::matmul`] with its [`super::q1_lut::Tables8`]. Every aarch64
+//! core (no dotprod needed).
 //!
-//! Per 16 rows and eight activations: one 16-byte load of the rows' sign bytes, `and` /
-//! `ushr` for the two nibbles, one `tbl` per nibble into its group's table, and each
-//! result widened into two i16 accumulators (`saddw` / `saddw2`; the block's first pair
-//! with `saddl` / `saddl2`, which also starts them): 8 instructions per 128
-//! multiply-adds against 12.5 in the exact kernel, which needs two tables per group.
-//! Per Q1_0 block the accumulators (`isum`, exact: at most 32 x 127) widen, convert and
-//! meet `d_w * s` in one fused multiply-add per four rows, as the reference. Per 16
-//! rows and Q1_0 block 162 instructions (0.079 per weight).
+//! Per 16 rows and one 16-byte load of the rows' code bytes (eight Q1_0 or four Q2_0
+//! weights per row): `and` / `ushr` for the two nibbles, one `tbl` per nibble into its
+//! table, and each result widened into two i16 accumulators (`saddw` / `saddw2`; the
+//! block's first pair with `saddl` / `saddl2`, which also starts them): 8 instructions
+//! per 128 Q1_0 multiply-adds against 12.5 in the exact kernel, which needs two tables per
+//! group. Per block the accumulators (`isum`, exact: at most 32 x 127) widen, convert
+//! and meet `d_w * s` in one fused multiply-add per four rows, as the reference. Per 16
+//! rows and block 162 instructions (Q1_0: 0.079 per weight, Q2_0: 0.158), plus the
+//! tables (built here with NEON, once per token and 16 blocks).
 #![allow(unsafe_code)]
 
 use core::arch::aarch64::*;
@@ -38,8 +40,8 @@ const BIT_MASKS: [[i16; 8]; 3] = {
     m
 };
 
-/// One Q1_0 group's 16 table entries (as `Q1::entries` then `round_entries`): its activations are
-/// lanes `$l0, $l0 + 1, $l0 + 2` (and the next) of the widened `$w`, its sum `S` lane
+/// One Q1_0 group's 16 table entries (as `Q1::entries`, then `round_entries`): its
+/// activations are lanes `$l0, $l0 + 1, $l0 + 2` (and the next) of the widened `$w`, its sum `S` lane
 /// `$g` of `$s`. Patterns `n < 8` (bit 3 clear, so `q3` counts negative) are `2 (sum of
 /// the set bits' q) - S`, scaled by `$c`, rounded to nearest even (`fcvtns`, the
 /// reference's `rne`), narrowed with saturation and clamped to -127; patterns `n >= 8`
