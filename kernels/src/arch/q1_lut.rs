@@ -89,9 +89,6 @@ impl Tables {
     pub(super) const fn hi(g: usize) -> usize {
         g / 4 * 8 + 4 + g % 4
     }
-}
-
-impl Tables {
     pub(super) const fn new() -> Tables {
         Tables {
             lh: [[0; 16]; 2 * KC * GROUPS],
@@ -101,13 +98,13 @@ impl Tables {
     }
 }
 
-/// The 8-bit tables of up to [`KC`] Q1_0 blocks of one activation row (the inexact
+/// The 8-bit tables of up to [`KC`] weight blocks of one activation row (the inexact
 /// arithmetic of [`crate::quant::lut8`], `--lut8`; Q1_0 and Q2_0 alike).
 #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))] // NEON only so far
 pub(super) struct Tables8 {
-    /// Per Q1_0 block, its 32 groups' tables in group order.
+    /// Per weight block, its 32 tables in nibble order.
     pub(super) t: [lut8::BlockTables; KC],
-    /// Per Q1_0 block, the table scale.
+    /// Per weight block, the table scale.
     pub(super) s: [f32; KC],
 }
 
@@ -257,6 +254,7 @@ pub(super) unsafe fn matmul<K: LutKernel>(
 
 /// Pack blocks `b0..b0 + pad.len()` of the plain rows `whole..` (fewer than 16) of `w`
 /// into `pad`, the missing rows' bytes and scales zero; `false` if the bytes do not cast.
+/// (Q2_0 rows too: a Q2_0 block has Q1_0's 18-byte layout, a scale then 16 code bytes.)
 fn pack_tail(
     w: &[u8],
     row_bytes: usize,
