@@ -167,8 +167,17 @@ fn act_block(q: [i8; 32], d: f32) -> BlockQ8_0 {
 /// and the widest uses the whole byte; returns the tables.
 fn tables_near_exact<F: Lut8Format>(ys: &[BlockQ8_0]) -> lut8::BlockTables {
     let mut t = [[0i8; 16]; lut8::GROUPS];
-    let s = lut8::block_tables::<F>(ys, &mut t);
+    let ts = lut8::block_tables::<F>(ys, &mut t);
+    // One step of the entries, in activation units.
+    let s = ts.s * F::DIV;
     assert!(s > 0.0);
+    // The offset stands for `sum(q)` of each Q8_0 block (Q2_0), within half a step.
+    let bias: f32 = ys.iter().map(|y| F::bias(y) as f32 * y.scale()).sum();
+    assert!(
+        (ts.offset as f32 * s - bias).abs() <= 0.5 * s * 1.0001,
+        "offset {} x {s} vs {bias}",
+        ts.offset
+    );
     let top = t.iter().flatten().map(|e| e.unsigned_abs()).max().unwrap();
     assert!(top >= 64, "the widest entry uses the byte: {top}");
     for (g, row) in t.iter().enumerate() {
@@ -209,9 +218,9 @@ fn tables_are_near_exact_full_scale_and_safe_on_zero_and_nan() {
         let mut t = [[0i8; 16]; lut8::GROUPS];
         let build = |y: &[BlockQ8_0], t: &mut lut8::BlockTables| {
             if sub == 4 {
-                lut8::block_tables::<Q1>(y, t)
+                lut8::block_tables::<Q1>(y, t).s
             } else {
-                lut8::block_tables::<Q2>(y, t)
+                lut8::block_tables::<Q2>(y, t).s
             }
         };
         // Zero activations: zero tables, scale 0.

@@ -325,7 +325,7 @@ flags (llama.cpp names):
   --no-repack             keep Q8_0 matrices in the file's row order
   --lut8                  Q1_0 / Q2_0 (1- and 2-bit) matrices through 8-bit lookup tables
                           on aarch64: fewer instructions, not bit-exact with llama.cpp
-                          (1-1.5 % RMS error per product); elsewhere the exact kernels run
+                          (about 1 % RMS error per product); elsewhere the exact kernels run
   --tune FILE             run, chat, serve: settings from a `pinch tune` profile (flags
                           given on the command line win)
 ";

@@ -348,12 +348,14 @@ fn swa_ring_gives_the_full_cache_logits() {
 /// are the exact run's. Batched and one token at a time.
 #[test]
 fn lut8_logits_stay_close_to_llama_cpp_on_the_1_and_2_bit_fixtures() {
-    // The bounds: about three times llama.cpp's own distance between these fixtures'
-    // quantized-activation logits and the float-activation ones (1.4 % and 2.1 %
-    // relative RMS), measured 2.4 % and 6.4 % under qemu.
+    // The bounds: llama.cpp's own distance between these fixtures' quantized-activation
+    // logits and the float-activation ones is 1.4 % and 2.1 % relative RMS; measured
+    // 2.4 % and 7.7 % under qemu (Q2_0 6.4 % before its centred levels, which cut its
+    // bits-per-byte cost from +0.27 % to +0.06 %: one random tiny model's logits are a
+    // noisy measure, so the bound leaves room).
     for (name, ty, bound) in [
         ("tiny-llama-Q1_0.gguf", pinch_kernels::GgmlType::Q1_0, 0.04),
-        ("tiny-llama-Q2_0.gguf", pinch_kernels::GgmlType::Q2_0, 0.08),
+        ("tiny-llama-Q2_0.gguf", pinch_kernels::GgmlType::Q2_0, 0.10),
     ] {
         let bytes = std::fs::read(data_dir().join("tiny").join(name)).unwrap();
         let meta = Meta::load(&data_dir().join("tiny").join(format!("{name}.meta")));

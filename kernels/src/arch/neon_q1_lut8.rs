@@ -6,20 +6,20 @@
 //!
 //! Per 16 rows and one 16-byte load of the rows' code bytes (eight Q1_0 or four Q2_0
 //! weights per row): `and` / `ushr` for the two nibbles, one `tbl` per nibble into its
-//! table, and each result widened into two i16 accumulators (`saddw` / `saddw2`; the
-//! block's first pair with `saddl` / `saddl2`, which also starts them): 8 instructions
-//! per 128 Q1_0 multiply-adds against 12.5 in the exact kernel, which needs two tables per
-//! group. Per block the accumulators (`isum`, exact: at most 32 x 127) widen, convert
-//! and meet `d_w * s` in one fused multiply-add per four rows, as the reference. Per 16
-//! rows and block 162 instructions (Q1_0: 0.079 per weight, Q2_0: 0.158), plus the
-//! tables (built here with NEON, once per token and 16 blocks).
+//! table, and each result widened into two i16 accumulators (`saddw` / `saddw2`, started
+//! at the block's offset, 0 for Q1_0, by one `ld2r`): 8 instructions per 128 Q1_0
+//! multiply-adds against 12.5 in the exact kernel, which needs two tables per group. Per
+//! block the accumulators (`isum`, exact in i16) widen, convert and meet `d_w * s` in one
+//! fused multiply-add per four rows, as the reference. Per 16 rows and block 165
+//! instructions (Q1_0: 0.081 per weight, Q2_0: 0.161), plus the tables (built here with
+//! NEON, once per token and 16 blocks).
 #![allow(unsafe_code)]
 
 use core::arch::aarch64::*;
 
 use super::neon_legacy::h2f;
 use super::q1_lut::{LutKernel, Tables8, KC, R, RG};
-use crate::quant::lut8::{block_scale, BlockScale, Lut8Format, GROUPS, Q1, Q2};
+use crate::quant::lut8::{block_scale, offset, BlockScale, Lut8Format, GROUPS, Q1, Q2};
 use crate::quant::q8_0::BlockQ8_0;
 use crate::repack::BlockQ1_0x16;
 
@@ -96,26 +96,36 @@ unsafe fn quants(y: &BlockQ8_0) -> [int8x16_t; 2] {
 }
 
 /// The scales of one weight block of format `F` (its Q8_0 blocks `y`, quants `v`) by the
-/// reference's scalar `block_scale`, from `widest` (NEON, the same integers as
-/// `F::widest`); writes the table scale and, unless the block is scaled, zero tables.
+/// reference's scalar `block_scale` and `offset`, from `widest` and `bias` (NEON, the same
+/// integers as `F::widest` / `F::bias`); writes the table scale and offset and, unless
+/// the block is scaled, zero tables.
 #[inline(always)]
 unsafe fn scale_of<F: Lut8Format>(
     y: &[BlockQ8_0],
     v: &[[int8x16_t; 2]; 4],
     widest: impl Fn([int8x16_t; 2]) -> i32,
+    bias: impl Fn([int8x16_t; 2]) -> i32,
     k: usize,
     t: &mut Tables8,
 ) -> Option<[f32; 4]> {
     let mut d = [0.0f32; 4];
     let mut w = [0i32; 4];
+    let mut b = [0i32; 4];
     for j in 0..F::SUB {
         d[j] = h2f(y[j].d);
         w[j] = widest(v[j]);
+        b[j] = bias(v[j]);
     }
-    let scale = block_scale(&d[..F::SUB], &w[..F::SUB]);
+    let scale = block_scale(&d[..F::SUB], &w[..F::SUB], F::DIV);
     t.s[k] = scale.s();
+    t.o[k] = [0; 2];
     match scale {
-        BlockScale::Scaled { c, .. } => Some(c),
+        BlockScale::Scaled { c, .. } => {
+            // |o| <= 2 x 127 x 16 / 3 (see `quant::lut8`): an i16.
+            let o = offset(&c[..F::SUB], &b[..F::SUB]) as i16;
+            t.o[k] = [o; 2];
+            Some(c)
+        }
         _ => {
             t.t[k] = [[0; 16]; GROUPS];
             None
@@ -131,7 +141,7 @@ unsafe fn build_q1(act: &[BlockQ8_0], t: &mut Tables8) {
     let m = BIT_MASKS.map(|x| vld1q_s16(x.as_ptr()));
     for (k, y) in act.chunks_exact(Q1::SUB).take(KC).enumerate() {
         let v: [[int8x16_t; 2]; 4] = core::array::from_fn(|j| quants(&y[j]));
-        let Some(c) = scale_of::<Q1>(y, &v, |x| widest(x), k, t) else {
+        let Some(c) = scale_of::<Q1>(y, &v, |x| widest(x), |_| 0, k, t) else {
             continue;
         };
         for (j, vj) in v.iter().enumerate() {
@@ -160,29 +170,36 @@ unsafe fn build_q1(act: &[BlockQ8_0], t: &mut Tables8) {
     }
 }
 
-/// Q2_0's levels per nibble `n` (lanes `n = 0..8`, then `8..16`): weight `2g` is
-/// `(n & 3) - 1`, weight `2g + 1` is `(n >> 2) - 1`.
+/// Q2_0's centred levels `2 L - 1` per nibble `n` (lanes `n = 0..8`, then `8..16`):
+/// weight `2g` has code `n & 3`, weight `2g + 1` code `n >> 2`.
 const LEVELS: [[i16; 8]; 4] = {
     let mut l = [[0i16; 8]; 4];
     let mut n = 0;
     while n < 16 {
-        l[n / 8][n % 8] = (n & 3) as i16 - 1;
-        l[2 + n / 8][n % 8] = (n >> 2) as i16 - 1;
+        l[n / 8][n % 8] = 2 * (n & 3) as i16 - 3;
+        l[2 + n / 8][n % 8] = 2 * (n >> 2) as i16 - 3;
         n += 1;
     }
     l
 };
 
-/// `2 max_p (|q_{2p}| + |q_{2p+1}|)` of one Q8_0 block's quants `v` (as `Q2::widest`).
+/// `3 max_p (|q_{2p}| + |q_{2p+1}|)` of one Q8_0 block's quants `v` (as `Q2::widest`).
 #[inline(always)]
 unsafe fn widest_q2(v: [int8x16_t; 2]) -> i32 {
     let a = abs_widened(v);
     let p = vmaxq_s16(vpaddq_s16(a[0], a[1]), vpaddq_s16(a[2], a[3]));
-    2 * i32::from(vmaxvq_s16(p))
+    3 * i32::from(vmaxvq_s16(p))
+}
+
+/// `sum(q)` of one Q8_0 block's quants `v` (as `Q2::bias`).
+#[inline(always)]
+unsafe fn sum_q(v: [int8x16_t; 2]) -> i32 {
+    i32::from(vaddlvq_s8(v[0])) + i32::from(vaddlvq_s8(v[1]))
 }
 
 /// One Q2_0 pair's 16 entries (as `Q2::entries` then `round_entries`): its activations are
-/// lanes `$l0`, `$l0 + 1` of the widened `$w`; `T(n) = L0(n) q0 + L1(n) q1` in i16, then
+/// lanes `$l0`, `$l0 + 1` of the widened `$w`; `T(n) = C0(n) q0 + C1(n) q1` (centred
+/// levels) in i16, then
 /// scaled by `$c`, rounded to nearest even (`fcvtns`), narrowed with saturation and
 /// clamped to -127.
 macro_rules! pair_entries {
@@ -212,7 +229,7 @@ unsafe fn build_q2(act: &[BlockQ8_0], t: &mut Tables8) {
         let mut v = [[vdupq_n_s8(0); 2]; 4];
         v[0] = quants(&y[0]);
         v[1] = quants(&y[1]);
-        let Some(c) = scale_of::<Q2>(y, &v, |x| widest_q2(x), k, t) else {
+        let Some(c) = scale_of::<Q2>(y, &v, |x| widest_q2(x), |x| sum_q(x), k, t) else {
             continue;
         };
         for (j, vj) in v.iter().take(Q2::SUB).enumerate() {
@@ -241,11 +258,10 @@ unsafe fn build_q2(act: &[BlockQ8_0], t: &mut Tables8) {
 /// Eight groups (a quarter of a Q1_0 block, sixteen rows) in asm text: the groups'
 /// tables (`v0..=v7`, 128 bytes from `{t}`), the rows' four sign-byte vectors (`v8..=v11`,
 /// 64 bytes from `{w}`), their low nibbles (`v12..=v15`) and high nibbles (in place), eight
-/// `tbl` and the widening adds into `v16` (rows 0..8) and `v17` (rows 8..16). `$start`
-/// is the first pair's add: `saddl` (the block's first quarter: it starts the
-/// accumulators) or `saddw` (after it).
+/// `tbl` and the widening adds into `v16` (rows 0..8) and `v17` (rows 8..16), which the
+/// block started at its offset.
 macro_rules! quarter_asm {
-    ($start:expr) => {
+    () => {
         concat!(
             "ld1 {{v0.16b, v1.16b, v2.16b, v3.16b}}, [{t}], #64\n",
             "ld1 {{v4.16b, v5.16b, v6.16b, v7.16b}}, [{t}], #64\n",
@@ -266,7 +282,10 @@ macro_rules! quarter_asm {
             "tbl v10.16b, {{v5.16b}}, v10.16b\n",
             "tbl v15.16b, {{v6.16b}}, v15.16b\n",
             "tbl v11.16b, {{v7.16b}}, v11.16b\n",
-            $start,
+            "saddw v16.8h, v16.8h, v12.8b\n",
+            "saddw2 v17.8h, v17.8h, v12.16b\n",
+            "saddw v16.8h, v16.8h, v8.8b\n",
+            "saddw2 v17.8h, v17.8h, v8.16b\n",
             "saddw v16.8h, v16.8h, v13.8b\n",
             "saddw2 v17.8h, v17.8h, v13.16b\n",
             "saddw v16.8h, v16.8h, v9.8b\n",
@@ -283,32 +302,10 @@ macro_rules! quarter_asm {
     };
 }
 
-/// The first pair starting the accumulators.
-macro_rules! first_pair {
-    () => {
-        concat!(
-            "saddl v16.8h, v12.8b, v8.8b\n",
-            "saddl2 v17.8h, v12.16b, v8.16b\n",
-        )
-    };
-}
-
-/// The first pair added to the accumulators.
-macro_rules! next_pair {
-    () => {
-        concat!(
-            "saddw v16.8h, v16.8h, v12.8b\n",
-            "saddw2 v17.8h, v17.8h, v12.16b\n",
-            "saddw v16.8h, v16.8h, v8.8b\n",
-            "saddw2 v17.8h, v17.8h, v8.16b\n",
-        )
-    };
-}
-
 /// `io` (16 rows) plus the dot products of the group-blocks `blocks[..nkb]` with the
-/// tabled activations, one Q1_0 block per loop trip: four quarters, then the rows' f16
-/// scales times the block's table scale (`fcvtl`, `fmul`) and `sum = fma(isum, d_w * s,
-/// sum)`.
+/// tabled activations, one weight block per loop trip: the accumulators start at the
+/// block's offset (`ld2r`), four quarters, then the rows' f16 scales times the block's
+/// table scale (`fcvtl`, `fmul`) and `sum = fma(isum, d_w * s, sum)`.
 #[target_feature(enable = "neon")]
 unsafe fn group(blocks: &[BlockQ1_0x16], nkb: usize, t: &Tables8, io: &mut [f32; R]) {
     let nkb = nkb.min(blocks.len()).min(KC);
@@ -317,7 +314,8 @@ unsafe fn group(blocks: &[BlockQ1_0x16], nkb: usize, t: &Tables8, io: &mut [f32;
     }
     // SAFETY: NEON (the caller's contract). The asm reads `nkb` group-blocks from
     // `blocks` (288 bytes each: 256 sign bytes, then 32 scale bytes), their tables (512
-    // bytes each from `t.t`) and scales (`t.s`), and reads and writes the 16 floats of
+    // bytes each from `t.t`), scales (`t.s`) and offsets (`t.o`, 4 bytes each), and
+    // reads and writes the 16 floats of
     // `io`; it writes only the clobbered registers.
     unsafe {
         core::arch::asm!(
@@ -325,10 +323,11 @@ unsafe fn group(blocks: &[BlockQ1_0x16], nkb: usize, t: &Tables8, io: &mut [f32;
             "movi v28.16b, #15",
             "2:",
             "ld1r {{v30.4s}}, [{s}], #4",
-            quarter_asm!(first_pair!()),
-            quarter_asm!(next_pair!()),
-            quarter_asm!(next_pair!()),
-            quarter_asm!(next_pair!()),
+            "ld2r {{v16.8h, v17.8h}}, [{o}], #4",
+            quarter_asm!(),
+            quarter_asm!(),
+            quarter_asm!(),
+            quarter_asm!(),
             "ld1 {{v8.8h, v9.8h}}, [{w}], #32",
             "fcvtl v10.4s, v8.4h",
             "fcvtl2 v11.4s, v8.8h",
@@ -357,6 +356,7 @@ unsafe fn group(blocks: &[BlockQ1_0x16], nkb: usize, t: &Tables8, io: &mut [f32;
             w = inout(reg) blocks.as_ptr() => _,
             t = inout(reg) t.t.as_ptr() => _,
             s = inout(reg) t.s.as_ptr() => _,
+            o = inout(reg) t.o.as_ptr() => _,
             k = inout(reg) nkb => _,
             out("v0") _, out("v1") _, out("v2") _, out("v3") _,
             out("v4") _, out("v5") _, out("v6") _, out("v7") _,

@@ -106,6 +106,9 @@ pub(super) struct Tables8 {
     pub(super) t: [lut8::BlockTables; KC],
     /// Per weight block, the table scale.
     pub(super) s: [f32; KC],
+    /// Per weight block, the offset the accumulators start at (0 for Q1_0), twice: one
+    /// `ld2r` starts both.
+    pub(super) o: [[i16; 2]; KC],
 }
 
 #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
@@ -114,6 +117,7 @@ impl Tables8 {
         Tables8 {
             t: [[[0; 16]; GROUPS]; KC],
             s: [0.0; KC],
+            o: [[0; 2]; KC],
         }
     }
 }

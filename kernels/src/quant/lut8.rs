@@ -11,16 +11,22 @@
 //! Both formats have 18-byte blocks (an f16 scale, 16 code bytes) whose 32 nibbles each
 //! index one table of 16 entries: a Q1_0 nibble holds four sign bits (group `g` = weights
 //! `4g..4g + 4`, 128 weights, four Q8_0 activation blocks), a Q2_0 nibble two 2-bit codes
-//! (pair `g` = weights `2g, 2g + 1`, levels `code - 1` in -1..=2, 64 weights, two Q8_0
-//! blocks). Per weight block, with Q8_0 blocks `y_k` (scales `d_k`):
-//! - `T_g(n)`, the exact integer dot of table `g`'s activations with the weights nibble `n`
-//!   encodes ([`Lut8Format::entries`]);
+//! (pair `g` = weights `2g, 2g + 1`, levels `L = code - 1` in -1..=2, 64 weights, two Q8_0
+//! blocks). Q2_0's tables hold the centred levels `2L - 1` (-3, -1, 1, 3: a quarter
+//! narrower than `2L`, so a quarter finer once rounded), and the rest, `sum(q)` over the
+//! block, is one offset per block and token. Per weight block, with Q8_0 blocks `y_k`
+//! (scales `d_k`):
+//! - `T_g(n)`, the exact integer dot of table `g`'s activations with the (centred)
+//!   levels nibble `n` encodes ([`Lut8Format::entries`]);
 //! - `m = max_k |d_k| * W_k`, where `W_k` ([`Lut8Format::widest`]) bounds `|T_g(n)|` over
 //!   block `k`'s tables; `c_k = d_k * (127 / m)` (f32, in that order), entries `e_g(n) =
-//!   rne(T_g(n) * c_k)` clamped to ±127 (`rne`: round to nearest, ties to even), and the
-//!   block's table scale `s = m / 127`;
-//! - a row with nibbles `n_g` and scale `d_w`: `isum = sum_g e_g(n_g)` (exact in i16: at
-//!   most 32 x 127), then `sum = fma(isum, d_w * s, sum)` block after block.
+//!   rne(T_g(n) * c_k)` clamped to ±127 (`rne`: round to nearest, ties to even), the
+//!   offset `o = rne(sum_k c_k * B_k)` ([`Lut8Format::bias`] `B_k`: 0 for Q1_0, `sum(q)`
+//!   for Q2_0; the products added in `k` order), and the block's table scale `s = m /
+//!   (127 * DIV)` ([`Lut8Format::DIV`]: 1, or 2 for Q2_0's doubled levels);
+//! - a row with nibbles `n_g` and scale `d_w`: `isum = o + sum_g e_g(n_g)` (exact in i16:
+//!   at most 32 x 127 plus `|o|` <= 2 x 32 x 127 / 3), then `sum = fma(isum, d_w * s,
+//!   sum)` block after block.
 //!
 //! Blocks whose activations are all zero have `s = 0` (zero tables); a non-finite `d_k`
 //! gives `s = NaN` (zero tables), so the row's sum is NaN as in the exact kernels.
@@ -53,10 +59,16 @@ pub trait Lut8Format {
     const SUB: usize;
     /// Tables per Q8_0 block (`GROUPS / SUB`).
     const PER_SUB: usize = GROUPS / Self::SUB;
-    /// A bound on `|T_g(n)|` over the tables of Q8_0 block `y` (at most 512).
+    /// What the entries are divided by to give the dot product (2: doubled levels).
+    const DIV: f32 = 1.0;
+    /// A bound on `|T_g(n)|` over the tables of Q8_0 block `y` (at most 768).
     fn widest(y: &BlockQ8_0) -> i32;
     /// `T_j(n)` for table `j` of `y` (`0..PER_SUB`), every nibble `n`.
     fn entries(y: &BlockQ8_0, j: usize) -> [i32; 16];
+    /// The part of `DIV` x the dot product that the tables leave out, per Q8_0 block.
+    fn bias(_y: &BlockQ8_0) -> i32 {
+        0
+    }
 }
 
 /// Q1_0: four sign bits per nibble (bit `i` set: weight `4g + i` is `+d`).
@@ -88,17 +100,27 @@ impl Lut8Format for Q1 {
     }
 }
 
+/// `2 L - 1` for a Q2_0 code (level `L = code - 1`): -3, -1, 1, 3.
+#[inline(always)]
+fn centred(code: usize) -> i32 {
+    2 * code as i32 - 3
+}
+
 impl Lut8Format for Q2 {
     const SUB: usize = 2;
+    const DIV: f32 = 2.0;
     fn widest(y: &BlockQ8_0) -> i32 {
         (0..16)
-            .map(|p| 2 * (y.q(2 * p).abs() + y.q(2 * p + 1).abs()))
+            .map(|p| 3 * (y.q(2 * p).abs() + y.q(2 * p + 1).abs()))
             .max()
             .unwrap_or(0)
     }
     fn entries(y: &BlockQ8_0, j: usize) -> [i32; 16] {
         let (q0, q1) = (y.q(2 * j), y.q(2 * j + 1));
-        core::array::from_fn(|n| ((n & 3) as i32 - 1) * q0 + ((n >> 2) as i32 - 1) * q1)
+        core::array::from_fn(|n| centred(n & 3) * q0 + centred(n >> 2) * q1)
+    }
+    fn bias(y: &BlockQ8_0) -> i32 {
+        (0..32).map(|j| y.q(j)).sum()
     }
 }
 
@@ -133,8 +155,8 @@ impl BlockScale {
 }
 
 /// The scales of a block from its Q8_0 scales `d` and [`Lut8Format::widest`] bounds
-/// (equal lengths, at most [`MAX_SUB`]).
-pub fn block_scale(d: &[f32], widest: &[i32]) -> BlockScale {
+/// (equal lengths, at most [`MAX_SUB`]); `s` is `m / (127 * div)`.
+pub fn block_scale(d: &[f32], widest: &[i32], div: f32) -> BlockScale {
     if d.iter().any(|x| !x.is_finite()) {
         return BlockScale::NonFinite;
     }
@@ -153,7 +175,10 @@ pub fn block_scale(d: &[f32], widest: &[i32]) -> BlockScale {
     for (ck, dk) in c.iter_mut().zip(d) {
         *ck = dk * inv;
     }
-    BlockScale::Scaled { c, s: m / 127.0 }
+    BlockScale::Scaled {
+        c,
+        s: m / (127.0 * div),
+    }
 }
 
 /// One table's entries: `rne(T(n) * c)` clamped to ±127.
@@ -161,28 +186,58 @@ pub fn round_entries(t: [i32; 16], c: f32) -> [i8; 16] {
     t.map(|v| (rne(v as f32 * c) as i32).clamp(-127, 127) as i8)
 }
 
+/// The offset `rne(sum_k c_k * B_k)` of a block from its [`Lut8Format::bias`] values `b`
+/// (0 where every `B_k` is 0).
+pub fn offset(c: &[f32], b: &[i32]) -> i32 {
+    if b.iter().all(|&x| x == 0) {
+        return 0;
+    }
+    let mut v = 0.0f32;
+    for (ck, bk) in c.iter().zip(b) {
+        v += ck * *bk as f32;
+    }
+    rne(v) as i32
+}
+
+/// A block's table scale and offset.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TableScale {
+    pub s: f32,
+    pub offset: i32,
+}
+
 /// The tables of one weight block's activations `y` (its `F::SUB` Q8_0 blocks) into `t`;
-/// returns the table scale `s`.
-pub fn block_tables<F: Lut8Format>(y: &[BlockQ8_0], t: &mut BlockTables) -> f32 {
+/// returns the table scale and offset.
+pub fn block_tables<F: Lut8Format>(y: &[BlockQ8_0], t: &mut BlockTables) -> TableScale {
     *t = [[0; 16]; GROUPS];
     let Some(y) = y.get(..F::SUB) else {
-        return f32::NAN;
+        return TableScale {
+            s: f32::NAN,
+            offset: 0,
+        };
     };
     let mut d = [0.0f32; MAX_SUB];
     let mut w = [0i32; MAX_SUB];
+    let mut b = [0i32; MAX_SUB];
     for (k, yk) in y.iter().enumerate() {
         d[k] = yk.scale();
         w[k] = F::widest(yk);
+        b[k] = F::bias(yk);
     }
-    let scale = block_scale(&d[..F::SUB], &w[..F::SUB]);
+    let scale = block_scale(&d[..F::SUB], &w[..F::SUB], F::DIV);
+    let mut offset_ = 0;
     if let BlockScale::Scaled { c, .. } = scale {
         for (k, yk) in y.iter().enumerate() {
             for j in 0..F::PER_SUB {
                 t[F::PER_SUB * k + j] = round_entries(F::entries(yk, j), c[k]);
             }
         }
+        offset_ = offset(&c[..F::SUB], &b[..F::SUB]);
     }
-    scale.s()
+    TableScale {
+        s: scale.s(),
+        offset: offset_,
+    }
 }
 
 /// Nibble `g` of block `x`.
@@ -196,10 +251,12 @@ pub fn block_isum(x: &Block, t: &BlockTables) -> i32 {
     (0..GROUPS).map(|g| i32::from(t[g][nibble(x, g)])).sum()
 }
 
-/// `fma(isum, d_w * s, sum)` of block `x` and its activations `ys` (tables built in `t`).
+/// `fma(o + isum, d_w * s, sum)` of block `x` and its activations `ys` (tables built in
+/// `t`).
 pub fn block_dot<F: Lut8Format>(x: &Block, ys: &[BlockQ8_0], t: &mut BlockTables, sum: f32) -> f32 {
-    let s = block_tables::<F>(ys, t);
-    libm::fmaf(block_isum(x, t) as f32, read_f16(x.d) * s, sum)
+    let ts = block_tables::<F>(ys, t);
+    let isum = ts.offset + block_isum(x, t);
+    libm::fmaf(isum as f32, read_f16(x.d) * ts.s, sum)
 }
 
 /// Scalar reference: one row of weight blocks (`w`) dotted with a Q8_0 activation row in
@@ -246,6 +303,6 @@ mod tests {
         let q1 = (0..8).map(|j| top(Q1::entries(&y, j))).max().unwrap();
         assert_eq!(q1, Q1::widest(&y));
         let q2 = (0..16).map(|j| top(Q2::entries(&y, j))).max().unwrap();
-        assert!(q2 <= Q2::widest(&y) && 2 * q2 >= Q2::widest(&y));
+        assert_eq!(q2, Q2::widest(&y), "the centred levels reach the bound");
     }
 }
