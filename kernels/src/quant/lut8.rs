@@ -25,7 +25,7 @@
 //!   for Q2_0; the products added in `k` order), and the block's table scale `s = m /
 //!   (127 * DIV)` ([`Lut8Format::DIV`]: 1, or 2 for Q2_0's doubled levels);
 //! - a row with nibbles `n_g` and scale `d_w`: `isum = o + sum_g e_g(n_g)` (exact in i16:
-//!   at most 32 x 127 plus `|o|` <= 2 x 32 x 127 / 3), then `sum = fma(isum, d_w * s,
+//!   at most 32 x 127 plus `|o|` <= 2 x 16 x 127 / 3), then `sum = fma(isum, d_w * s,
 //!   sum)` block after block.
 //!
 //! Blocks whose activations are all zero have `s = 0` (zero tables); a non-finite `d_k`
