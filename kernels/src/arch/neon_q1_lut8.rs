@@ -67,6 +67,17 @@ macro_rules! entries {
     }};
 }
 
+/// One Q8_0 block's quants `v` widened to i16, in order.
+#[inline(always)]
+unsafe fn widened(v: [int8x16_t; 2]) -> [int16x8_t; 4] {
+    [
+        vmovl_s8(vget_low_s8(v[0])),
+        vmovl_high_s8(v[0]),
+        vmovl_s8(vget_low_s8(v[1])),
+        vmovl_high_s8(v[1]),
+    ]
+}
+
 /// `|q|` of one Q8_0 block's quants `v`, widened to i16 (so -128 gives 128), in order.
 #[inline(always)]
 unsafe fn abs_widened(v: [int8x16_t; 2]) -> [int16x8_t; 4] {
@@ -146,12 +157,7 @@ unsafe fn build_q1(act: &[BlockQ8_0], t: &mut Tables8) {
         };
         for (j, vj) in v.iter().enumerate() {
             let c = vdupq_n_f32(c[j]);
-            let w = [
-                vmovl_s8(vget_low_s8(vj[0])),
-                vmovl_high_s8(vj[0]),
-                vmovl_s8(vget_low_s8(vj[1])),
-                vmovl_high_s8(vj[1]),
-            ];
+            let w = widened(*vj);
             let s = vpaddq_s16(vpaddq_s16(w[0], w[1]), vpaddq_s16(w[2], w[3]));
             let e = [
                 entries!(w[0], s, m, c, 0, 1, 2, 0),
@@ -234,12 +240,7 @@ unsafe fn build_q2(act: &[BlockQ8_0], t: &mut Tables8) {
         };
         for (j, vj) in v.iter().take(Q2::SUB).enumerate() {
             let c = vdupq_n_f32(c[j]);
-            let w = [
-                vmovl_s8(vget_low_s8(vj[0])),
-                vmovl_high_s8(vj[0]),
-                vmovl_s8(vget_low_s8(vj[1])),
-                vmovl_high_s8(vj[1]),
-            ];
+            let w = widened(*vj);
             for (h, wh) in w.into_iter().enumerate() {
                 let e = [
                     pair_entries!(wh, l, c, 0, 1),
