@@ -214,7 +214,9 @@ def summary(s):
 # writer (tensor names and keys as gen_tiny.py and llama.cpp use them)
 # --------------------------------------------------------------------------
 
-def write_model(s, path, seed):
+def write_model(s, path, seed, extra=None):
+    """`extra(w, g)`, when given, runs after the layers' tensors are drawn and before the
+    vocabulary and the tensors are written: it may add keys and tensors (gen_mtp.py)."""
     a, e, V, L = s["arch"], s["n_embd"], s["n_vocab"], s["n_layer"]
     H, KV, HD, FF = s["n_head"], s["n_head_kv"], head_dim(s), s["n_ff"]
     w = gguf.GGUFWriter(str(path), a)
@@ -357,6 +359,8 @@ def write_model(s, path, seed):
             ffn(i, FF)
         if a == "gemma3":
             g.norm(f"blk.{i}.post_ffw_norm.weight", e, mean=4.0)
+    if extra:
+        extra(w, g)
 
     toks, scores, types = gen_tiny.build_vocab(V)
     w.add_tokenizer_model("llama")

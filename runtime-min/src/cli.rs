@@ -3,6 +3,15 @@
 use crate::model::{KvType, Math};
 use crate::sampler::{SamplerParams, RANDOM_SEED};
 
+/// The draft source of speculative decoding (`--spec-type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpecType {
+    /// N-gram matches in the text so far (`crate::draft::PromptLookup`).
+    Lookup,
+    /// The model's multi-token-prediction block (`crate::model::mtp`).
+    Mtp,
+}
+
 /// The subcommand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Command {
@@ -55,6 +64,12 @@ pub struct Opts<'s> {
     /// run, chat, serve: most tokens a prompt-lookup draft proposes (`--draft N`,
     /// llama.cpp's `--draft-max`); `None`: on only when the plan streams weights, 0: off.
     pub draft: Option<usize>,
+    /// What drafts (`--spec-type`): the model's MTP block where it has one pinch can
+    /// run, else prompt lookup (`None`); or one of them.
+    pub spec_type: Option<SpecType>,
+    /// MTP drafts stop at a guess less likely than this (`--draft-p-min`, llama.cpp's
+    /// default 0).
+    pub draft_p_min: f32,
     pub ids: bool,
     pub no_bos: bool,
     pub parse_special: bool,
@@ -263,6 +278,9 @@ flags (llama.cpp names):
   --draft N               run, chat, serve: speculative decoding, up to N (<= 16)
                           tokens drafted from the text so far and verified in one
                           pass (default 8 when weights stream, else 0 = off)
+  --spec-type lookup|mtp  what drafts: the model's MTP (nextn) block, Qwen3.5's
+                          (default where the file has one), or prompt lookup
+  --draft-p-min P         mtp: stop drafting at a guess below probability P (0)
   --json                  print one JSON summary line at the end
   --profile               print the share of time per kind of operation
   -sys, --system TEXT     system prompt for chat
@@ -437,6 +455,8 @@ impl<'s> Opts<'s> {
             grammar_file: None,
             json_schema: None,
             draft: None,
+            spec_type: None,
+            draft_p_min: 0.0,
             ids: false,
             no_bos: false,
             parse_special: true,
@@ -646,6 +666,22 @@ impl<'s> Opts<'s> {
                         return Err(CliError::BadValue { flag, value: v });
                     }
                     o.draft = Some(n);
+                }
+                "--spec-type" => {
+                    let v = val()?;
+                    o.spec_type = Some(match v {
+                        "lookup" | "ngram-simple" => SpecType::Lookup,
+                        "mtp" | "draft-mtp" => SpecType::Mtp,
+                        _ => return Err(CliError::BadValue { flag, value: v }),
+                    });
+                }
+                "--draft-p-min" | "--spec-draft-p-min" => {
+                    let v = val()?;
+                    o.draft_p_min = v
+                        .parse()
+                        .ok()
+                        .filter(|p: &f32| (0.0..=1.0).contains(p))
+                        .ok_or(CliError::BadValue { flag, value: v })?;
                 }
                 "--json" => o.json = true,
                 "--ids" => o.ids = true,

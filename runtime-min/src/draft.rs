@@ -70,6 +70,9 @@ impl PromptLookup {
 /// from the arena. [`crate::generate::generate`] fills it and drafts from it.
 pub struct Drafter<'b> {
     pub lookup: PromptLookup,
+    /// Draft with the model's MTP block instead (`Session::mtp_draft`), stopping at a
+    /// guess less likely than this; `None`: prompt lookup.
+    pub mtp_p_min: Option<f32>,
     hist: &'b mut [u32],
     len: usize,
 }
@@ -80,6 +83,7 @@ impl<'b> Drafter<'b> {
     pub fn new(lookup: PromptLookup, hist: &'b mut [u32]) -> Self {
         Drafter {
             lookup,
+            mtp_p_min: None,
             hist,
             len: 0,
         }
@@ -116,6 +120,26 @@ impl<'b> Drafter<'b> {
     /// Draft up to `out.len()` tokens continuing the history ([`PromptLookup::draft`]).
     pub fn draft(&self, out: &mut [u32]) -> usize {
         self.lookup.draft(self.history(), out)
+    }
+
+    /// Draft up to `out.len()` (and `--draft N`) tokens after `last`, the newest token,
+    /// which `sess` has not evaluated yet: from the model's MTP block when this drafter
+    /// uses it, else from the history.
+    ///
+    /// # Errors
+    /// The session's, from the MTP block's pass.
+    pub fn draft_after<P: Platform>(
+        &self,
+        sess: &mut Session<'_, '_>,
+        p: &P,
+        last: u32,
+        out: &mut [u32],
+    ) -> Result<usize, ModelError> {
+        let want = out.len().min(self.lookup.max_draft).min(MAX_DRAFT);
+        match self.mtp_p_min {
+            Some(p_min) => sess.mtp_draft(p, last, p_min, &mut out[..want]),
+            None => Ok(self.draft(out)),
+        }
     }
 }
 

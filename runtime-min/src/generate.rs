@@ -493,7 +493,7 @@ pub fn generate<P: Platform>(
             .min(nb - 1)
             .min((s.max_new - st.gen_tokens).saturating_sub(1));
         let k = match s.draft.as_deref() {
-            Some(d) if !last => d.draft(&mut draft[..room.min(MAX_DRAFT)]),
+            Some(d) if !last => d.draft_after(sess, p, next, &mut draft[..room.min(MAX_DRAFT)])?,
             _ => 0,
         };
         let mut feed = [0u32; MAX_DRAFT + 1];

@@ -82,6 +82,7 @@ pub fn check(seeds: &[u64], new: u64) -> Result<Counts> {
     );
     let mut counts = shapes(&site, &cache, seeds.as_slice(), &fresh, &[])?;
     counts.add(iq4_xs_check(&site)?);
+    counts.add(mtp_check(&site)?);
     ppl_check(&site, &cache, &seeds)?;
     counts.passed += 1;
     if seeds.len() > fresh.len() {
@@ -97,6 +98,36 @@ pub fn check(seeds: &[u64], new: u64) -> Result<Counts> {
 fn iq4_xs_check(site: &str) -> Result<Counts> {
     let cache = pinch_cache().join("randshape-iq4xs");
     shapes(site, &cache, &IQ4_SEEDS, &[], &["--quants", "IQ4_XS"])
+}
+
+/// Random qwen35 shapes with an MTP block (`tools/gen_mtp.py`, F32 and Q8_0, into
+/// `$HOME/.cache/pinch/randshape-mtp/`, regenerated each run: ~1 s) through
+/// `tests/tests/mtp.rs`: the block's logits over a prompt and a greedy draft against
+/// llama.cpp's. The block's own embedding and head (`nextn.embed_tokens`,
+/// `shared_head_head`), which Qwen3.5's files do not have and pinch does not load, are
+/// pinned off.
+const MTP_SEEDS: std::ops::Range<u64> = 0..6;
+
+fn mtp_check(site: &str) -> Result<Counts> {
+    let cache = pinch_cache().join("randshape-mtp");
+    let list: Vec<String> = MTP_SEEDS.map(|s| s.to_string()).collect();
+    run(python(site)
+        .arg(root().join("tools/gen_mtp.py"))
+        .arg(&cache)
+        .args(&list)
+        .args(["--set", "mtp_embed=false", "--set", "mtp_head=false"]))?;
+    let mut test = cargo([
+        "test",
+        "-p",
+        "pinch-tests",
+        "--test",
+        "mtp",
+        "--",
+        "--ignored",
+        "--nocapture",
+    ]);
+    test.env("PINCH_MTP_DIR", &cache);
+    run_tests(&mut test)
 }
 
 /// `tools/gen_random.py CACHE SEEDS GEN_ARGS`, then `tests/tests/random_shapes.rs` on

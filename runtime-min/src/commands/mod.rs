@@ -337,12 +337,25 @@ fn with_model<P: Platform>(
     // then computes a group of positions per read of its rows (and the draft history
     // is one of the command's buffers).
     let n_draft = crate::generate::draft_len(p, o, &cfg, plan.res.streams());
+    // Drafts from the model's MTP block where it has one pinch runs (`--spec-type`).
+    let mut mtp_block = None;
+    if n_draft > 0 && o.spec_type != Some(crate::cli::SpecType::Lookup) {
+        match crate::model::mtp::block_index(&g, &cfg) {
+            Ok(il) if sopts.n_seq <= 1 => mtp_block = Some(il),
+            Ok(_) => mtp_note(p, o, crate::model::mtp::NoMtp::Parallel),
+            Err(why) => mtp_note(p, o, why),
+        }
+    }
     if n_draft > 0 {
         sopts.head_group = n_draft + 1;
         // The history, and for a recurrent model the state copy and pass log that take
-        // it back to the last kept token.
+        // it back to the last kept token; the MTP block's weights, KV cache and buffers.
         let point = Session::draft_point_bytes(&cfg, sopts.state_f16) as u64;
-        let buffers = buffers + (sopts.n_ctx * 4) as u64 + point;
+        let mtp = mtp_block.map_or(0, |il| {
+            crate::model::mtp::weight_bytes(&g, il)
+                + crate::model::mtp::Mtp::bytes_needed(&cfg, il, &sopts) as u64
+        });
+        let buffers = buffers + (sopts.n_ctx * 4) as u64 + point + mtp;
         plan = plan_for(&sopts, buffers);
     }
     let mut err = Out::stderr(p);
@@ -412,7 +425,34 @@ fn with_model<P: Platform>(
     if n_draft > 0 {
         sess.keep_draft_point(&mut arena)?;
     }
-    let draft = crate::generate::drafter(n_draft, sopts.n_ctx, &mut arena)?;
+    if let Some(il) = mtp_block {
+        if weights.head_stream.is_some() {
+            mtp_note(p, o, crate::model::mtp::NoMtp::HeadStreamed);
+            mtp_block = None;
+        } else {
+            let mut loader = Loader {
+                platform: p,
+                file: &file,
+                gguf: &g,
+                arena: &mut arena,
+            };
+            let w = crate::model::mtp::MtpWeights::load(&mut loader, &cfg, il)?;
+            let m = crate::model::mtp::Mtp::new(&mut arena, w, &cfg, il, &sess.opts)?;
+            if let Err(why) = sess.attach_mtp(m) {
+                mtp_note(p, o, why);
+                mtp_block = None;
+            } else if o.verbose || o.budget.is_some() {
+                let _ = writeln!(
+                    Out::stderr(p),
+                    "  drafts: the model's MTP block (blk.{il}), up to {n_draft} tokens per pass"
+                );
+            }
+        }
+    }
+    let mut draft = crate::generate::drafter(n_draft, sopts.n_ctx, &mut arena)?;
+    if let Some(d) = draft.as_mut().filter(|_| mtp_block.is_some()) {
+        d.mtp_p_min = Some(o.draft_p_min);
+    }
     let mut ctx = Ctx {
         draft,
         p,
@@ -428,6 +468,19 @@ fn with_model<P: Platform>(
     moe::setup(&mut ctx)?;
     f(&mut ctx)?;
     moe::finish(&mut ctx)
+}
+
+/// Say why the model's MTP block does not draft (prompt lookup does instead): always
+/// when `--spec-type mtp` asked for it, with `-v` when it is only absent.
+fn mtp_note<P: Platform>(p: &P, o: &Opts, why: crate::model::mtp::NoMtp) {
+    let asked = o.spec_type == Some(crate::cli::SpecType::Mtp);
+    if asked || (o.verbose && why != crate::model::mtp::NoMtp::Absent) {
+        let _ = writeln!(
+            Out::stderr(p),
+            "note: no MTP drafts: {}; prompt lookup drafts instead",
+            why.says()
+        );
+    }
 }
 
 /// Seconds between two `now_ns` readings.

@@ -18,8 +18,9 @@ use crate::model::config::{Config, MixerKind};
 use crate::model::draft_log::{self, shape as draft_log_shape, DraftLog};
 use crate::model::hybrid::Checkpoint;
 use crate::model::kv::KvType;
-use crate::model::layer::{Clock, Cx, LayerState};
+use crate::model::layer::{Clock, Cx, Layer, LayerState};
 use crate::model::matmul::MatMul;
+use crate::model::mtp::{Mtp, NoMtp};
 use crate::model::scratch::Scratch;
 use crate::model::stream::{Exchange, ReadFn, Schedule, Source, StreamStats, Zones};
 use crate::model::weights::{Tensor, Weights, MAX_LAYERS};
@@ -237,6 +238,8 @@ pub struct Session<'w, 'a> {
     draft_point: Option<Checkpoint<'a>>,
     /// MoE models: the expert pager (pools for paged layers, routing knobs, trace).
     experts: Option<crate::pager::ExpertPager<'a>>,
+    /// The model's multi-token-prediction block, when it drafts (see `model::mtp`).
+    mtp: Option<Mtp<'a>>,
 }
 
 impl<'w, 'a> Session<'w, 'a> {
@@ -332,6 +335,7 @@ impl<'w, 'a> Session<'w, 'a> {
             checkpoint: None,
             draft_point: None,
             experts,
+            mtp: None,
         })
     }
 
@@ -688,6 +692,245 @@ impl<'w, 'a> Session<'w, 'a> {
         Ok(())
     }
 
+    /// Let the model's MTP block draft (`model::mtp`): from now on every pass also runs
+    /// the block over its tokens, and [`Self::mtp_draft`] guesses from it. The session
+    /// must be at position 0 (the block's KV cache starts empty).
+    ///
+    /// # Errors
+    /// [`NoMtp::Parallel`] for a session of several sequences.
+    pub fn attach_mtp(&mut self, mtp: Mtp<'a>) -> Result<(), NoMtp> {
+        if self.n_seq() > 1 {
+            return Err(NoMtp::Parallel);
+        }
+        self.mtp = Some(mtp);
+        self.reset();
+        Ok(())
+    }
+
+    /// Whether the MTP block drafts ([`Self::attach_mtp`]).
+    pub fn has_mtp(&self) -> bool {
+        self.mtp.is_some()
+    }
+
+    /// The MTP block over the tokens of the pass that just ran at `pos0..`: token `t`
+    /// paired with the trunk's hidden state of position `t - 1` (the zero vector at
+    /// position 0; also where an earlier position's state is not at hand, after a
+    /// truncation: only the guesses suffer). Fills the block's KV cache; no logits.
+    fn mtp_catch_up<P: Platform>(
+        &mut self,
+        p: &P,
+        chunk: &[u32],
+        pos0: usize,
+    ) -> Result<(), ModelError> {
+        let Some(mut m) = self.mtp.take() else {
+            return Ok(());
+        };
+        let (e, n) = (self.cfg.n_embd, chunk.len());
+        // The state before this pass's first token, before its rows are overwritten.
+        let prev = pos0.checked_sub(1).and_then(|q| m.trunk_h(q).map(|_| q));
+        match prev {
+            Some(q) => {
+                let i = q - m.rows_pos0;
+                m.h_prev.copy_from_slice(&m.h_rows[i * e..(i + 1) * e]);
+            }
+            None => m.h_prev.fill(0.0),
+        }
+        for t in 0..n {
+            rms_norm(
+                &self.s.x[t * e..(t + 1) * e],
+                self.w.output_norm,
+                self.cfg.rms_eps,
+                &mut m.h_rows[t * e..(t + 1) * e],
+            );
+        }
+        m.rows_pos0 = pos0;
+        m.rows_n = n;
+        let res = (|| {
+            for (t, &id) in chunk.iter().enumerate() {
+                let h = match t {
+                    0 => &*m.h_prev,
+                    _ => &m.h_rows[(t - 1) * e..t * e],
+                };
+                let cat = &mut m.concat[t * 2 * e..(t + 1) * 2 * e];
+                self.mtp_input(id, h, (m.w.enorm, m.w.hnorm), cat)?;
+            }
+            self.mtp_block(p, &mut m, n, pos0)
+        })();
+        self.mtp = Some(m);
+        res
+    }
+
+    /// `[enorm(embed(id)) | hnorm(h)]` into `cat` (uses `s.xn`'s first row).
+    fn mtp_input(
+        &mut self,
+        id: u32,
+        h: &[f32],
+        (enorm, hnorm): (&[f32], &[f32]),
+        cat: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let e = self.cfg.n_embd;
+        let xt = core::mem::take(&mut self.s.xn);
+        let r = self.embed_row(id as usize, &mut xt[..e]);
+        let (ce, ch) = cat.split_at_mut(e);
+        if r.is_ok() {
+            rms_norm(&xt[..e], enorm, self.cfg.rms_eps, ce);
+            rms_norm(h, hnorm, self.cfg.rms_eps, ch);
+        }
+        self.s.xn = xt;
+        r
+    }
+
+    /// The block on `m.concat`'s `n` rows at positions `pos0..`: eh_proj, then its
+    /// attention and FFN like a trunk layer; leaves its output rows in `s.x`.
+    fn mtp_block<P: Platform>(
+        &mut self,
+        p: &P,
+        m: &mut Mtp<'a>,
+        n: usize,
+        pos0: usize,
+    ) -> Result<(), ModelError> {
+        let c = m.cfg;
+        let e = c.n_embd;
+        let at = Placement::Run { pos0 };
+        let mm = MatMul {
+            p,
+            math: self.opts.math,
+            threads: self.opts.threads,
+            cpu: self.opts.cpu,
+        };
+        let t0 = p.now_ns();
+        mm.linear(
+            &m.w.eh_proj,
+            &m.concat[..n * 2 * e],
+            n,
+            &mut self.s.x[..n * e],
+            m.act_q,
+            m.tmp,
+            m.row,
+        )?;
+        rope_rows(&c, at, n, self.s.rope);
+        let mut cx = Cx {
+            p,
+            mm,
+            cfg: &c,
+            opts: &self.opts,
+            s: &mut self.s,
+            clock: Clock {
+                p,
+                t0,
+                prof: &mut self.profile,
+            },
+            experts: None,
+            read: self.read,
+        };
+        cx.clock.lap(Op::QkvProj);
+        run_layer(&mut cx, &m.w.layer, &mut m.state, n, at)
+    }
+
+    /// Draft up to `out.len()` tokens after `last` (the newest token, not yet evaluated,
+    /// at position `n_past`) with the MTP block, greedily: `last` with the trunk's
+    /// hidden state of position `n_past - 1`, then each guess with the block's own.
+    /// Stops early where the guess's probability is below `p_min` or at the context's
+    /// end. Returns how many were written (0 without an MTP block).
+    ///
+    /// # Errors
+    /// As [`Self::eval`] (a token outside the vocabulary, a failing kernel).
+    pub fn mtp_draft<P: Platform>(
+        &mut self,
+        p: &P,
+        last: u32,
+        p_min: f32,
+        out: &mut [u32],
+    ) -> Result<usize, ModelError> {
+        self.mtp_draft_logits(p, last, p_min, out, &mut |_, _| {})
+    }
+
+    /// [`Self::mtp_draft`], calling `on_logits(i, logits)` with the block's logits for
+    /// the `i`-th guess.
+    pub fn mtp_draft_logits<P: Platform>(
+        &mut self,
+        p: &P,
+        last: u32,
+        p_min: f32,
+        out: &mut [u32],
+        on_logits: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<usize, ModelError> {
+        let Some(mut m) = self.mtp.take() else {
+            return Ok(0);
+        };
+        let res = self.mtp_draft_with(p, &mut m, last, p_min, out, on_logits);
+        self.mtp = Some(m);
+        res
+    }
+
+    /// The MTP block's logits for every token of the latest pass (`on_logits(i, ..)`,
+    /// `i` indexing that pass's tokens): valid only right after a pass, before anything
+    /// else runs; for checking the block against llama.cpp.
+    pub fn mtp_pass_logits<P: Platform>(
+        &mut self,
+        p: &P,
+        on_logits: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<(), ModelError> {
+        let Some(m) = self.mtp.as_ref() else {
+            return Ok(());
+        };
+        let norm = m.w.head_norm.unwrap_or(self.w.output_norm);
+        let n = m.rows_n;
+        self.head(p, 0..n, 0, norm, on_logits, &mut Source::<P>::None)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn mtp_draft_with<P: Platform>(
+        &mut self,
+        p: &P,
+        m: &mut Mtp<'a>,
+        last: u32,
+        p_min: f32,
+        out: &mut [u32],
+        on_logits: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<usize, ModelError> {
+        let e = self.cfg.n_embd;
+        let pos = self.n_past;
+        if last as usize >= self.cfg.n_vocab {
+            return Err(ModelError::BadToken {
+                id: last,
+                n_vocab: self.cfg.n_vocab,
+            });
+        }
+        // The hidden state `last` pairs with: the trunk's at `pos - 1`.
+        match pos.checked_sub(1).filter(|&q| m.trunk_h(q).is_some()) {
+            Some(q) => {
+                let i = q - m.rows_pos0;
+                m.h_own.copy_from_slice(&m.h_rows[i * e..(i + 1) * e]);
+            }
+            None => m.h_own.fill(0.0),
+        }
+        let head_norm = m.w.head_norm.unwrap_or(self.w.output_norm);
+        let mut made = 0;
+        let mut tok = last;
+        while made < out.len() && pos + made < self.opts.n_ctx {
+            let cat = core::mem::take(&mut m.concat);
+            let r = self.mtp_input(tok, m.h_own, (m.w.enorm, m.w.hnorm), &mut cat[..2 * e]);
+            m.concat = cat;
+            r?;
+            self.mtp_block(p, m, 1, pos + made)?;
+            rms_norm(&self.s.x[..e], head_norm, self.cfg.rms_eps, m.h_own);
+            let mut best = (0u32, f32::NEG_INFINITY, 0.0f32);
+            let mut pick = |_, l: &[f32]| {
+                best = argmax_p(l);
+                on_logits(made, l);
+            };
+            self.head(p, 0..1, 0, head_norm, &mut pick, &mut Source::<P>::None)?;
+            if best.1 == f32::NEG_INFINITY || best.2 < p_min {
+                break;
+            }
+            out[made] = best.0;
+            tok = best.0;
+            made += 1;
+        }
+        Ok(made)
+    }
+
     /// Run `tokens` at positions `n_past..`, calling `on_logits(i, logits)` for the
     /// positions `which` selects (i indexes `tokens`).
     pub fn eval<P: Platform>(
@@ -743,9 +986,27 @@ impl<'w, 'a> Session<'w, 'a> {
         Ok(())
     }
 
+    /// One weight pass ([`Self::pass_trunk`]), then, when the MTP block drafts, the
+    /// block over the same tokens so that its KV cache keeps up (see `model::mtp`).
+    fn pass<P: Platform>(
+        &mut self,
+        p: &P,
+        chunk: &[u32],
+        at: Placement<'_>,
+        sel: Range<usize>,
+        base: usize,
+        on_logits: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<(), ModelError> {
+        self.pass_trunk(p, chunk, at, sel, base, on_logits)?;
+        match at {
+            Placement::Run { pos0 } if self.mtp.is_some() => self.mtp_catch_up(p, chunk, pos0),
+            _ => Ok(()),
+        }
+    }
+
     /// One weight pass: the layers for `chunk`, then the head for positions `sel`,
     /// with streamed weights read alongside (see `crate::model::stream`).
-    fn pass<P: Platform>(
+    fn pass_trunk<P: Platform>(
         &mut self,
         p: &P,
         chunk: &[u32],
@@ -761,7 +1022,7 @@ impl<'w, 'a> Session<'w, 'a> {
         if sched.is_empty() {
             let mut src = Source::<P>::None;
             self.layers(p, chunk, at, &mut src)?;
-            return self.head(p, sel, base, on_logits, &mut src);
+            return self.head(p, sel, base, self.w.output_norm, on_logits, &mut src);
         }
         let read = self.read.ok_or(ModelError::NoReader)?;
         let mut zones = core::mem::take(&mut self.zones);
@@ -780,9 +1041,10 @@ impl<'w, 'a> Session<'w, 'a> {
                         next: 0,
                         wait_ns: 0,
                     };
-                    res = self
-                        .layers(p, chunk, at, &mut src)
-                        .and_then(|()| self.head(p, sel.clone(), base, on_logits, &mut src));
+                    res = self.layers(p, chunk, at, &mut src).and_then(|()| {
+                        let norm = self.w.output_norm;
+                        self.head(p, sel.clone(), base, norm, on_logits, &mut src)
+                    });
                     if let Source::Async { wait_ns: w, .. } = src {
                         wait_ns = w;
                     }
@@ -807,7 +1069,7 @@ impl<'w, 'a> Session<'w, 'a> {
             };
             let res = self
                 .layers(p, chunk, at, &mut src)
-                .and_then(|()| self.head(p, sel, base, on_logits, &mut src));
+                .and_then(|()| self.head(p, sel, base, self.w.output_norm, on_logits, &mut src));
             if let Source::Sync { mut stats, .. } = src {
                 stats.passes = 1;
                 self.add_stream(stats);
@@ -888,25 +1150,7 @@ impl<'w, 'a> Session<'w, 'a> {
             }
         }
 
-        // Rope angles per token, for the global and the sliding-window base: every head
-        // of every layer of a kind rotates by the same ones.
-        let nr = c.n_rot;
-        for t in 0..n {
-            let row = 2 * t * nr;
-            let (rope_global, rope_local) = self.s.rope[row..row + 2 * nr].split_at_mut(nr);
-            rope_angles(at.pos(t), nr, c.rope_base, c.rope_freq_scale, rope_global);
-            if let Some(still) = &c.rope_still {
-                for (sc, _) in rope_global
-                    .chunks_exact_mut(2)
-                    .zip(still)
-                    .filter(|(_, &s)| s)
-                {
-                    sc[0] = 0.0;
-                    sc[1] = 1.0;
-                }
-            }
-            rope_angles(at.pos(t), nr, c.rope_base_swa, 1.0, rope_local);
-        }
+        rope_rows(&c, at, n, self.s.rope);
 
         let mut cx = Cx {
             p,
@@ -943,32 +1187,7 @@ impl<'w, 'a> Session<'w, 'a> {
                 Some(z) => stored.in_zone(z)?,
                 None => *stored,
             };
-            // Token mixer.
-            let s = &mut *cx.s;
-            ops::rms_norm_rows(
-                &s.x[..n * e],
-                layer.attn_norm,
-                c.rms_eps,
-                &mut s.xn[..n * e],
-                e,
-            );
-            cx.clock.lap(Op::NormsAndAdds);
-            layer.run_mixer(&mut cx, state, n, at)?;
-            residual_add(cx.s, layer.post_mixer_norm, c.rms_eps, n * e, e);
-
-            // Feed-forward.
-            let s = &mut *cx.s;
-            ops::rms_norm_rows(
-                &s.x[..n * e],
-                layer.ffn_norm,
-                c.rms_eps,
-                &mut s.xn[..n * e],
-                e,
-            );
-            cx.clock.lap(Op::NormsAndAdds);
-            layer.run_ffn(&mut cx, n)?;
-            residual_add(cx.s, layer.post_ffn_norm, c.rms_eps, n * e, e);
-            cx.clock.lap(Op::NormsAndAdds);
+            run_layer(&mut cx, layer, state, n, at)?;
             if let Some(z) = zone {
                 src.release(z);
             }
@@ -976,14 +1195,16 @@ impl<'w, 'a> Session<'w, 'a> {
         Ok(())
     }
 
-    /// Final norm and LM head for batch positions `sel`; `base` is the index of the
-    /// batch's first token in the caller's token list. Resident head rows first, then
-    /// the streamed chunks, each into its columns of the logits.
+    /// Final norm (`norm`: output_norm, or the MTP block's) and LM head for batch
+    /// positions `sel`; `base` is the index of the batch's first token in the caller's
+    /// token list. Resident head rows first, then the streamed chunks, each into its
+    /// columns of the logits.
     fn head<P: Platform>(
         &mut self,
         p: &P,
         sel: Range<usize>,
         base: usize,
+        norm: &[f32],
         on_logits: &mut dyn FnMut(usize, &[f32]),
         src: &mut Source<'_, 'a, '_, '_, P>,
     ) -> Result<(), ModelError> {
@@ -1010,7 +1231,7 @@ impl<'w, 'a> Session<'w, 'a> {
                 let t = t0 + i;
                 rms_norm(
                     &s.x[t * e..(t + 1) * e],
-                    w.output_norm,
+                    norm,
                     c.rms_eps,
                     &mut s.xn[i * e..(i + 1) * e],
                 );
@@ -1069,6 +1290,71 @@ impl<'w, 'a> Session<'w, 'a> {
             t0 = t1;
         }
         Ok(())
+    }
+}
+
+/// One layer on the residual stream's first `n` rows (`s.x`):
+///
+/// ```text
+/// xn = norm(x); xn = mixer(xn) [; xn = norm(xn)]; x += xn
+/// xn = norm(x); xn = ffn(xn)   [; xn = norm(xn)]; x += xn
+/// ```
+fn run_layer<P: Platform>(
+    cx: &mut Cx<'_, '_, '_, P>,
+    layer: &Layer<'_>,
+    state: &mut LayerState<'_>,
+    n: usize,
+    at: Placement<'_>,
+) -> Result<(), ModelError> {
+    let (e, eps) = (cx.cfg.n_embd, cx.cfg.rms_eps);
+    // Token mixer.
+    let s = &mut *cx.s;
+    ops::rms_norm_rows(&s.x[..n * e], layer.attn_norm, eps, &mut s.xn[..n * e], e);
+    cx.clock.lap(Op::NormsAndAdds);
+    layer.run_mixer(cx, state, n, at)?;
+    residual_add(cx.s, layer.post_mixer_norm, eps, n * e, e);
+
+    // Feed-forward.
+    let s = &mut *cx.s;
+    ops::rms_norm_rows(&s.x[..n * e], layer.ffn_norm, eps, &mut s.xn[..n * e], e);
+    cx.clock.lap(Op::NormsAndAdds);
+    layer.run_ffn(cx, n)?;
+    residual_add(cx.s, layer.post_ffn_norm, eps, n * e, e);
+    cx.clock.lap(Op::NormsAndAdds);
+    Ok(())
+}
+
+/// The most likely token of `logits`, its logit and its probability.
+fn argmax_p(logits: &[f32]) -> (u32, f32, f32) {
+    let mut best = (0u32, f32::NEG_INFINITY);
+    for (i, &l) in logits.iter().enumerate() {
+        if l > best.1 {
+            best = (i as u32, l);
+        }
+    }
+    let sum: f32 = logits.iter().map(|&l| libm::expf(l - best.1)).sum();
+    (best.0, best.1, 1.0 / sum)
+}
+
+/// Rope angles per token into `rope`, for the global and the sliding-window base: every
+/// head of every layer of a kind rotates by the same ones.
+fn rope_rows(c: &Config, at: Placement<'_>, n: usize, rope: &mut [f32]) {
+    let nr = c.n_rot;
+    for t in 0..n {
+        let row = 2 * t * nr;
+        let (rope_global, rope_local) = rope[row..row + 2 * nr].split_at_mut(nr);
+        rope_angles(at.pos(t), nr, c.rope_base, c.rope_freq_scale, rope_global);
+        if let Some(still) = &c.rope_still {
+            for (sc, _) in rope_global
+                .chunks_exact_mut(2)
+                .zip(still)
+                .filter(|(_, &s)| s)
+            {
+                sc[0] = 0.0;
+                sc[1] = 1.0;
+            }
+        }
+        rope_angles(at.pos(t), nr, c.rope_base_swa, 1.0, rope_local);
     }
 }
 

@@ -30,6 +30,7 @@ pub mod kv;
 pub mod layer;
 pub mod matmul;
 pub mod moe_route;
+pub mod mtp;
 pub mod scratch;
 pub mod shortconv;
 pub mod stream;
