@@ -259,6 +259,10 @@ impl ResidencyPlan {
     pub fn streams(&self) -> bool {
         self.zone_bytes > 0
     }
+    /// Whether some LM head rows are streamed.
+    pub fn head_streams(&self) -> bool {
+        self.head_resident_rows < self.head_rows
+    }
     pub fn streamed_layers(&self) -> usize {
         self.n_layer - self.resident_layers
     }

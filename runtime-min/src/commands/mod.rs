@@ -349,14 +349,24 @@ fn with_model<P: Platform>(
     if n_draft > 0 {
         sopts.head_group = n_draft + 1;
         // The history, and for a recurrent model the state copy and pass log that take
-        // it back to the last kept token; the MTP block's weights, KV cache and buffers.
+        // it back to the last kept token.
         let point = Session::draft_point_bytes(&cfg, sopts.state_f16) as u64;
-        let mtp = mtp_block.map_or(0, |il| {
-            crate::model::mtp::weight_bytes(&g, il)
-                + crate::model::mtp::Mtp::bytes_needed(&cfg, il, &sopts) as u64
-        });
-        let buffers = buffers + (sopts.n_ctx * 4) as u64 + point + mtp;
+        let buffers = buffers + (sopts.n_ctx * 4) as u64 + point;
         plan = plan_for(&sopts, buffers);
+        // The MTP block's weights, KV cache and buffers, if the plan then still keeps
+        // the whole LM head (each drafted token reads it); else the block is not loaded
+        // and takes nothing from the budget.
+        if let Some(il) = mtp_block {
+            let mtp = crate::model::mtp::weight_bytes(&g, il)
+                + crate::model::mtp::Mtp::bytes_needed(&cfg, il, &sopts) as u64;
+            let with = plan_for(&sopts, buffers + mtp);
+            if with.possible && !with.res.head_streams() {
+                plan = with;
+            } else {
+                mtp_note(p, o, crate::model::mtp::NoMtp::HeadStreamed);
+                mtp_block = None;
+            }
+        }
     }
     let mut err = Out::stderr(p);
     if o.verbose || o.budget.is_some() {
@@ -426,6 +436,7 @@ fn with_model<P: Platform>(
         sess.keep_draft_point(&mut arena)?;
     }
     if let Some(il) = mtp_block {
+        // The plan keeps the head (checked above); a pruned head is resident too.
         if weights.head_stream.is_some() {
             mtp_note(p, o, crate::model::mtp::NoMtp::HeadStreamed);
             mtp_block = None;
