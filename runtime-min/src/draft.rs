@@ -73,9 +73,17 @@ pub struct Drafter<'b> {
     /// Draft with the model's MTP block instead (`Session::mtp_draft`), stopping at a
     /// guess less likely than this; `None`: prompt lookup.
     pub mtp_p_min: Option<f32>,
+    /// MTP drafts: tokens the next draft may have ([`Self::after_pass`] adapts it).
+    mtp_len: usize,
+    /// Passes since the last MTP draft while `mtp_len` is 0.
+    mtp_idle: usize,
     hist: &'b mut [u32],
     len: usize,
 }
+
+/// While MTP drafts keep being rejected, one token is drafted every this many passes
+/// (to notice when the block starts guessing right again).
+pub const MTP_PROBE_EVERY: usize = 8;
 
 impl<'b> Drafter<'b> {
     /// A drafter whose history holds up to `hist.len()` tokens (older ones are dropped,
@@ -84,6 +92,8 @@ impl<'b> Drafter<'b> {
         Drafter {
             lookup,
             mtp_p_min: None,
+            mtp_len: lookup.max_draft,
+            mtp_idle: 0,
             hist,
             len: 0,
         }
@@ -137,8 +147,43 @@ impl<'b> Drafter<'b> {
     ) -> Result<usize, ModelError> {
         let want = out.len().min(self.lookup.max_draft).min(MAX_DRAFT);
         match self.mtp_p_min {
-            Some(p_min) => sess.mtp_draft(p, last, p_min, &mut out[..want]),
+            Some(p_min) => {
+                let n = self.mtp_next_len().min(want);
+                sess.mtp_draft(p, last, p_min, &mut out[..n])
+            }
             None => Ok(self.draft(out)),
+        }
+    }
+
+    /// Most tokens the next MTP draft may have: each guess costs a pass of the block and
+    /// the LM head, so fewer while they are rejected ([`Self::after_pass`]), and at 0 a
+    /// probe of one every [`MTP_PROBE_EVERY`] passes.
+    pub fn mtp_next_len(&self) -> usize {
+        match self.mtp_len {
+            0 if self.mtp_idle + 1 >= MTP_PROBE_EVERY => 1,
+            n => n,
+        }
+    }
+
+    /// What the pass that verified the latest draft kept: `accepted` of `drafted`
+    /// tokens. MTP drafts grow by one after a fully accepted draft, halve after a
+    /// rejected first guess, and stay off (but for a probe every [`MTP_PROBE_EVERY`]
+    /// passes) at 0. Which tokens are drafted never changes what is sampled (greedy
+    /// output stays plain decoding's, sampling keeps its distribution): only the cost.
+    pub fn after_pass(&mut self, drafted: usize, accepted: usize) {
+        if self.mtp_p_min.is_none() {
+            return;
+        }
+        if drafted == 0 {
+            self.mtp_idle += 1;
+            return;
+        }
+        self.mtp_idle = 0;
+        let max = self.lookup.max_draft.min(MAX_DRAFT);
+        if accepted == drafted {
+            self.mtp_len = (self.mtp_len.max(accepted) + 1).min(max);
+        } else if accepted == 0 {
+            self.mtp_len /= 2;
         }
     }
 }
@@ -242,6 +287,47 @@ mod tests {
         d.start(&[1, 2, 1, 2]);
         d.push(1);
         assert_eq!(d.draft(&mut [0; 4]), 0);
+    }
+
+    #[test]
+    fn mtp_draft_length_follows_acceptance() {
+        let mut buf = [0u32; 4];
+        let lookup = PromptLookup {
+            max_draft: 6,
+            ..PromptLookup::default()
+        };
+        let mut d = Drafter::new(lookup, &mut buf);
+        d.after_pass(3, 0); // lookup drafts: nothing adapts
+        assert_eq!(d.mtp_next_len(), 6);
+        d.mtp_p_min = Some(0.0);
+        d.after_pass(6, 2); // some kept: unchanged
+        assert_eq!(d.mtp_next_len(), 6);
+        for want in [3, 1, 0] {
+            d.after_pass(d.mtp_next_len(), 0);
+            assert_eq!(d.mtp_next_len(), want);
+        }
+        // Off: a one-token probe every MTP_PROBE_EVERY passes.
+        let mut probes = 0;
+        for _ in 0..3 * MTP_PROBE_EVERY {
+            let n = d.mtp_next_len();
+            probes += n;
+            d.after_pass(n, 0);
+        }
+        assert_eq!(probes, 3);
+        // A kept probe brings drafts back, one more token per fully kept draft.
+        while d.mtp_next_len() == 0 {
+            d.after_pass(0, 0);
+        }
+        d.after_pass(1, 1);
+        assert_eq!(d.mtp_next_len(), 2);
+        d.after_pass(2, 2);
+        d.after_pass(3, 3);
+        assert_eq!(d.mtp_next_len(), 4);
+        for _ in 0..5 {
+            let n = d.mtp_next_len();
+            d.after_pass(n, n);
+        }
+        assert_eq!(d.mtp_next_len(), 6);
     }
 
     #[test]

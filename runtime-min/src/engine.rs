@@ -44,6 +44,8 @@ pub struct Plan {
     /// Arena bytes in use at the peak of the load-time head selection (`--head-rows`,
     /// `--head`): header, tokenizer, the kept ids and the selection's scratch, which is
     /// freed before the weights are loaded; 0 without one. It must fit the budget too.
+    /// The plan keeps the whole LM head resident (MTP drafts, see [`plan`]).
+    pub keep_head: bool,
     pub select_peak: u64,
 }
 
@@ -220,7 +222,8 @@ impl Plan {
 }
 
 /// Compute the plan for a model and session options: everything resident if it fits
-/// `budget`, else the residency plan that streams the least.
+/// `budget`, else the residency plan that streams the least (`keep_head`: the least
+/// that keeps the whole LM head resident, see [`residency::plan_with`]).
 #[allow(clippy::too_many_arguments)]
 pub fn plan(
     g: &Gguf,
@@ -233,6 +236,7 @@ pub fn plan(
     read_bw: Option<u64>,
     buffers: u64,
     select_peak: u64,
+    keep_head: bool,
 ) -> Plan {
     // A pruned head (at load, or a recut file's) adds its id list, logits scratch and
     // the tokenizer's mask of kept ids.
@@ -244,10 +248,11 @@ pub fn plan(
         });
     let fixed = header + tokenizer + kv_and_scratch + buffers + PROCESS_OVERHEAD;
     let weight_budget = budget.map(|b| b.saturating_sub(fixed));
-    let (res, possible, weights) = match residency::plan(g, cfg, weight_budget, pruned_rows) {
-        Ok(r) => (r, true, r.bytes()),
-        Err(NoPlan { min_bytes }) => (ResidencyPlan::default(), false, min_bytes),
-    };
+    let (res, possible, weights) =
+        match residency::plan_with(g, cfg, weight_budget, pruned_rows, keep_head) {
+            Ok(r) => (r, true, r.bytes()),
+            Err(NoPlan { min_bytes }) => (ResidencyPlan::default(), false, min_bytes),
+        };
     Plan {
         header,
         tokenizer,
@@ -264,6 +269,7 @@ pub fn plan(
         possible,
         read_bw,
         select_peak,
+        keep_head,
     }
 }
 
@@ -294,6 +300,7 @@ pub fn max_ctx_that_fits(
             None,
             buffers,
             p.select_peak,
+            p.keep_head,
         );
         if q.fits() {
             best = Some(n);

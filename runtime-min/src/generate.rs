@@ -500,6 +500,7 @@ pub fn generate<P: Platform>(
         feed[0] = next;
         feed[1..=k].copy_from_slice(&draft[..k]);
         let start = sess.n_past();
+        let accepted0 = st.accepted;
         // Position (index into `feed`) of the first token the cache does not keep.
         let mut keep = k + 1;
         let mut ended = None;
@@ -524,6 +525,9 @@ pub fn generate<P: Platform>(
         };
         sess.eval_draft(p, &feed[..=k], &mut on_logits)?;
         st.passes += 1;
+        if let Some(d) = s.draft.as_deref_mut() {
+            d.after_pass(k, (st.accepted - accepted0).min(k));
+        }
         if k > 0 {
             st.drafts += 1;
             st.drafted += k;

@@ -342,6 +342,18 @@ pub fn plan(
     weight_budget: Option<u64>,
     pruned_rows: Option<usize>,
 ) -> Result<ResidencyPlan, NoPlan> {
+    plan_with(g, cfg, weight_budget, pruned_rows, false)
+}
+
+/// [`plan`]; `keep_head`: the whole LM head stays resident and only layers stream (for
+/// MTP drafts, each of which reads the head: `crate::model::mtp`).
+pub fn plan_with(
+    g: &Gguf,
+    cfg: &Config,
+    weight_budget: Option<u64>,
+    pruned_rows: Option<usize>,
+    keep_head: bool,
+) -> Result<ResidencyPlan, NoPlan> {
     let n_layer = cfg.n_layer;
     let head = head_tensor(g);
     let (file_rows, head_total_bytes) = head.map_or((0, 0), |t| (t.dims[1] as usize, t.bytes));
@@ -392,7 +404,7 @@ pub fn plan(
         .max()
         .unwrap_or(0)
         .max(64 * head_row_bytes + 2 * IO_ALIGN);
-    let head_chunk_rows = if pruned_rows.is_some() {
+    let head_chunk_rows = if pruned_rows.is_some() || keep_head {
         0 // a head pruned at load stays resident
     } else {
         (((zone - 2 * IO_ALIGN) / head_row_bytes.max(1)) as usize / 16 * 16).max(16)
@@ -407,9 +419,13 @@ pub fn plan(
         head_bytes: SLACK,
         ..all
     };
-    if pruned_rows.is_some() {
+    if pruned_rows.is_some() || keep_head {
         p.head_resident_rows = head_rows;
         p.head_bytes = head_all;
+    }
+    if keep_head {
+        // A resident tied head serves the input rows, as when nothing streams.
+        p.embd_cache_bytes = all.embd_cache_bytes;
     }
     if p.bytes() > budget {
         return Err(NoPlan {
@@ -426,7 +442,7 @@ pub fn plan(
         p.layer_bytes += b;
         p.resident_layers += 1;
     }
-    if pruned_rows.is_none() && p.resident_layers == n_layer {
+    if pruned_rows.is_none() && !keep_head && p.resident_layers == n_layer {
         let rows = (left / head_row_bytes.max(1)) as usize / 16 * 16;
         p.head_resident_rows = rows.min(head_rows);
         p.head_bytes += p.head_resident_rows as u64 * head_row_bytes;

@@ -67,13 +67,16 @@ struct Outputs {
     draft: Vec<Vec<f32>>,
 }
 
-fn run(
+/// Run the fixture through a session with the block attached; `stream`: as little resident as a plan that keeps the whole LM head allows
+/// (what `pinch run --budget` plans when the block drafts): every layer streams.
+fn run_planned(
     bytes: &[u8],
     tokens: &[u32],
     id_last: u32,
     n_draft: usize,
     math: Math,
     batch: usize,
+    stream: bool,
 ) -> Outputs {
     let plat = MemPlatform {
         bytes,
@@ -84,7 +87,16 @@ fn run(
     let mut region = vec![0u64; (bytes.len() * 2 + (64 << 20)) / 8];
     let region = pinch_kernels::blocks::bytes_of_mut(&mut region[..]);
     let mut arena = Arena::new(region);
-    let plan = residency::plan(&g, &cfg, None, None).unwrap();
+    let plan = match stream {
+        false => residency::plan(&g, &cfg, None, None).unwrap(),
+        true => {
+            let least = residency::plan_with(&g, &cfg, Some(1), None, true).unwrap_err();
+            let p = residency::plan_with(&g, &cfg, Some(least.min_bytes), None, true).unwrap();
+            assert_eq!(p.resident_layers, 0, "{p:?}");
+            assert!(p.streams() && !p.head_streams(), "{p:?}");
+            p
+        }
+    };
     let weights = Loader {
         platform: &plat,
         file: &(),
@@ -188,7 +200,15 @@ fn check_dir(dir: &Path) -> (String, Vec<String>) {
             ),
         };
         for batch in [tokens.len(), 1] {
-            let got = run(&bytes, &tokens, id_last, want_draft.len(), math, batch);
+            let got = run_planned(
+                &bytes,
+                &tokens,
+                id_last,
+                want_draft.len(),
+                math,
+                batch,
+                false,
+            );
             let (t_diff, t_top1) = compare(&got.target, &target, margin);
             let (m_diff, m_top1) = compare(&got.mtp, &mtp_want, margin);
             let (d_diff, d_top1) = compare(&got.draft, &draft_want, margin);
@@ -220,6 +240,23 @@ fn mtp_block_matches_llama_cpp_on_the_fixture() {
         "MTP outputs differ from llama.cpp's:\n{}",
         bad.join("")
     );
+}
+
+#[test]
+fn mtp_block_drafts_with_every_layer_streamed_and_the_head_resident() {
+    let dir = mtp_fixture();
+    let meta = Meta::load(&dir.join("meta.txt"));
+    let bytes = std::fs::read(dir.join("F32.gguf")).unwrap();
+    let tokens = meta.u32s("tokens");
+    let id_last: u32 = meta.get("id_last").unwrap().parse().unwrap();
+    for math in [Math::Reference, Math::Fast] {
+        let resident = run_planned(&bytes, &tokens, id_last, 4, math, 8, false);
+        let streamed = run_planned(&bytes, &tokens, id_last, 4, math, 8, true);
+        assert_eq!(streamed.target, resident.target, "{math:?}: trunk logits");
+        assert_eq!(streamed.mtp, resident.mtp, "{math:?}: MTP logits");
+        assert_eq!(streamed.draft, resident.draft, "{math:?}: draft logits");
+        assert_eq!(streamed.draft_tokens, resident.draft_tokens);
+    }
 }
 
 /// The random shapes `cargo xtask randshape` generated with an MTP block

@@ -80,7 +80,10 @@ pub fn main(args: &[String]) -> Result<()> {
         return crate::bonsai_bench::table(args);
     }
     if args.iter().any(|a| a == "--draft") {
-        return crate::draft_bench::table(&pinch, &model);
+        return match arch {
+            "qwen35" => crate::draft_bench::mtp_table(&pinch),
+            _ => crate::draft_bench::table(&pinch, &model),
+        };
     }
     let llama = if vs {
         Some(crate::randshape::llama_cpp_site()?)
@@ -439,6 +442,27 @@ fn arch_model(arch: &str) -> Result<PathBuf> {
     }
     run(&mut c)?;
     let _ = std::fs::remove_file(dir.join("bench-moe-F16.gguf"));
+    Ok(q)
+}
+
+/// The Qwen3.5-0.8B-shaped model with an MTP block (`kind`: `mtp`, a random block, or
+/// `oracle`, see `tools/gen_qwen35_bench.py`), generated on first use into
+/// `.cache/bench-qwen35-mtp/`.
+pub fn mtp_model(kind: &str) -> Result<PathBuf> {
+    let dir = root().join(".cache/bench-qwen35-mtp");
+    let q = dir.join(format!("bench-qwen35-{kind}-Q4_K_M.gguf"));
+    if q.is_file() {
+        return Ok(q);
+    }
+    let path = crate::randshape::python_path()?;
+    run(Command::new("python3")
+        .env("PYTHONPATH", path)
+        .arg(root().join("tools/gen_qwen35_bench.py"))
+        .arg(&dir)
+        .arg(format!(
+            "--{}",
+            if kind == "mtp" { "mtp" } else { "mtp-oracle" }
+        )))?;
     Ok(q)
 }
 

@@ -59,6 +59,19 @@ fn run(
     draft: usize,
     sampled: bool,
 ) -> Result<Run> {
+    run_with(pinch, model, prompt, Some(budget), draft, sampled, &[])
+}
+
+/// [`run`] with `extra` flags, and without `--budget` for `None`.
+fn run_with(
+    pinch: &Path,
+    model: &Path,
+    prompt: &Path,
+    budget: Option<u64>,
+    draft: usize,
+    sampled: bool,
+    extra: &[&str],
+) -> Result<Run> {
     let temp: &[&str] = if sampled {
         &["--temp", "0.8", "--seed", "1"]
     } else {
@@ -71,12 +84,14 @@ fn run(
         .arg(prompt)
         .args(["-c", "1024", "-n", N, "-t", "2", "--json"])
         .args(temp)
-        .args([
-            "--budget",
-            &budget.to_string(),
-            "--draft",
-            &draft.to_string(),
-        ])
+        .args(
+            budget
+                .map(|b| ["--budget".to_string(), b.to_string()])
+                .into_iter()
+                .flatten(),
+        )
+        .args(["--draft", &draft.to_string()])
+        .args(extra)
         .output()
         .map_err(|e| format!("{}: {e}", pinch.display()))?;
     if !out.status.success() {
@@ -148,6 +163,84 @@ pub fn table(pinch: &Path, model: &Path) -> Result<()> {
             mib(med(&plain, &|r| r.os_read / r.gen.max(1.0))),
             mib(med(&spec, &|r| r.os_read / r.gen.max(1.0))),
         );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// `cargo xtask bench --draft --arch qwen35`: drafts from a Qwen3.5 MTP block on the
+/// Qwen3.5-0.8B shape (`tools/gen_qwen35_bench.py --mtp | --mtp-oracle`: a random block,
+/// whose guesses are wrong, and the trunk made a bigram model whose block is its
+/// oracle), all resident and at 65 % of the resident need (a plan with MTP drafts keeps
+/// the LM head and streams layers; without, layers come first). `--draft 0`, `--draft 3`
+/// (the block) and `--draft 3 --spec-type lookup` alternate `REPS` times; medians.
+pub fn mtp_table(pinch: &Path) -> Result<()> {
+    let mib = |b: f64| b / (1u64 << 20) as f64;
+    let dir = std::env::temp_dir().join(format!("pinch-mtp-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let prompt = dir.join("prompt.txt");
+    std::fs::write(&prompt, "The history of the city begins with")
+        .map_err(|e| format!("{}: {e}", prompt.display()))?;
+    println!("\n## MTP drafts: Qwen3.5-0.8B-shaped Q4_K_M (random weights), -c 1024, -t 2, {N} tokens, greedy; medians of {REPS} alternating runs\n");
+    println!("| block | budget | tok/s --draft 0 | --draft 3 (MTP) | ratio | accepted | tokens/pass | --draft 3 lookup | read/token (OS) 0 / MTP / lookup |");
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for (kind, name) in [("mtp", "random"), ("oracle", "oracle of a bigram trunk")] {
+        let model = crate::bench::mtp_model(kind)?;
+        let need = crate::bench::resident_need(pinch, &model)?;
+        for budget in [None, Some(need * 65 / 100)] {
+            let (mut plain, mut mtp, mut lookup) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..REPS {
+                plain.push(run_with(pinch, &model, &prompt, budget, 0, false, &[])?);
+                mtp.push(run_with(
+                    pinch,
+                    &model,
+                    &prompt,
+                    budget,
+                    3,
+                    false,
+                    &["--spec-type", "mtp"],
+                )?);
+                lookup.push(run_with(
+                    pinch,
+                    &model,
+                    &prompt,
+                    budget,
+                    3,
+                    false,
+                    &["--spec-type", "lookup"],
+                )?);
+            }
+            if mtp
+                .iter()
+                .chain(&lookup)
+                .chain(&plain)
+                .any(|r| r.text != plain[0].text)
+            {
+                return Err(format!("{name}: the texts of the runs differ"));
+            }
+            let med = |v: &[Run], f: &dyn Fn(&Run) -> f64| {
+                median(&mut v.iter().map(f).collect::<Vec<_>>())
+            };
+            let tps = |v: &[Run]| med(v, &|r| r.tps);
+            let read = |v: &[Run]| mib(med(v, &|r| r.os_read / r.gen.max(1.0)));
+            let m = &mtp[0];
+            let b = budget.map_or("all resident".to_string(), |b| {
+                format!("{:.0} MiB (65 %)", mib(b as f64))
+            });
+            println!(
+                "| {name} | {b} | {:.2} | {:.2} | {:.2}x | {:.0}/{:.0} | {:.2} | {:.2} | {:.1} / {:.1} / {:.1} MiB |",
+                tps(&plain),
+                tps(&mtp),
+                tps(&mtp) / tps(&plain),
+                m.accepted,
+                m.drafted,
+                m.gen / m.passes.max(1.0),
+                tps(&lookup),
+                read(&plain),
+                read(&mtp),
+                read(&lookup),
+            );
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())

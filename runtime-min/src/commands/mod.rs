@@ -317,7 +317,7 @@ fn with_model<P: Platform>(
     } else {
         0
     };
-    let plan_for = |s: &SessionOptions, buffers: u64| {
+    let plan_keeping = |s: &SessionOptions, buffers: u64, keep_head: bool| {
         let (budget, bw) = (o.budget, o.read_bw);
         engine::plan(
             &g,
@@ -330,8 +330,10 @@ fn with_model<P: Platform>(
             bw,
             buffers,
             select_peak,
+            keep_head,
         )
     };
+    let plan_for = |s: &SessionOptions, buffers: u64| plan_keeping(s, buffers, false);
     let mut plan = plan_for(&sopts, buffers);
     // Speculative decoding verifies a draft in one pass, the head included: the head
     // then computes a group of positions per read of its rows (and the draft history
@@ -353,14 +355,14 @@ fn with_model<P: Platform>(
         let point = Session::draft_point_bytes(&cfg, sopts.state_f16) as u64;
         let buffers = buffers + (sopts.n_ctx * 4) as u64 + point;
         plan = plan_for(&sopts, buffers);
-        // The MTP block's weights, KV cache and buffers, if the plan then still keeps
-        // the whole LM head (each drafted token reads it); else the block is not loaded
-        // and takes nothing from the budget.
+        // The MTP block's weights, KV cache and buffers, and the whole LM head resident
+        // (each drafted token reads it; layers stream first), if that fits the budget;
+        // else the block is not loaded and takes nothing from it.
         if let Some(il) = mtp_block {
             let mtp = crate::model::mtp::weight_bytes(&g, il)
                 + crate::model::mtp::Mtp::bytes_needed(&cfg, il, &sopts) as u64;
-            let with = plan_for(&sopts, buffers + mtp);
-            if with.possible && !with.res.head_streams() {
+            let with = plan_keeping(&sopts, buffers + mtp, true);
+            if with.possible && with.fits() && !with.res.head_streams() {
                 plan = with;
             } else {
                 mtp_note(p, o, crate::model::mtp::NoMtp::HeadStreamed);

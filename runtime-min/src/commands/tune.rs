@@ -96,6 +96,7 @@ impl Planner for EnginePlanner<'_, '_> {
             None,
             0,
             select,
+            false,
         );
         let total = p.total().max(select + p.overhead);
         PlanCost {

@@ -55,7 +55,7 @@ impl NoMtp {
                 "its MTP block has its own embedding or head (nextn.embed_tokens / shared_head_head), which pinch does not load"
             }
             NoMtp::HeadStreamed => {
-                "the plan streams the LM head, which every drafted token would read again"
+                "the budget cannot keep the whole LM head resident beside the block, and every drafted token would read a streamed head again"
             }
             NoMtp::Parallel => "--parallel above 1 (the MTP block keeps one KV cache)",
         }
