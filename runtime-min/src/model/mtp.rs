@@ -94,13 +94,13 @@ pub fn block_config(cfg: &Config) -> Config {
     c
 }
 
-/// Bytes of the block's tensors in the file (all resident).
+/// Bytes the block's tensors take in the arena (all resident; each allocation aligned).
 pub fn weight_bytes(g: &Gguf, il: usize) -> u64 {
     let mut prefix = heapless::String::<24>::new();
     let _ = write!(prefix, "blk.{il}.");
     g.tensors()
         .filter(|t| t.name.starts_with(prefix.as_str()))
-        .map(|t| t.bytes)
+        .map(|t| t.bytes + 64)
         .sum()
 }
 
