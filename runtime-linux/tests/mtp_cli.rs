@@ -68,3 +68,30 @@ fn asking_for_mtp_drafts_without_a_block_says_why() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--spec-type"));
 }
+
+#[test]
+fn a_block_that_does_not_load_costs_its_drafts_not_the_run() {
+    let src = repo().join("tests/data/tiny/mtp/F32.gguf");
+    let mut bytes = std::fs::read(&src).unwrap();
+    // Rename one tensor of the block in the header (same length): `hnorm` goes missing.
+    let from = b"blk.3.nextn.hnorm.weight";
+    let at = bytes
+        .windows(from.len())
+        .position(|w| w == from)
+        .expect("the fixture names blk.3.nextn.hnorm.weight");
+    bytes[at + 12..at + 17].copy_from_slice(b"hnorX");
+    let dir = std::env::temp_dir().join(format!("pinch-mtp-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let broken = dir.join("broken-mtp.gguf");
+    std::fs::write(&broken, &bytes).unwrap();
+    let (plain, _) = run(&src, &["--draft", "0"]);
+    let (out, err) = run(&broken, &["--draft", "3"]);
+    assert!(
+        err.contains("note: no MTP drafts: its block (blk.3) does not load")
+            && err.contains("blk.3.nextn.hnorm.weight"),
+        "{err}"
+    );
+    assert!(!err.contains(MTP_LINE), "{err}");
+    assert_eq!(out, plain);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -449,10 +449,21 @@ fn with_model<P: Platform>(
                 gguf: &g,
                 arena: &mut arena,
             };
-            let w = crate::model::mtp::MtpWeights::load(&mut loader, &cfg, il)?;
-            let m = crate::model::mtp::Mtp::new(&mut arena, w, &cfg, il, &sess.opts)?;
-            if let Err(why) = sess.attach_mtp(m) {
-                mtp_note(p, o, why);
+            // A block that does not load (a tensor missing or of the wrong shape) costs
+            // its drafts, not the run.
+            let m = crate::model::mtp::MtpWeights::load(&mut loader, &cfg, il)
+                .and_then(|w| crate::model::mtp::Mtp::new(&mut arena, w, &cfg, il, &sess.opts));
+            let attached = match m {
+                Ok(m) => sess.attach_mtp(m).map_err(|why| mtp_note(p, o, why)),
+                Err(e) => {
+                    let _ = writeln!(
+                        Out::stderr(p),
+                        "note: no MTP drafts: its block (blk.{il}) does not load: {e}; prompt lookup drafts instead"
+                    );
+                    Err(())
+                }
+            };
+            if attached.is_err() {
                 mtp_block = None;
             } else if o.verbose || o.budget.is_some() {
                 let _ = writeln!(
