@@ -82,7 +82,7 @@ pub fn check(seeds: &[u64], new: u64) -> Result<Counts> {
     );
     let mut counts = shapes(&site, &cache, seeds.as_slice(), &fresh, &[])?;
     counts.add(iq4_xs_check(&site)?);
-    counts.add(mtp_check(&site)?);
+    counts.add(mtp_check(&site, &fresh)?);
     ppl_check(&site, &cache, &seeds)?;
     counts.passed += 1;
     if seeds.len() > fresh.len() {
@@ -100,7 +100,8 @@ fn iq4_xs_check(site: &str) -> Result<Counts> {
     shapes(site, &cache, &IQ4_SEEDS, &[], &["--quants", "IQ4_XS"])
 }
 
-/// Random qwen35 shapes with an MTP block (`tools/gen_mtp.py`, F32 and Q8_0, into
+/// Random qwen35 shapes with an MTP block (`tools/gen_mtp.py`, F32 and Q8_0; the fixed
+/// seeds and the run's fresh ones, into
 /// `$HOME/.cache/pinch/randshape-mtp/`, regenerated each run: ~1 s) through
 /// `tests/tests/mtp.rs`: the block's logits over a prompt and a greedy draft against
 /// llama.cpp's. The block's own embedding and head (`nextn.embed_tokens`,
@@ -108,9 +109,12 @@ fn iq4_xs_check(site: &str) -> Result<Counts> {
 /// pinned off.
 const MTP_SEEDS: std::ops::Range<u64> = 0..6;
 
-fn mtp_check(site: &str) -> Result<Counts> {
+fn mtp_check(site: &str, fresh: &[u64]) -> Result<Counts> {
     let cache = pinch_cache().join("randshape-mtp");
-    let list: Vec<String> = MTP_SEEDS.map(|s| s.to_string()).collect();
+    let list: Vec<String> = MTP_SEEDS
+        .chain(fresh.iter().copied())
+        .map(|s| s.to_string())
+        .collect();
     run(python(site)
         .arg(root().join("tools/gen_mtp.py"))
         .arg(&cache)
@@ -127,7 +131,12 @@ fn mtp_check(site: &str) -> Result<Counts> {
         "--nocapture",
     ]);
     test.env("PINCH_MTP_DIR", &cache);
-    run_tests(&mut test)
+    let counts = run_tests(&mut test)?;
+    // A passing run does not keep its fresh seeds (a failing one stopped above).
+    for s in fresh {
+        let _ = std::fs::remove_dir_all(cache.join(s.to_string()));
+    }
+    Ok(counts)
 }
 
 /// `tools/gen_random.py CACHE SEEDS GEN_ARGS`, then `tests/tests/random_shapes.rs` on
