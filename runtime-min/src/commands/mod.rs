@@ -6,6 +6,7 @@ pub mod logits;
 pub mod loops;
 pub mod moe;
 pub mod moe_sim;
+pub mod mtp_drafts;
 pub mod out;
 pub mod ppl;
 pub mod recut;
@@ -340,14 +341,7 @@ fn with_model<P: Platform>(
     // is one of the command's buffers).
     let n_draft = crate::generate::draft_len(p, o, &cfg, plan.res.streams());
     // Drafts from the model's MTP block where it has one pinch runs (`--spec-type`).
-    let mut mtp_block = None;
-    if n_draft > 0 && o.spec_type != Some(crate::cli::SpecType::Lookup) {
-        match crate::model::mtp::block_index(&g, &cfg) {
-            Ok(il) if sopts.n_seq <= 1 => mtp_block = Some(il),
-            Ok(_) => mtp_note(p, o, crate::model::mtp::NoMtp::Parallel),
-            Err(why) => mtp_note(p, o, why),
-        }
-    }
+    let mut mtp_block = mtp_drafts::choose(p, o, &g, &cfg, n_draft, sopts.n_seq);
     if n_draft > 0 {
         sopts.head_group = n_draft + 1;
         // The history, and for a recurrent model the state copy and pass log that take
@@ -355,18 +349,11 @@ fn with_model<P: Platform>(
         let point = Session::draft_point_bytes(&cfg, sopts.state_f16) as u64;
         let buffers = buffers + (sopts.n_ctx * 4) as u64 + point;
         plan = plan_for(&sopts, buffers);
-        // The MTP block's weights, KV cache and buffers, and the whole LM head resident
-        // (each drafted token reads it; layers stream first), if that fits the budget;
-        // else the block is not loaded and takes nothing from it.
         if let Some(il) = mtp_block {
-            let mtp = crate::model::mtp::weight_bytes(&g, il)
-                + crate::model::mtp::Mtp::bytes_needed(&cfg, il, &sopts) as u64;
-            let with = plan_keeping(&sopts, buffers + mtp, true);
-            if with.possible && with.fits() && !with.res.head_streams() {
-                plan = with;
-            } else {
-                mtp_note(p, o, crate::model::mtp::NoMtp::HeadStreamed);
-                mtp_block = None;
+            let keeping = |extra, keep| plan_keeping(&sopts, buffers + extra, keep);
+            match mtp_drafts::plan(p, o, &g, &cfg, &sopts, il, &keeping) {
+                Some(with) => plan = with,
+                None => mtp_block = None,
             }
         }
     }
@@ -438,40 +425,10 @@ fn with_model<P: Platform>(
         sess.keep_draft_point(&mut arena)?;
     }
     if let Some(il) = mtp_block {
-        // The plan keeps the head (checked above); a pruned head is resident too.
-        if weights.head_stream.is_some() {
-            mtp_note(p, o, crate::model::mtp::NoMtp::HeadStreamed);
-            mtp_block = None;
-        } else {
-            let mut loader = Loader {
-                platform: p,
-                file: &file,
-                gguf: &g,
-                arena: &mut arena,
-            };
-            // A block that does not load (a tensor missing or of the wrong shape) costs
-            // its drafts, not the run.
-            let m = crate::model::mtp::MtpWeights::load(&mut loader, &cfg, il)
-                .and_then(|w| crate::model::mtp::Mtp::new(&mut arena, w, &cfg, il, &sess.opts));
-            let attached = match m {
-                Ok(m) => sess.attach_mtp(m).map_err(|why| mtp_note(p, o, why)),
-                Err(e) => {
-                    let _ = writeln!(
-                        Out::stderr(p),
-                        "note: no MTP drafts: its block (blk.{il}) does not load: {e}; prompt lookup drafts instead"
-                    );
-                    Err(())
-                }
-            };
-            if attached.is_err() {
-                mtp_block = None;
-            } else if o.verbose || o.budget.is_some() {
-                let _ = writeln!(
-                    Out::stderr(p),
-                    "  drafts: the model's MTP block (blk.{il}), up to {n_draft} tokens per pass"
-                );
-            }
-        }
+        let on = mtp_drafts::attach(
+            p, o, &file, &g, &cfg, il, n_draft, &weights, &mut sess, &mut arena,
+        );
+        mtp_block = mtp_block.filter(|_| on);
     }
     let mut draft = crate::generate::drafter(n_draft, sopts.n_ctx, &mut arena)?;
     if let Some(d) = draft.as_mut().filter(|_| mtp_block.is_some()) {
@@ -492,19 +449,6 @@ fn with_model<P: Platform>(
     moe::setup(&mut ctx)?;
     f(&mut ctx)?;
     moe::finish(&mut ctx)
-}
-
-/// Say why the model's MTP block does not draft (prompt lookup does instead): always
-/// when `--spec-type mtp` asked for it, with `-v` when it is only absent.
-fn mtp_note<P: Platform>(p: &P, o: &Opts, why: crate::model::mtp::NoMtp) {
-    let asked = o.spec_type == Some(crate::cli::SpecType::Mtp);
-    if asked || (o.verbose && why != crate::model::mtp::NoMtp::Absent) {
-        let _ = writeln!(
-            Out::stderr(p),
-            "note: no MTP drafts: {}; prompt lookup drafts instead",
-            why.says()
-        );
-    }
 }
 
 /// Seconds between two `now_ns` readings.
