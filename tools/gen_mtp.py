@@ -42,7 +42,6 @@ one model object (loaded with load_mtp) serves the target and the MTP context.
 
 import ctypes
 import json
-import os
 import pickle
 import sys
 import tempfile
@@ -243,35 +242,11 @@ def _compute(path, tokens, one_model=True, catchup_outputs=True):
 
 
 def run(path, tokens, **kw):
-    """_compute in a forked child: a crash costs this file, not the run."""
+    """_compute in a forked child (gen_random.in_child): a crash costs this file, not
+    the run."""
     gr.llama()
-    log = path.with_suffix(".log")
-    r, wfd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        code = 1
-        try:
-            data = pickle.dumps(_compute(path, tokens, **kw))
-            with os.fdopen(wfd, "wb") as f:
-                f.write(data)
-            code = 0
-        except Exception as e:
-            print(f"gen_mtp: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        os._exit(code)
-    os.close(wfd)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status) or os.WEXITSTATUS(status) != 0:
-        what = (f"crashed (signal {os.WTERMSIG(status)})" if os.WIFSIGNALED(status) else "refused")
-        lines = log.read_text(errors="replace").splitlines()
-        why = [x.strip() for x in lines if any(w in x.lower() for w in ("error", "assert", "gen_mtp"))]
-        raise RuntimeError(f"llama.cpp {what} on {path.name}: {' | '.join(why[-2:]) or '?'}")
-    log.unlink()
+    data = gr.in_child(path,
+                       lambda: pickle.dumps(_compute(path, tokens, **kw)), "gen_mtp")
     return pickle.loads(data)
 
 

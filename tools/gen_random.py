@@ -470,39 +470,30 @@ def quantize(src, dst, ftype, requantize=False):
     return lc.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(p)) == 0
 
 
-def logits(path, tokens, batched):
-    """llama.cpp's logits of every position (f32kv config: F32 KV, no flash attention).
-
-    Run in a forked child: llama.cpp crashes on some shapes (e.g. a segfault decoding
-    a Q8_0 matrix of 319 rows) and that must cost one file, not the whole run.
-    Raises RuntimeError saying what happened when there are no logits.
+def in_child(path, compute, tag):
+    """`compute()` (bytes) for the model `path` in a forked child whose output goes to
+    `path` with the suffix `.log`:
+    llama.cpp crashes on some shapes (e.g. a segfault decoding a Q8_0 matrix of 319
+    rows) and that must cost one file, not the whole run. Raises RuntimeError saying
+    what happened (the log's error lines, and those `tag` printed) when there is no
+    result; the log is removed when there is.
     """
-    lc = llama()
-    n = len(tokens)
     log = path.with_suffix(".log")
     r, wfd = os.pipe()
     pid = os.fork()
-    if pid == 0:  # child: compute, send the rows, leave without cleanup
+    if pid == 0:  # child: compute, send the bytes, leave without cleanup
         os.close(r)
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         code = 1
         try:
-            llm = lc.Llama(model_path=str(path), n_ctx=CTX, n_batch=CTX, n_ubatch=CTX,
-                           logits_all=True, type_k=0, type_v=0, flash_attn=False,
-                           n_threads=1, n_threads_batch=1, verbose=True)
-            if batched:
-                llm.eval(tokens)
-            else:
-                for t in tokens:
-                    llm.eval([t])
-            data = np.array(llm.scores[:n], dtype=np.float32).tobytes()
+            data = compute()
             with os.fdopen(wfd, "wb") as f:
                 f.write(data)
             code = 0
         except Exception as e:  # llama.cpp refused the file (its log says why)
-            print(f"llama-cpp-python: {e}", file=sys.stderr, flush=True)
+            print(f"{tag}: {e}", file=sys.stderr, flush=True)
         os._exit(code)
     os.close(wfd)
     with os.fdopen(r, "rb") as f:
@@ -512,9 +503,31 @@ def logits(path, tokens, batched):
         what = (f"crashed (signal {os.WTERMSIG(status)})" if os.WIFSIGNALED(status)
                 else "refused")
         lines = log.read_text(errors="replace").splitlines()
-        why = [x.strip() for x in lines if "error" in x.lower() or "assert" in x.lower()]
+        why = [x.strip() for x in lines
+               if any(w in x.lower() for w in ("error", "assert", tag.lower()))]
         raise RuntimeError(f"llama.cpp {what} on {path.name}: {' | '.join(why[-2:]) or '?'}")
     log.unlink()
+    return data
+
+
+def logits(path, tokens, batched):
+    """llama.cpp's logits of every position (f32kv config: F32 KV, no flash attention),
+    computed in a forked child (`in_child`)."""
+    lc = llama()
+    n = len(tokens)
+
+    def compute():
+        llm = lc.Llama(model_path=str(path), n_ctx=CTX, n_batch=CTX, n_ubatch=CTX,
+                       logits_all=True, type_k=0, type_v=0, flash_attn=False,
+                       n_threads=1, n_threads_batch=1, verbose=True)
+        if batched:
+            llm.eval(tokens)
+        else:
+            for t in tokens:
+                llm.eval([t])
+        return np.array(llm.scores[:n], dtype=np.float32).tobytes()
+
+    data = in_child(path, compute, "llama-cpp-python")
     return np.frombuffer(data, dtype=np.float32).reshape(n, -1)
 
 
