@@ -67,8 +67,9 @@ struct Outputs {
     draft: Vec<Vec<f32>>,
 }
 
-/// Run the fixture through a session with the block attached; `stream`: as little resident as a plan that keeps the whole LM head allows
-/// (what `pinch run --budget` plans when the block drafts): every layer streams.
+/// Run the fixture through a session with the block attached; `stream`: as little
+/// resident as a plan that keeps the whole LM head allows (what `pinch run --budget`
+/// plans when the block drafts): every layer streams.
 fn run_planned(
     bytes: &[u8],
     tokens: &[u32],

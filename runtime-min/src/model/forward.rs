@@ -727,14 +727,7 @@ impl<'w, 'a> Session<'w, 'a> {
         };
         let (e, n) = (self.cfg.n_embd, chunk.len());
         // The state before this pass's first token, before its rows are overwritten.
-        let prev = pos0.checked_sub(1).and_then(|q| m.trunk_h(q).map(|_| q));
-        match prev {
-            Some(q) => {
-                let i = q - m.rows_pos0;
-                m.h_prev.copy_from_slice(&m.h_rows[i * e..(i + 1) * e]);
-            }
-            None => m.h_prev.fill(0.0),
-        }
+        m.pair_with_trunk(pos0);
         for t in 0..n {
             rms_norm(
                 &self.s.x[t * e..(t + 1) * e],
@@ -748,7 +741,7 @@ impl<'w, 'a> Session<'w, 'a> {
         let res = (|| {
             for (t, &id) in chunk.iter().enumerate() {
                 let h = match t {
-                    0 => &*m.h_prev,
+                    0 => &*m.h_in,
                     _ => &m.h_rows[(t - 1) * e..t * e],
                 };
                 let cat = &mut m.concat[t * 2 * e..(t + 1) * 2 * e];
@@ -898,26 +891,20 @@ impl<'w, 'a> Session<'w, 'a> {
             });
         }
         // The hidden state `last` pairs with: the trunk's at `pos - 1`.
-        match pos.checked_sub(1).filter(|&q| m.trunk_h(q).is_some()) {
-            Some(q) => {
-                let i = q - m.rows_pos0;
-                m.h_own.copy_from_slice(&m.h_rows[i * e..(i + 1) * e]);
-            }
-            None => m.h_own.fill(0.0),
-        }
+        m.pair_with_trunk(pos);
         let head_norm = m.w.head_norm.unwrap_or(self.w.output_norm);
         let mut made = 0;
         let mut tok = last;
         while made < out.len() && pos + made < self.opts.n_ctx {
             let cat = core::mem::take(&mut m.concat);
-            let r = self.mtp_input(tok, m.h_own, (m.w.enorm, m.w.hnorm), &mut cat[..2 * e]);
+            let r = self.mtp_input(tok, m.h_in, (m.w.enorm, m.w.hnorm), &mut cat[..2 * e]);
             m.concat = cat;
             r?;
             self.mtp_block(p, m, 1, pos + made)?;
-            rms_norm(&self.s.x[..e], head_norm, self.cfg.rms_eps, m.h_own);
+            rms_norm(&self.s.x[..e], head_norm, self.cfg.rms_eps, m.h_in);
             let mut best = (0u32, f32::NEG_INFINITY, 0.0f32);
             let mut pick = |_, l: &[f32]| {
-                best = argmax_p(l);
+                best = argmax_p(l, p_min > 0.0);
                 on_logits(made, l);
             };
             self.head(p, 0..1, 0, head_norm, &mut pick, &mut Source::<P>::None)?;
@@ -1324,13 +1311,17 @@ fn run_layer<P: Platform>(
     Ok(())
 }
 
-/// The most likely token of `logits`, its logit and its probability.
-fn argmax_p(logits: &[f32]) -> (u32, f32, f32) {
+/// The most likely token of `logits`, its logit and, when `want_p`, its probability
+/// (1 otherwise: a pass of `expf` over the vocabulary saved when no `p_min` asks).
+fn argmax_p(logits: &[f32], want_p: bool) -> (u32, f32, f32) {
     let mut best = (0u32, f32::NEG_INFINITY);
     for (i, &l) in logits.iter().enumerate() {
         if l > best.1 {
             best = (i as u32, l);
         }
+    }
+    if !want_p {
+        return (best.0, best.1, 1.0);
     }
     let sum: f32 = logits.iter().map(|&l| libm::expf(l - best.1)).sum();
     (best.0, best.1, 1.0 / sum)

@@ -148,10 +148,10 @@ pub struct Mtp<'a> {
     pub h_rows: &'a mut [f32],
     pub rows_pos0: usize,
     pub rows_n: usize,
-    /// The hidden state a pass's first token pairs with (position `pos0 - 1`).
-    pub h_prev: &'a mut [f32],
-    /// The block's own `h'` of the latest drafted token.
-    pub h_own: &'a mut [f32],
+    /// The hidden state the block's next token pairs with: the trunk's of the position
+    /// before ([`Self::pair_with_trunk`]), or, while drafting, the block's own `h'` of
+    /// its latest guess.
+    pub h_in: &'a mut [f32],
     /// `[enorm(embed) | hnorm(h)]` per token, and eh_proj's matmul buffers (its rows
     /// are twice as wide as any the session's scratch is sized for).
     pub concat: &'a mut [f32],
@@ -167,9 +167,7 @@ impl<'a> Mtp<'a> {
         let c = block_config(cfg);
         let o = o.clamped();
         let (e, nb) = (c.n_embd, o.n_batch);
-        LayerState::bytes_needed(&c, il, &o)
-            + 4 * (nb * e + 2 * e + 3 * nb * 2 * e + 2 * e)
-            + 64 * 8
+        LayerState::bytes_needed(&c, il, &o) + 4 * (nb * e + e + 3 * nb * 2 * e + 2 * e) + 64 * 7
     }
 
     pub fn new(
@@ -191,8 +189,7 @@ impl<'a> Mtp<'a> {
             h_rows: arena.slice(a, nb * e)?,
             rows_pos0: 0,
             rows_n: 0,
-            h_prev: arena.slice(a, e)?,
-            h_own: arena.slice(a, e)?,
+            h_in: arena.slice(a, e)?,
             concat: arena.slice(a, nb * 2 * e)?,
             // f32 activations are the widest format (4 bytes per value).
             act_q: arena.bytes(a, nb * 2 * e * 4)?,
@@ -201,12 +198,18 @@ impl<'a> Mtp<'a> {
         })
     }
 
-    /// The trunk's hidden state at position `pos`, if the latest pass computed it.
-    pub fn trunk_h(&self, pos: usize) -> Option<&[f32]> {
+    /// `h_in` = the trunk's hidden state at position `pos - 1` if the latest pass
+    /// computed it, else the zero vector (position 0; after a truncation only the
+    /// guesses suffer).
+    pub fn pair_with_trunk(&mut self, pos: usize) {
         let e = self.cfg.n_embd;
-        let i = pos
-            .checked_sub(self.rows_pos0)
-            .filter(|&i| i < self.rows_n)?;
-        Some(&self.h_rows[i * e..(i + 1) * e])
+        let row = pos
+            .checked_sub(1)
+            .and_then(|q| q.checked_sub(self.rows_pos0))
+            .filter(|&i| i < self.rows_n);
+        match row {
+            Some(i) => self.h_in.copy_from_slice(&self.h_rows[i * e..(i + 1) * e]),
+            None => self.h_in.fill(0.0),
+        }
     }
 }
