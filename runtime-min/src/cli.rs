@@ -313,7 +313,8 @@ flags (llama.cpp names):
   --head-lang LIST        head selection: weight the corpus files by language, named by
                           file (en.txt: en): en,code or en=3,code=1 (others weigh 0)
   --soft                  head-select: add the model's predicted probabilities over the
-                          corpus to the counts (runs the model; ranks far better)
+                          corpus to the counts (runs the model in windows of -c tokens,
+                          default 32; ranks far better)
   --generate N            head-select: let the model write N tokens of its own text
                           (documents of -n tokens, each from the first 16 tokens of a
                           line of the corpus, --generate-seed K; the sampling flags)

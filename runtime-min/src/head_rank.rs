@@ -463,6 +463,55 @@ fn prior_keys(tok: &Tokenizer<'_>, sig: &Signals<'_, '_>, prior: &mut [f32], ord
     }
 }
 
+/// Share of a lowercase word's count [`share_with_title_case`] adds to its capitalized
+/// twin (Gemma 3 270M, the shared English corpus, 65,536 rows: held-out English outside
+/// the top tokens by the model's predictions 1.44 -> 1.28 % at 0.03, 1.32 % at 0.01,
+/// 1.34 % at 0.3; through `head-select` 1.381687 -> 1.375818 bits per byte).
+pub const TITLE_CASE_SHARE: f32 = 0.03;
+
+/// Add `share` times the count of each lowercase word token (`▁direction`) to its
+/// capitalized twin (`▁Direction`). Why: a title, a heading or a sentence start
+/// capitalizes any word, so the twin of a word the corpus and the model's predictions
+/// count is likely in other text, but its own count comes only from the few contexts
+/// seen. Whole-word twins only (no all-caps forms: sharing with every case form of a
+/// frequent word measured worse, it crowds out rare words).
+pub fn share_with_title_case(tok: &Tokenizer<'_>, counts: &mut [f32], share: f32) {
+    let nv = counts.len().min(tok.n_vocab() as usize);
+    let mut buf = [0u8; TWIN_MAX];
+    for id in 0..nv as u32 {
+        let Some(twin) = lowercase_twin(tok.token_text(id), &mut buf) else {
+            continue;
+        };
+        if let Some(low) = tok.token_id(twin).filter(|&l| (l as usize) < nv) {
+            counts[id as usize] += share * counts[low as usize];
+        }
+    }
+}
+
+/// Longest token text [`lowercase_twin`] looks at.
+const TWIN_MAX: usize = 64;
+
+/// The text of `text`'s lowercase twin when `text` is a capitalized ASCII word of two
+/// or more letters, optionally after a word-start marker (`▁`, GPT-2's `Ġ` or a space):
+/// `▁Direction` -> `▁direction`; `None` otherwise (`▁DNA`, `▁direction`, `Über`).
+fn lowercase_twin<'b>(text: &[u8], buf: &'b mut [u8; TWIN_MAX]) -> Option<&'b [u8]> {
+    let start = ["\u{2581}".as_bytes(), "\u{120}".as_bytes(), &b" "[..]]
+        .iter()
+        .find(|m| text.starts_with(m))
+        .map_or(0, |m| m.len());
+    let word = &text[start..];
+    let title = word.len() >= 2
+        && word[0].is_ascii_uppercase()
+        && word[1..].iter().all(u8::is_ascii_lowercase);
+    if !title || text.len() > TWIN_MAX {
+        return None;
+    }
+    let out = &mut buf[..text.len()];
+    out.copy_from_slice(text);
+    out[start] = out[start].to_ascii_lowercase();
+    Some(out)
+}
+
 /// Drop kept ids by least marginal cost until `target` remain (module doc); returns the
 /// kept count.
 fn greedy_drop(
@@ -531,4 +580,44 @@ fn greedy_drop(
         }
     }
     Ok(n_kept)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lowercase_twin_of_capitalized_words_only() {
+        let mut buf = [0u8; TWIN_MAX];
+        let mut twin = |t: &[u8]| {
+            lowercase_twin(t, &mut buf).map(|x| {
+                let mut a = [0u8; TWIN_MAX + 1];
+                a[..x.len()].copy_from_slice(x);
+                (a, x.len())
+            })
+        };
+        for (from, to) in [
+            ("\u{2581}Direction", "\u{2581}direction"),
+            ("\u{120}Film", "\u{120}film"),
+            (" Track", " track"),
+            ("Wave", "wave"),
+        ] {
+            let (a, n) = twin(from.as_bytes()).expect(from);
+            assert_eq!(&a[..n], to.as_bytes(), "{from:?}");
+        }
+        for no in [
+            "\u{2581}DNA",
+            "\u{2581}direction",
+            "Über",
+            "\u{2581}A",
+            "\u{2581}",
+            "",
+            "Mc2",
+        ] {
+            assert!(twin(no.as_bytes()).is_none(), "{no:?}");
+        }
+        let mut long = [b'b'; TWIN_MAX + 1];
+        long[0] = b'A';
+        assert!(twin(&long).is_none());
+    }
 }
