@@ -650,7 +650,8 @@ fn load_soft<P: Platform>(
 /// 65,536 tokens by the predictions over 24,576 positions of the shared English corpus,
 /// share of the held-out English outside: 1.58 % at 1.0, 1.44 % at 1.5, 1.59 % at 2,
 /// 1.90 % at 3; through `head-select` (closure, counts) 1.387672 -> 1.381687 bits per
-/// byte.
+/// byte. Measured for predictions over a corpus; `--generate`'s take the same
+/// temperature untested (its gain was measured at 1.0, module doc).
 pub const SOFT_TEMPERATURE: f32 = 1.5;
 
 /// `acc += weight * softmax(logits / SOFT_TEMPERATURE)` (softmax in f32 with the max
