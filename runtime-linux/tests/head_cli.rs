@@ -488,10 +488,102 @@ fn generated_text_ranks_the_head_and_saved_counts_rank_it_again() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains("--load-soft"), "{err}");
     }
-    let o = pinch(&[&base[..], &["--save-soft", soft, "--soft"]].concat());
+    let o = pinch(&[&base[..], &gen[..], &["--save-soft", soft, "--soft"]].concat());
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--save-soft"));
     let o = pinch(&[&base[..], &gen[..], &["--generate-weight", "-1"]].concat());
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--generate-weight"));
+}
+
+/// `--soft --save-soft`: the model's predictions over the corpus are kept (header
+/// `over=corpus`, the corpus's token count) and `--load-soft` ranks the same head from
+/// them without the model's time; loading them with `--soft` again or over another
+/// corpus fails with a named error.
+#[test]
+fn corpus_predictions_are_saved_and_rank_the_same_head_again() {
+    let model = path("tests/data/tiny/tiny-gemma3-Q8_0.gguf");
+    let corpus = path("tests/data/corpus");
+    let base = [
+        "head-select",
+        "-m",
+        &model,
+        "--corpus",
+        &corpus,
+        "--head-lang",
+        "code",
+        "--rows",
+        "288",
+    ];
+    let soft = tmp("corpus.soft");
+    let soft = soft.to_str().unwrap();
+    let o = pinch(&[&base[..], &["--soft", "-c", "32", "--save-soft", soft]].concat());
+    ok(&o);
+    let bytes = std::fs::read(soft).unwrap();
+    let nl = bytes.iter().position(|&b| b == b'\n').unwrap();
+    let head = std::str::from_utf8(&bytes[..nl]).unwrap();
+    assert!(
+        head.starts_with("pinch-soft v1 n_vocab=300 positions="),
+        "{head}"
+    );
+    assert!(head.ends_with(" over=corpus"), "{head}");
+    let tokens: usize = head
+        .split(' ')
+        .find_map(|w| w.strip_prefix("positions="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(tokens > 1000, "{head}");
+    // Every window (BOS and at most 31 tokens) adds one softmax a position: the
+    // counts sum to the tokens plus one a window.
+    let sum: f32 = bytes[nl + 1..]
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .sum();
+    let least = (tokens + tokens.div_ceil(31)) as f32;
+    assert!(
+        sum >= least - 0.5 && sum <= tokens as f32 * 1.25,
+        "sum {sum}, {tokens} tokens"
+    );
+
+    let again = pinch(&[&base[..], &["--load-soft", soft]].concat());
+    ok(&again);
+    assert_eq!(again.stdout, o.stdout);
+    let plain = pinch(&base);
+    ok(&plain);
+    assert_ne!(plain.stdout, o.stdout, "the predictions changed nothing");
+
+    // With the model's own text too: a run that computes both ranks as the two saved
+    // files loaded together; two files of own text add up (the same file twice ranks
+    // as once: twice the counts over twice the positions).
+    let gen_soft = tmp("corpus-gen.soft");
+    let gen_soft = gen_soft.to_str().unwrap();
+    let gen = ["--generate", "40", "-n", "8", "-s", "5", "-c", "32"];
+    let o = pinch(&[&base[..], &gen[..], &["--save-soft", gen_soft]].concat());
+    ok(&o);
+    let own_only = o.stdout;
+    let both = pinch(&[&base[..], &gen[..], &["--soft", "-c", "32"]].concat());
+    ok(&both);
+    let list = format!("{soft},{gen_soft}");
+    let loaded = pinch(&[&base[..], &["--load-soft", &list]].concat());
+    ok(&loaded);
+    assert_eq!(loaded.stdout, both.stdout);
+    let twice = format!("{gen_soft},{gen_soft}");
+    let loaded = pinch(&[&base[..], &["--load-soft", &twice]].concat());
+    ok(&loaded);
+    assert_eq!(loaded.stdout, own_only);
+
+    for bad in [
+        &["--load-soft", soft, "--soft"][..],
+        &["--load-soft", &format!("{soft},{soft}")][..],
+    ] {
+        let o = pinch(&[&base[..], bad].concat());
+        assert!(!o.status.success());
+        assert!(String::from_utf8_lossy(&o.stderr).contains("--soft"));
+    }
+    let mut other = base;
+    other[6] = "de";
+    let o = pinch(&[&other[..], &["--load-soft", soft]].concat());
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("another corpus"));
 }

@@ -157,11 +157,11 @@ pub struct Opts<'s> {
     /// head-select: start each document of the model's own text with this many tokens
     /// of a line of the corpus (`--generate-seed K`, default 16; 0: from BOS alone).
     pub generate_seed: usize,
-    /// head-select: write the model's expected counts over its own text to this file
-    /// (`--save-soft`).
+    /// head-select: write the model's expected counts over the corpus (`--soft`) or
+    /// over its own text (`--generate`) to this file (`--save-soft`).
     pub save_soft: Option<&'s str>,
-    /// head-select: read those counts from a `--save-soft` file instead of generating
-    /// (`--load-soft`).
+    /// head-select: read those counts from `--save-soft` files (comma-separated)
+    /// instead of running the model (`--load-soft`).
     pub load_soft: Option<&'s str>,
     /// serve, llama-server's flags: `--alias`, `--api-key`, `--parallel`,
     /// `--chat-template NAME`, `--chat-template-file FILE`, `--no-webui`, `--no-slots`,
@@ -320,8 +320,10 @@ flags (llama.cpp names):
                           line of the corpus, --generate-seed K; the sampling flags)
                           and add its predicted probabilities at each of them, weighed
                           --generate-weight X (default 4) times the corpus's tokens
-  --save-soft FILE        head-select: keep those probabilities; --load-soft FILE ranks
-                          from them again (other --rows) without generating
+  --save-soft FILE        head-select: keep the probabilities --soft or --generate
+                          computed; --load-soft FILE[,FILE..] ranks from them again
+                          (other --rows) without the model's time (--soft's: same
+                          corpus and --head-lang; files of own text add up)
   --plain                 loops: prompts as plain text, no chat template (base models)
   -o, --output FILE       head-select, recut: write FILE (atomically) instead of stdout
   --pool N                moe-sim: expert slots per MoE layer

@@ -55,15 +55,18 @@
 //! tokens; each starts with BOS and 16 tokens of a line of a corpus file of nonzero
 //! weight, so `--head-lang` steers its language; sampled with the sampling flags) and
 //! adds its predicted probabilities at every step, scaled to weigh `--generate-weight`
-//! times the corpus's tokens. `--save-soft F` keeps them and `--load-soft F` ranks
-//! from them again (another `--rows`) without the model's time (Gemma 3 270M: 55
-//! tokens/s on one Zen 5 core, full head and softmax each step; 100,000 tokens, 30
-//! core-minutes).
+//! times the corpus's tokens (Gemma 3 270M: 55 tokens/s on one Zen 5 core, full head
+//! and softmax each step; 100,000 tokens, 30 core-minutes).
 //!
 //! `head-select --soft` runs the model over the corpus and adds, for every position,
 //! the model's predicted probability of every token (expected counts): a text about
 //! poetry then also ranks `▁poems` and `▁poetic` though they never occur in it. It
 //! costs a full-head forward pass per corpus token.
+//!
+//! `--save-soft F` keeps what `--soft` or `--generate` computed, and `--load-soft
+//! F[,F..]` ranks from such files again (another `--rows`) without the model's time:
+//! `--soft`'s only for the corpus and `--head-lang` they were computed over (checked
+//! by its token count), the own-text files adding up.
 //!
 //! Languages. `--head-lang en=3,code=1` (or `en,code`) weighs each corpus file by the
 //! language its file name names (`en.txt`: `en`); files of other languages weigh 0.
@@ -298,9 +301,9 @@ pub fn head_select_soft<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(),
     if !(o.generate_weight.is_finite() && o.generate_weight > 0.0) {
         return Err(AppError::Usage("--generate-weight: give a positive number"));
     }
-    if o.save_soft.is_some() && (o.generate == 0 || o.load_soft.is_some()) {
+    if o.save_soft.is_some() && (o.soft == (o.generate > 0) || o.load_soft.is_some()) {
         return Err(AppError::Usage(
-            "--save-soft keeps what --generate N computes (without --load-soft)",
+            "--save-soft keeps what one of --soft or --generate N computes (without --load-soft)",
         ));
     }
     let nv = tok.n_vocab() as usize;
@@ -324,21 +327,55 @@ pub fn head_select_soft<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(),
     soft.fill(0.0);
     let exps = arena.slice::<f32>("head select", nv)?;
     let mut err = Out::stderr(p);
-    if o.soft {
-        soft_over_corpus(p, o, tok, sess, arena, tokens, exps, soft, &mut err)?;
-    }
     // The model's own text: its expected counts, scaled to weigh `--generate-weight`
     // times the corpus's (weighted) tokens; per position without a corpus.
     let own = arena.slice::<f32>("head select", nv)?;
     own.fill(0.0);
     let mut written = 0;
-    if let Some(path) = o.load_soft {
-        written = load_soft(p, arena, path, own)?;
-    } else if o.generate > 0 {
+    let mut soft_done = false;
+    for path in o
+        .load_soft
+        .unwrap_or("")
+        .split(',')
+        .filter(|f| !f.is_empty())
+    {
+        // `exps` is free until the model runs: the file's counts land there first.
+        match load_soft(p, arena, path, exps)? {
+            SoftOver::OwnText(positions) => {
+                written += positions;
+                for (g, e) in own.iter_mut().zip(exps.iter()) {
+                    *g += e;
+                }
+            }
+            SoftOver::Corpus(saved) => {
+                if o.soft || soft_done {
+                    return Err(AppError::Usage(
+                        "--load-soft: give --soft's predictions once, without --soft",
+                    ));
+                }
+                if saved != tokens {
+                    return Err(AppError::Usage(
+                        "--load-soft: the file's predictions are over another corpus \
+                         (its token count differs; same --corpus and --head-lang?)",
+                    ));
+                }
+                soft.copy_from_slice(exps);
+                soft_done = true;
+            }
+        }
+    }
+    if o.soft {
+        soft_over_corpus(p, o, tok, sess, arena, tokens, exps, soft, &mut err)?;
+        soft_done = true;
+        if let Some(path) = o.save_soft {
+            save_soft(p, arena, path, soft, SoftOver::Corpus(tokens))?;
+        }
+    }
+    if o.load_soft.is_none() && o.generate > 0 {
         let seeds = if o.generate_seed > 0 { &texts[..] } else { &[] };
         written = soft_over_own_text(p, o, tok, sess, arena, seeds, exps, own, &mut err)?;
         if let Some(path) = o.save_soft {
-            save_soft(p, arena, path, own, written)?;
+            save_soft(p, arena, path, own, SoftOver::OwnText(written))?;
         }
     }
     if written > 0 {
@@ -370,7 +407,7 @@ pub fn head_select_soft<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(),
     let _ = writeln!(
         err,
         "head: {k} of {nv} rows from {tokens} tokens of {files} files ({bytes} bytes){}{}",
-        if o.soft {
+        if soft_done {
             ", counts plus the model's predictions"
         } else {
             ""
@@ -585,21 +622,36 @@ fn seed_text(text: &[u8], r: u64) -> &[u8] {
 /// First line of a `--save-soft` file; the counts follow as little-endian f32.
 const SOFT_MAGIC: &str = "pinch-soft v1";
 
-/// Write the model's expected counts over `positions` tokens of its own text.
+/// What a `--save-soft` file holds: the model's expected counts over `positions` tokens
+/// of its own text (`--generate`; scaled at load to weigh `--generate-weight`), or over
+/// a corpus of that many tokens (`--soft`; added as they are, and only to the same
+/// corpus: the header's `over=corpus` and the token count say so).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum SoftOver {
+    OwnText(usize),
+    Corpus(usize),
+}
+
+/// Write the model's expected counts `soft`.
 fn save_soft<P: Platform>(
     p: &P,
     arena: &mut Arena<'_>,
     path: &str,
     soft: &[f32],
-    positions: usize,
+    over: SoftOver,
 ) -> Result<(), AppError> {
     arena.scratch(|s| {
         let mut head = heapless::String::<96>::new();
-        let _ = writeln!(
-            head,
-            "{SOFT_MAGIC} n_vocab={} positions={positions}",
-            soft.len()
-        );
+        let _ = match over {
+            SoftOver::OwnText(n) => {
+                writeln!(head, "{SOFT_MAGIC} n_vocab={} positions={n}", soft.len())
+            }
+            SoftOver::Corpus(n) => writeln!(
+                head,
+                "{SOFT_MAGIC} n_vocab={} positions={n} over=corpus",
+                soft.len()
+            ),
+        };
         let body = s.bytes("soft counts", soft.len() * 4)?;
         for (b, v) in body.chunks_exact_mut(4).zip(soft) {
             b.copy_from_slice(&v.to_le_bytes());
@@ -609,14 +661,13 @@ fn save_soft<P: Platform>(
     })
 }
 
-/// Read a `--save-soft` file for a vocabulary of `soft.len()` into `soft`; returns its
-/// positions.
+/// Read a `--save-soft` file for a vocabulary of `soft.len()` into `soft`.
 fn load_soft<P: Platform>(
     p: &P,
     arena: &mut Arena<'_>,
     path: &str,
     soft: &mut [f32],
-) -> Result<usize, AppError> {
+) -> Result<SoftOver, AppError> {
     arena.scratch(|s| {
         let bytes = read_file(p, s, path)?;
         let bad = || AppError::Usage("--load-soft: not a pinch-soft v1 file of this vocabulary");
@@ -628,8 +679,13 @@ fn load_soft<P: Platform>(
             |w: Option<&str>, key: &str| -> Option<usize> { w?.strip_prefix(key)?.parse().ok() };
         let nv = field(words.next(), "n_vocab=").ok_or_else(bad)?;
         let positions = field(words.next(), "positions=").ok_or_else(bad)?;
+        let over = match words.next() {
+            None => SoftOver::OwnText(positions),
+            Some("over=corpus") => SoftOver::Corpus(positions),
+            Some(_) => return Err(bad()),
+        };
         let body = &bytes[nl + 1..];
-        if nv != soft.len() || body.len() != nv * 4 || positions == 0 {
+        if nv != soft.len() || body.len() != nv * 4 || positions == 0 || words.next().is_some() {
             return Err(bad());
         }
         for (v, b) in soft.iter_mut().zip(body.chunks_exact(4)) {
@@ -640,7 +696,7 @@ fn load_soft<P: Platform>(
                 return Err(bad());
             };
         }
-        Ok(positions)
+        Ok(over)
     })
 }
 
