@@ -393,7 +393,11 @@ fn held_out_english_is_not_in_the_selection_corpus() {
     assert!(corpus.len() >= 8);
     let windows: std::collections::HashSet<&[u8]> =
         corpus.iter().flat_map(|c| c.windows(64)).collect();
-    for name in ["wiki-excerpt.txt", "literary-excerpt.txt"] {
+    for name in [
+        "wiki-excerpt.txt",
+        "wiki-excerpt-2.txt",
+        "literary-excerpt.txt",
+    ] {
         let text = std::fs::read(repo().join("tests/data/eval").join(name)).unwrap();
         let found = text
             .windows(64)
@@ -491,6 +495,20 @@ fn generated_text_ranks_the_head_and_saved_counts_rank_it_again() {
     let o = pinch(&[&base[..], &gen[..], &["--save-soft", soft, "--soft"]].concat());
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--save-soft"));
+    // --generate-from: documents begun with another file's lines rank differently;
+    // a missing file is named.
+    let topics = tmp_write(
+        "topics.txt",
+        "fn main() { let x = 1; }\nimpl Drop for T {}\n".as_bytes(),
+    );
+    let o = pinch(&[&base[..], &gen[..], &["--generate-from", &topics]].concat());
+    ok(&o);
+    assert_ne!(o.stdout, again.stdout, "--generate-from changed nothing");
+    let missing = tmp("no-topics.txt");
+    let missing = missing.to_str().unwrap();
+    let o = pinch(&[&base[..], &gen[..], &["--generate-from", missing]].concat());
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no-topics.txt"));
     let o = pinch(&[&base[..], &gen[..], &["--generate-weight", "-1"]].concat());
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--generate-weight"));
@@ -568,6 +586,25 @@ fn corpus_predictions_are_saved_and_rank_the_same_head_again() {
     let loaded = pinch(&[&base[..], &["--load-soft", &list]].concat());
     ok(&loaded);
     assert_eq!(loaded.stdout, both.stdout);
+    // The default weight of the model's own text: 1 with --soft, 4 without.
+    let weighed = |files: &str, weight: &str| {
+        let o = pinch(
+            &[
+                &base[..],
+                &["--load-soft", files, "--generate-weight", weight],
+            ]
+            .concat(),
+        );
+        ok(&o);
+        o.stdout
+    };
+    assert_eq!(weighed(&list, "1"), both.stdout);
+    assert_eq!(weighed(gen_soft, "4"), own_only);
+    assert_ne!(
+        weighed(&list, "4"),
+        both.stdout,
+        "the weight changed nothing"
+    );
     let twice = format!("{gen_soft},{gen_soft}");
     let loaded = pinch(&[&base[..], &["--load-soft", &twice]].concat());
     ok(&loaded);

@@ -152,11 +152,14 @@ pub struct Opts<'s> {
     /// (`--generate N`; 0: none).
     pub generate: usize,
     /// head-select: weight of the model's own text against the corpus, in multiples of
-    /// the corpus's tokens (`--generate-weight X`, default 4).
-    pub generate_weight: f32,
+    /// the corpus's tokens (`--generate-weight X`; default 4, 1 with `--soft`).
+    pub generate_weight: Option<f32>,
     /// head-select: start each document of the model's own text with this many tokens
     /// of a line of the corpus (`--generate-seed K`, default 16; 0: from BOS alone).
     pub generate_seed: usize,
+    /// head-select: begin those documents with lines of this file instead of the
+    /// corpus's (`--generate-from FILE`: topics the head should know).
+    pub generate_from: Option<&'s str>,
     /// head-select: write the model's expected counts over the corpus (`--soft`) or
     /// over its own text (`--generate`) to this file (`--save-soft`).
     pub save_soft: Option<&'s str>,
@@ -319,7 +322,9 @@ flags (llama.cpp names):
                           (documents of -n tokens, each from the first 16 tokens of a
                           line of the corpus, --generate-seed K; the sampling flags)
                           and add its predicted probabilities at each of them, weighed
-                          --generate-weight X (default 4) times the corpus's tokens
+                          --generate-weight X (default 4; 1 with --soft) times the
+                          corpus's tokens;
+                          --generate-from FILE: begin them with FILE's lines instead
   --save-soft FILE        head-select: keep the probabilities --soft or --generate
                           computed; --load-soft FILE[,FILE..] ranks from them again
                           (other --rows) without the model's time (--soft's: same
@@ -500,8 +505,9 @@ impl<'s> Opts<'s> {
             head_lang: None,
             soft: false,
             generate: 0,
-            generate_weight: 4.0,
+            generate_weight: None,
             generate_seed: 16,
+            generate_from: None,
             save_soft: None,
             load_soft: None,
             serve: ServeFlags::default(),
@@ -701,8 +707,9 @@ impl<'s> Opts<'s> {
                 "--plain" => o.plain = true,
                 "--soft" => o.soft = true,
                 "--generate" => o.generate = num!(),
-                "--generate-weight" => o.generate_weight = num!(),
+                "--generate-weight" => o.generate_weight = Some(num!()),
                 "--generate-seed" => o.generate_seed = num!(),
+                "--generate-from" => o.generate_from = Some(val()?),
                 "--save-soft" => o.save_soft = Some(val()?),
                 "--load-soft" => o.load_soft = Some(val()?),
                 "--guard" => {
