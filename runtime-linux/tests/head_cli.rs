@@ -586,6 +586,10 @@ fn corpus_predictions_are_saved_and_rank_the_same_head_again() {
     let loaded = pinch(&[&base[..], &["--load-soft", &list]].concat());
     ok(&loaded);
     assert_eq!(loaded.stdout, both.stdout);
+    // A loaded corpus file does not stand for --generate: the model still writes.
+    let o = pinch(&[&base[..], &gen[..], &["--load-soft", soft]].concat());
+    ok(&o);
+    assert_eq!(o.stdout, both.stdout);
     // The default weight of the model's own text: 1 with --soft, 4 without.
     let weighed = |files: &str, weight: &str| {
         let o = pinch(

@@ -377,7 +377,8 @@ pub fn head_select_soft<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(),
             save_soft(p, arena, path, soft, SoftOver::Corpus(tokens))?;
         }
     }
-    if o.load_soft.is_none() && o.generate > 0 {
+    // A loaded own-text file stands for `--generate` (a corpus file does not).
+    if written == 0 && o.generate > 0 {
         let from_file: [(&[u8], u32); 1];
         let seeds = match o.generate_from {
             _ if o.generate_seed == 0 => &[][..],
