@@ -677,16 +677,15 @@ fn save_soft<P: Platform>(
 ) -> Result<(), AppError> {
     arena.scratch(|s| {
         let mut head = heapless::String::<96>::new();
-        let _ = match over {
-            SoftOver::OwnText(n) => {
-                writeln!(head, "{SOFT_MAGIC} n_vocab={} positions={n}", soft.len())
-            }
-            SoftOver::Corpus(n) => writeln!(
-                head,
-                "{SOFT_MAGIC} n_vocab={} positions={n} over=corpus",
-                soft.len()
-            ),
+        let (n, over) = match over {
+            SoftOver::OwnText(n) => (n, ""),
+            SoftOver::Corpus(n) => (n, " over=corpus"),
         };
+        let _ = writeln!(
+            head,
+            "{SOFT_MAGIC} n_vocab={} positions={n}{over}",
+            soft.len()
+        );
         let body = s.bytes("soft counts", soft.len() * 4)?;
         for (b, v) in body.chunks_exact_mut(4).zip(soft) {
             b.copy_from_slice(&v.to_le_bytes());
