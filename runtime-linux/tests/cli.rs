@@ -325,6 +325,84 @@ fn gemma_perplexity_and_bits_per_byte_match_llama_cpp() {
     }
 }
 
+/// `ppl --ppl-stride N`: every token is still scored once, each later window keeps the
+/// `-c - 1 - N` tokens before its `N` as context, and the bits are those of the model's
+/// logits over exactly those windows (recomputed here with `pinch logits`); a stride of
+/// the whole window is the default protocol, bit for bit.
+#[test]
+fn ppl_stride_scores_every_token_once_with_context_before_it() {
+    let model = tiny("tiny-llama-Q4_K_M.gguf");
+    let text = std::fs::read(repo().join("tests/data/eval/wiki-excerpt.txt")).unwrap();
+    let file = std::env::temp_dir().join(format!("pinch-stride-{}.txt", std::process::id()));
+    std::fs::write(&file, &text[..1500]).unwrap();
+    let f = file.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut a = vec![
+            "ppl", "-m", &model, "-f", f, "-c", "64", "-t", "1", "--json",
+        ];
+        a.extend_from_slice(extra);
+        let o = pinch(&a);
+        assert!(o.status.success(), "{}", stderr(&o));
+        json_line(&o)
+    };
+    let side = run(&[]);
+    let whole = run(&["--ppl-stride", "63"]);
+    assert_eq!(side["bits"], whole["bits"]);
+    let strided = run(&["--ppl-stride", "16"]);
+    assert_eq!(strided["scored"], side["scored"]);
+    // The same bits from the logits of each window: [BOS] + body[start..end), scored
+    // from body[done].
+    let o = pinch(&["tokenize", "-m", &model, "-f", f, "--ids"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ids: Vec<u32> = serde_json::from_slice(&o.stdout).unwrap();
+    let (bos, body) = (ids[0], &ids[1..]);
+    let (piece, stride) = (63usize, 16usize);
+    let logits = std::env::temp_dir().join(format!("pinch-stride-{}.f32", std::process::id()));
+    let (mut bits, mut done, mut windows) = (0.0f64, 0usize, 0usize);
+    while done < body.len() {
+        let (start, end) = if done == 0 {
+            (0, piece.min(body.len()))
+        } else {
+            (done - (piece - stride), (done + stride).min(body.len()))
+        };
+        let mut w = vec![bos];
+        w.extend_from_slice(&body[start..end]);
+        let list: Vec<String> = w.iter().map(|t| t.to_string()).collect();
+        let o = pinch(&[
+            "logits",
+            "-m",
+            &model,
+            "-p",
+            &list.join(","),
+            "-o",
+            logits.to_str().unwrap(),
+            "-t",
+            "1",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let raw = std::fs::read(&logits).unwrap();
+        let nv = raw.len() / 4 / w.len();
+        for j in (1 + done - start)..w.len() {
+            let row: Vec<f64> = raw[(j - 1) * nv * 4..j * nv * 4]
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()) as f64)
+                .collect();
+            let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let lse = max + row.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
+            bits += (lse - row[w[j] as usize]) / std::f64::consts::LN_2;
+        }
+        windows += 1;
+        done = end;
+    }
+    let got = strided["bits"].as_f64().unwrap();
+    eprintln!("{windows} windows: {got:.3} bits, from the logits {bits:.3}");
+    assert!(windows > 2, "the text should need several windows");
+    assert!((got / bits - 1.0).abs() < 1e-4, "{got} vs {bits}");
+    assert!((got - side["bits"].as_f64().unwrap()).abs() > 1e-3);
+    let _ = std::fs::remove_file(&file);
+    let _ = std::fs::remove_file(&logits);
+}
+
 /// `pinch ppl` follows llama-perplexity's protocol on the tiny fixtures: BOS replaces a
 /// chunk's first token only when the vocab adds BOS (llama), not for qwen3
 /// (`add_bos_token` false); values from tests/data/tiny/ppl.json (llama.cpp's logits,

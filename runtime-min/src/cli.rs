@@ -52,6 +52,9 @@ pub struct Opts<'s> {
     /// `-b` was given (ppl then passes `n_batch` tokens at a time instead of a whole
     /// window: with `--state-f16` the state is rounded after every pass, as in generation).
     pub n_batch_given: bool,
+    /// ppl: bits per byte in windows that move by this many tokens, each scoring only
+    /// its last ones (`--ppl-stride N`, llama-perplexity's flag; 0: windows side by side).
+    pub ppl_stride: usize,
     pub sampler: SamplerParams,
     pub budget: Option<u64>,
     pub json: bool,
@@ -242,6 +245,9 @@ flags (llama.cpp names):
   -c, --ctx-size N        context length (default 2048, ppl 512, at most the model's;
                           a larger N is allowed, with a warning)
   -b, --batch-size N      prompt tokens per weight pass (default 64; ppl: the whole window)
+  --ppl-stride N          ppl: bits per byte from windows of -c tokens that move by N,
+                          each scoring its last N tokens (every token scored once, with
+                          at least -c minus N tokens before it; default: side by side)
   --temp X --top-k N --top-p X --min-p X --repeat-penalty X --repeat-last-n N
   --presence-penalty X --frequency-penalty X --seed N
                           (llama.cpp's defaults and sampler chain, the same tokens for
@@ -505,6 +511,7 @@ impl<'s> Opts<'s> {
             head_lang: None,
             soft: false,
             generate: 0,
+            ppl_stride: 0,
             generate_weight: None,
             generate_seed: 16,
             generate_from: None,
@@ -707,6 +714,7 @@ impl<'s> Opts<'s> {
                 "--plain" => o.plain = true,
                 "--soft" => o.soft = true,
                 "--generate" => o.generate = num!(),
+                "--ppl-stride" => o.ppl_stride = num!(),
                 "--generate-weight" => o.generate_weight = Some(num!()),
                 "--generate-seed" => o.generate_seed = num!(),
                 "--generate-from" => o.generate_from = Some(val()?),

@@ -93,22 +93,29 @@ pub fn ppl<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
         _ => (all, false),
     };
     let piece = if has_bos { n_ctx - 1 } else { n_ctx };
+    let stride = match o.ppl_stride {
+        0 => piece,
+        s => s.min(piece),
+    };
     let (mut bits, mut scored, mut nll_all) = (0.0f64, 0usize, 0.0f64);
-    let mut start = 0;
     let mut windows = 0;
-    while start < body.len() {
-        let end = (start + piece).min(body.len());
+    let mut done = 0; // body tokens scored so far
+    while done < body.len() {
+        let (start, end) = stride_window(done, piece, stride, body.len());
         let mut len = 0;
         if has_bos {
             window[0] = bos.unwrap_or(0);
             len = 1;
         }
         window[len..len + end - start].copy_from_slice(&body[start..end]);
+        // Window position of the first target: body[done] (body[0] has no predictor
+        // without BOS).
+        let first = (len + done - start).max(1);
         len += end - start;
         ctx.sess.reset();
         let w = &window[..len];
-        ctx.sess.eval(p, w, Logits::All, &mut |j, l| {
-            if j + 1 < len {
+        ctx.sess.eval(p, w, Logits::From(first - 1), &mut |j, l| {
+            if j + 1 >= first && j + 1 < len {
                 let x = nll(&cpu, l, w[j + 1]);
                 nll_all += x;
                 bits += x / core::f64::consts::LN_2;
@@ -116,7 +123,7 @@ pub fn ppl<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
             }
         })?;
         windows += 1;
-        start = end;
+        done = end;
         let _ = write!(
             err,
             "\rbits per byte: window {windows}, {scored} tokens scored"
@@ -146,9 +153,40 @@ pub fn ppl<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
     Ok(())
 }
 
+/// The body tokens `[start, end)` of the bits-per-byte window that scores from `done`:
+/// the first window holds `piece` tokens; each later one scores the next `stride` and
+/// keeps the `piece - stride` before them as context (side by side when equal, as
+/// before the flag).
+fn stride_window(done: usize, piece: usize, stride: usize, n: usize) -> (usize, usize) {
+    if done == 0 {
+        return (0, piece.min(n));
+    }
+    (done - (piece - stride).min(done), (done + stride).min(n))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stride_windows_score_every_token_once_after_enough_context() {
+        // side by side: stride = piece
+        assert_eq!(stride_window(0, 4, 4, 10), (0, 4));
+        assert_eq!(stride_window(4, 4, 4, 10), (4, 8));
+        assert_eq!(stride_window(8, 4, 4, 10), (8, 10));
+        // stride 2: each later window keeps 2 tokens of context before its scored 2
+        let (mut done, mut seen) = (0, [0u32; 11]);
+        while done < 11 {
+            let (s, e) = stride_window(done, 4, 2, 11);
+            assert!(e - s <= 4);
+            assert!(done == 0 || done - s == 2, "context {done} - {s}");
+            for t in &mut seen[done..e] {
+                *t += 1;
+            }
+            done = e;
+        }
+        assert_eq!(seen, [1; 11]);
+    }
 
     #[test]
     fn chunk_starts_with_bos_only_when_given() {
