@@ -132,7 +132,11 @@ pub fn ppl<P: Platform>(ctx: &mut Ctx<'_, '_, '_, P>) -> Result<(), AppError> {
     }
     let bpb = bits / text.len() as f64;
     let t2 = p.now_ns();
-    let _ = writeln!(err, "\nbits per byte = {bpb:.6} ({bits:.1} bits / {} bytes; {scored} tokens in {windows} windows of {n_ctx}; {:.1} s)", text.len(), secs(t1, t2));
+    let _ = write!(err, "\nbits per byte = {bpb:.6} ({bits:.1} bits / {} bytes; {scored} tokens in {windows} windows of {n_ctx}", text.len());
+    if stride < piece {
+        let _ = write!(err, " moving by {stride}");
+    }
+    let _ = writeln!(err, "; {:.1} s)", secs(t1, t2));
     if let Some(r) = p.peak_rss() {
         let _ = writeln!(err, "peak RSS {}", Mib(r));
     }
