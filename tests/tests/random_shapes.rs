@@ -42,7 +42,11 @@ const FAST_INEXACT: &[GgmlType] = &[GgmlType::F16];
 /// (seed, quant) runs known to differ beyond 1e-4 at more than a few positions while
 /// staying inside the quantization bound with no top-1 flip: shown as KNOWN FAIL in the
 /// table. An entry excuses only that rule (a run beyond the bound or with a flipped top-1
-/// still fails), and one that passes fails the test, so the entry gets removed. Taken
+/// still fails). An entry that passes is shown, not failed: llama.cpp is built for the
+/// machine's CPU, and its sums differ with the build (on a 2-vCPU AMD EPYC with AVX2 and
+/// no AVX-512, seed 3 Q5_0 and 17 Q5_1 pass: 17's worst position 3e-6 where the list's
+/// machine saw 0.35; 3's one-token logits there differ by 0.11 where its batched ones
+/// agree, the other way round from below). Taken
 /// from a fresh generation (numpy 2.4.6 from the oracle's cache, llama-cpp-python 0.3.36;
 /// the seeds' shapes differ from the earlier cache the first list was made from):
 /// - 3 Q5_0 / Q6_K (gemma3 e256 L3, ffn 448: Q5_0 / Q8_0 fallbacks), batched only: 5 and 9
@@ -315,10 +319,9 @@ fn random_shapes_match_llama_cpp() {
                 (true, false) => row += &format!("  ok{note}"),
                 (false, true) => row += &format!("  KNOWN FAIL{note}"),
                 (true, true) => {
-                    row += "  FAIL (passes: remove it from KNOWN_FAILURES)";
-                    failures.push(format!(
-                        "seed {seed} {q} now passes: remove it from KNOWN_FAILURES"
-                    ));
+                    row += &format!(
+                        "  ok, listed in KNOWN_FAILURES: passes with this llama.cpp build{note}"
+                    );
                 }
                 (false, false) => {
                     row += &format!("  FAIL{note}");
