@@ -149,10 +149,13 @@ pub fn build(device: Device) -> Result<PathBuf> {
     }
 }
 
+/// [`device_target_dir`], under the target directory.
+pub const DEVICE_DIR: &str = "device";
+
 /// Where the device builds with a rebuilt std go: their flags differ from the host's
 /// and the tests', so sharing `target/` would rebuild everything on every switch.
 pub fn device_target_dir() -> PathBuf {
-    target_dir().join("device")
+    target_dir().join(DEVICE_DIR)
 }
 
 /// Profile overrides `cargo xtask test` sets for its release test builds (no LTO, 16

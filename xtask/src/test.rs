@@ -14,11 +14,18 @@
 //! soak test are `cargo xtask fuzz` / `cargo xtask soak`, by hand.
 use crate::device::{self, Device, ARMV7, IOS, LINUX_ARM};
 use crate::fetch;
-use crate::util::{cargo, have, output, run, run_tests, Counts, Result};
+use crate::util::{cargo, have, output, run, run_tests, target_dir, Counts, Result};
+use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-type Step = (&'static str, fn() -> Result<Outcome>);
+/// A step: its name, what it runs, and the build directories (under the target
+/// directory) that no later step reads, removed once it has passed ([`free_builds`]).
+type Step = (
+    &'static str,
+    fn() -> Result<Outcome>,
+    &'static [&'static [&'static str]],
+);
 
 enum Outcome {
     Done,
@@ -27,42 +34,55 @@ enum Outcome {
 }
 
 const STEPS: &[Step] = &[
-    ("tools", tools),
-    ("fmt", fmt),
-    ("clippy", clippy),
-    ("clippy (aarch64)", clippy_aarch64),
-    ("fetch-model", fetch_model),
-    ("test (host)", test_host),
-    ("random shapes + ppl vs llama.cpp", random_shapes),
-    ("test (aarch64, qemu max)", || test_aarch64("max")),
-    ("test (aarch64, qemu cortex-a53)", || {
-        test_aarch64("cortex-a53")
-    }),
-    ("test (armv7, qemu-arm cortex-a7)", test_armv7),
+    ("tools", tools, &[]),
+    ("fmt", fmt, &[]),
+    ("clippy", clippy, &[]),
+    ("clippy (aarch64)", clippy_aarch64, &[]),
+    ("fetch-model", fetch_model, &[]),
+    ("test (host)", test_host, &[]),
+    ("random shapes + ppl vs llama.cpp", random_shapes, &[]),
+    ("test (aarch64, qemu max)", || test_aarch64("max"), &[]),
+    (
+        "test (aarch64, qemu cortex-a53)",
+        || test_aarch64("cortex-a53"),
+        &[&[LINUX_ARM]],
+    ),
+    ("test (armv7, qemu-arm cortex-a7)", test_armv7, &[&[ARMV7]]),
     (
         "armv7 musl binary vs tiny goldens (qemu-arm cortex-a7)",
         test_armv7_musl_binary,
+        &[&[device::DEVICE_DIR, crate::armv7_musl::TARGET]],
     ),
-    ("model + server checks (release, --ignored)", test_slow),
-    ("browser test (headless chromium)", test_browser),
-    ("llama.cpp server tests (cargo xtask compat)", test_compat),
-    ("build no_std (aarch64-unknown-none)", build_no_std),
-    ("build --device tv", build_tv),
-    ("fuzz (5 s a target)", fuzz_short),
+    ("model + server checks (release, --ignored)", test_slow, &[]),
+    ("browser test (headless chromium)", test_browser, &[]),
+    (
+        "llama.cpp server tests (cargo xtask compat)",
+        test_compat,
+        &[],
+    ),
+    ("build no_std (aarch64-unknown-none)", build_no_std, &[]),
+    ("build --device tv", build_tv, &[]),
+    ("fuzz (5 s a target)", fuzz_short, &[]),
 ];
 
 pub fn main(args: &[String]) -> Result<()> {
     // `--keep-going` runs every step even after a failure (to see everything that is
     // broken, or to time all steps); the exit status still reports the failure.
-    let keep_going = match args {
-        [] => false,
-        [flag] if flag == "--keep-going" => true,
-        _ => {
-            return Err(format!(
-                "usage: cargo xtask test [--keep-going] (got {args:?})"
-            ))
+    // `--keep-builds` keeps every step's builds for a quicker rerun; by default each cross
+    // target's builds go once its tests have passed ([`free_builds`]).
+    let mut keep_going = false;
+    let mut keep_builds = false;
+    for arg in args {
+        match arg.as_str() {
+            "--keep-going" => keep_going = true,
+            "--keep-builds" => keep_builds = true,
+            _ => {
+                return Err(format!(
+                    "usage: cargo xtask test [--keep-going] [--keep-builds] (got {arg:?})"
+                ))
+            }
         }
-    };
+    }
     // Release test builds without LTO and with 16 codegen units: the same code and the
     // same bits (floating point does not depend on either), built and linked in about
     // half the time, for every test binary. The device builds (the TV binary, the armv7
@@ -72,27 +92,39 @@ pub fn main(args: &[String]) -> Result<()> {
             std::env::set_var(key, value);
         }
     }
-    let mut rows: Vec<(&str, f64, String)> = Vec::new();
+    // Incremental caches serve a rebuild after an edit, not a one-off run of every test:
+    // they were 1.0 of the 2.2 GB in the host's build directory after its tests, and a CI
+    // machine ran out of disk during the armv7 step.
+    if std::env::var_os("CARGO_INCREMENTAL").is_none() {
+        std::env::set_var("CARGO_INCREMENTAL", "0");
+    }
+    let mut rows: Vec<Row> = Vec::new();
     let mut total = Counts::default();
     let mut counted = true;
     let mut failures = Vec::new();
-    for (name, step) in STEPS {
+    for (name, step, builds) in STEPS {
         eprintln!("\n=== xtask test: {name} ===");
         let start = Instant::now();
         let result = step();
         let secs = start.elapsed().as_secs_f64();
+        if result.is_ok() && !keep_builds {
+            free_builds(builds);
+        }
+        let disk = Disk::now();
+        eprintln!("xtask test: disk after the step: {disk}");
+        let mut row = |result: String| rows.push((name, secs, disk, result));
         match result {
-            Ok(Outcome::Done) => rows.push((name, secs, "ok".into())),
+            Ok(Outcome::Done) => row("ok".into()),
             Ok(Outcome::Tested(c)) => {
                 if c.passed == 0 && c.failed == 0 {
                     counted = false;
                 }
                 total.add(c);
-                rows.push((name, secs, format!("ok ({} passed)", c.passed)));
+                row(format!("ok ({} passed)", c.passed));
             }
-            Ok(Outcome::Skipped(why)) => rows.push((name, secs, format!("skipped: {why}"))),
+            Ok(Outcome::Skipped(why)) => row(format!("skipped: {why}")),
             Err(msg) => {
-                rows.push((name, secs, "FAILED".into()));
+                row("FAILED".into());
                 failures.push(format!("step `{name}` failed: {msg}"));
                 if !keep_going {
                     break;
@@ -110,11 +142,103 @@ pub fn main(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-fn print_table(rows: &[(&str, f64, String)]) {
+/// Remove build directories no later step reads (each a path under the target
+/// directory), so the disk holds one cross target's builds at a time: host, aarch64,
+/// armv7 and the device builds together outgrew a CI machine's disk. A failure to
+/// remove is shown and not fatal: the space is only wanted, not needed for correctness.
+fn free_builds(builds: &[&[&str]]) {
+    for parts in builds {
+        let dir = parts.iter().fold(target_dir(), |d, p| d.join(p));
+        if dir.exists() {
+            let freed = dir_bytes(&dir);
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => eprintln!(
+                    "xtask test: removed {} ({:.2} GB no later step reads)",
+                    dir.display(),
+                    freed as f64 / 1e9
+                ),
+                Err(e) => eprintln!("xtask test: cannot remove {}: {e}", dir.display()),
+            }
+        }
+    }
+}
+
+/// The target directory's size and the free space beside it, after a step: the table
+/// shows where a run's disk goes (a CI machine once ran out during the armv7 step).
+#[derive(Clone, Copy)]
+struct Disk {
+    target: u64,
+    free: Option<u64>,
+}
+
+impl Disk {
+    fn now() -> Disk {
+        let dir = target_dir();
+        Disk {
+            target: dir_bytes(&dir),
+            free: free_bytes(&dir),
+        }
+    }
+}
+
+impl std::fmt::Display for Disk {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "target directory {:.2} GB", self.target as f64 / 1e9)?;
+        match self.free {
+            Some(free) => write!(f, ", {:.1} GB free", free as f64 / 1e9),
+            None => write!(f, " (free space unknown: `df` did not answer)"),
+        }
+    }
+}
+
+/// A row of the closing table: step, seconds, disk after it, result.
+type Row = (&'static str, f64, Disk, String);
+
+/// Bytes in the files under `dir` (0 where it cannot be read; symlinks not followed).
+fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut total = 0;
+    for e in entries.flatten() {
+        match e.file_type() {
+            Ok(t) if t.is_dir() => total += dir_bytes(&e.path()),
+            Ok(t) if t.is_file() => total += e.metadata().map_or(0, |m| m.len()),
+            _ => {}
+        }
+    }
+    total
+}
+
+/// Free bytes on the filesystem holding `dir` (its nearest existing ancestor), from
+/// `df -Pk`'s fourth column.
+fn free_bytes(dir: &Path) -> Option<u64> {
+    let existing = dir.ancestors().find(|d| d.exists())?;
+    let out = output(Command::new("df").arg("-Pk").arg(existing)).ok()?;
+    let kib: u64 = out
+        .lines()
+        .nth(1)?
+        .split_whitespace()
+        .nth(3)?
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
+fn print_table(rows: &[Row]) {
     let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(4).max(4);
-    println!("\n{:<width$}  {:>8}  result", "step", "seconds");
-    for (name, secs, result) in rows {
-        println!("{name:<width$}  {secs:>8.1}  {result}");
+    println!(
+        "\n{:<width$}  {:>8}  {:>9}  {:>7}  result",
+        "step", "seconds", "target GB", "free GB"
+    );
+    for (name, secs, disk, result) in rows {
+        let free = disk
+            .free
+            .map_or("?".to_string(), |b| format!("{:.1}", b as f64 / 1e9));
+        println!(
+            "{name:<width$}  {secs:>8.1}  {:>9.2}  {free:>7}  {result}",
+            disk.target as f64 / 1e9
+        );
     }
 }
 
