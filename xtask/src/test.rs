@@ -12,6 +12,9 @@
 //! goldens (`pinch logits`), so what users copy to a router is what passed.
 //! The last step runs every fuzz target (`fuzz/`, nightly) for 5 s; long fuzz runs and the
 //! soak test are `cargo xtask fuzz` / `cargo xtask soak`, by hand.
+//! Disk: builds are not incremental, a cross target's builds are removed once its tests
+//! have passed (`--keep-builds` keeps them), and the closing table gives the target
+//! directory's size and the free space after each step (a CI machine ran out of disk).
 use crate::device::{self, Device, ARMV7, IOS, LINUX_ARM};
 use crate::fetch;
 use crate::util::{cargo, have, output, run, run_tests, target_dir, Counts, Result};
